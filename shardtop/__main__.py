@@ -1,0 +1,3 @@
+from shardtop.cli import main
+
+raise SystemExit(main())

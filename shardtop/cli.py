@@ -1,0 +1,223 @@
+"""The ``shardtop`` command.
+
+Everything heavy (textual, torch) is imported inside the command that needs
+it, so ``shardtop --help`` and ``shardtop runs`` start at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+EXIT_USAGE = 2
+
+DESCRIPTION = """\
+nvtop for sharded training: live GPU memory, the module -> device shard tree of
+a running FSDP or DeepSpeed engine, and why a rank ran out of memory.
+
+  shardtop                                  the monitor: GPUs, processes, runs, presets
+  shardtop launch preset=zero3-linear       start a preset run and watch it
+  shardtop launch fsdp2-mlp --headless max_steps=3
+  shardtop attach [RUN]                     watch a run (the newest by default)
+  shardtop runs                             list runs and their status
+  shardtop report RUN --format markdown     the post-mortem, for a bug report
+  shardtop stop RUN                         stop a run's processes
+  shardtop presets                          the presets, one line each
+"""
+
+
+class UsageError(Exception):
+    """A mistake on the command line: message, exit code 2, no traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from shardtop import __version__
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--runs-dir",
+        metavar="DIR",
+        help="where runs live (default: $SHARDTOP_RUNS_DIR, else ~/.local/state/shardtop/runs)",
+    )
+    parser = argparse.ArgumentParser(
+        prog="shardtop",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common],
+    )
+    parser.add_argument("--version", action="version", version=f"shardtop {__version__}")
+    parser.add_argument("--read-only", action="store_true", help="no action that changes anything (no launch, no stop)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("launch", parents=[common], help="start a preset run and watch it",
+                       description="Start a preset run. Settings: key=value, dotted for nested keys (model.n_layers=64).")
+    p.add_argument("settings", nargs="*", metavar="preset=NAME key=value",
+                   help="the preset (preset=NAME or just NAME) and overrides")
+    p.add_argument("--headless", action="store_true",
+                   help="no TUI: print one line per milestone and exit with the run's exit code")
+    p.add_argument("--every", type=int, default=10, metavar="N", help="with --headless, print every N steps")
+
+    p = sub.add_parser("attach", parents=[common], help="watch a run (the newest by default)")
+    p.add_argument("run", nargs="?", help="run id, a unique part of it, or a run directory")
+    p.add_argument("--read-only", action="store_true", help="no action that changes anything")
+
+    p = sub.add_parser("runs", parents=[common], help="list runs and their status")
+    p.add_argument("--limit", type=int, default=20, metavar="N", help="show the N newest (0: all)")
+
+    p = sub.add_parser("report", parents=[common], help="print a run's post-mortem")
+    p.add_argument("run", nargs="?", help="run id, a unique part of it, or a run directory (default: newest)")
+    p.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+
+    p = sub.add_parser("stop", parents=[common], help="stop a run: SIGTERM, then SIGKILL after a grace period")
+    p.add_argument("run", help="run id, a unique part of it, or a run directory")
+    p.add_argument("--grace", type=float, default=10.0, metavar="SECONDS")
+
+    sub.add_parser("presets", parents=[common], help="list the presets")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if args.command == "launch" and not any(e.startswith("-") for e in extra):
+            args.settings = list(args.settings) + list(extra)
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    from shardtop.config import ConfigError
+    from shardtop.runs import RunError
+
+    try:
+        handler = COMMANDS.get(args.command or "", cmd_monitor)
+        return handler(args)
+    except (ConfigError, RunError, UsageError) as e:
+        print(f"shardtop: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+def _root(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from shardtop.runs import runs_root
+
+    return runs_root(args.runs_dir)
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from shardtop.config import list_presets
+
+    presets = list_presets()
+    width = max(len(p.name) for p in presets)
+    for p in presets:
+        print(f"{p.name:<{width}}  {p.description}")
+    return 0
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from shardtop.config import resolve, split_overrides
+    from shardtop.gpus import gpu_count
+    from shardtop.launch import follow, resolve_devices, start
+    from shardtop.runs import RunDirectory, ensure_root
+
+    if getattr(args, "read_only", False):
+        raise UsageError("--read-only forbids launching a run.")
+    preset, overrides = split_overrides(args.settings)
+    config = resolve_devices(resolve(preset, overrides), gpu_count)
+    root = ensure_root(_root(args))
+    run = RunDirectory.create(
+        root,
+        config["preset"],
+        {"config": config, "command": ["shardtop", "launch", *args.settings]},
+    )
+    proc = start(run)
+    if args.headless:
+        print(f"[{run.id}] launched {config['preset']} on {config['world_size']} {config['accelerator']} "
+              f"process(es); run directory {run.path}", flush=True)
+        return follow(run, proc, sys.stdout, every=args.every)
+    return _open_tui(args, run_id=run.id, launched=True)
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    from shardtop.runs import find_run
+
+    run = find_run(_root(args), args.run)
+    return _open_tui(args, run_id=str(run.path))
+
+
+def cmd_monitor(args: argparse.Namespace) -> int:
+    return _open_tui(args, run_id=None)
+
+
+def _open_tui(args: argparse.Namespace, run_id: str | None, launched: bool = False) -> int:
+    if not sys.stdout.isatty():
+        if run_id is None:
+            raise UsageError("the monitor needs a terminal; try `shardtop runs` or `shardtop launch --headless`.")
+        from shardtop.launch import follow
+        from shardtop.runs import find_run
+
+        run = find_run(_root(args), run_id)
+        return follow(run, None, sys.stdout)
+    try:
+        from shardtop.tui.app import run_app
+    except ImportError as e:  # pragma: no cover - while the TUI is being built
+        raise UsageError(f"the TUI is not available: {e}") from None
+    return run_app(
+        runs_root=_root(args),
+        run=run_id,
+        read_only=bool(getattr(args, "read_only", False)),
+    )
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from shardtop.run_summary import summarize
+    from shardtop.runs import list_runs
+
+    root = _root(args)
+    runs = list_runs(root)
+    if args.limit:
+        runs = runs[-args.limit:]
+    if not runs:
+        print(f"no runs under {root}. Start one with: shardtop launch preset=fsdp2-mlp")
+        return 0
+    rows = [("RUN", "STATUS", "RANKS", "STEP", "STARTED", "NOTE")]
+    for run in runs:
+        s = summarize(run)
+        rows.append((run.id, s.status, str(s.ranks or "-"), str(s.step), s.started, s.note))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(f"{c:<{w}}" for c, w in zip(row, widths)) + "  " + row[-1])
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from shardtop.launch import stop
+    from shardtop.runs import find_run
+
+    if getattr(args, "read_only", False):
+        raise UsageError("--read-only forbids stopping a run.")
+    run = find_run(_root(args), args.run)
+    if not stop(run, grace=args.grace):
+        print(f"run {run.id} is not running ({run.status().describe()}); nothing to stop.")
+        return 0
+    print(f"run {run.id}: {run.status().describe()}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from shardtop.report import render_report
+    from shardtop.runs import find_run
+
+    run = find_run(_root(args), args.run)
+    print(render_report(run, args.format))
+    return 0
+
+
+COMMANDS = {
+    "presets": cmd_presets,
+    "launch": cmd_launch,
+    "attach": cmd_attach,
+    "runs": cmd_runs,
+    "stop": cmd_stop,
+    "report": cmd_report,
+}

@@ -1,0 +1,243 @@
+"""Presets and ``key=value`` overrides, resolved into one validated run config.
+
+A preset is a YAML file in ``shardtop/presets/``.  Its keys are the settings a
+user may override; each override must name an existing key (dotted for nested
+ones, ``model.n_layers=64``) and carry a value of that key's type.  Anything
+else is a ``ConfigError`` whose message says what was wrong and what to type.
+No torch here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PRESETS_DIR = Path(__file__).parent / "presets"
+
+FIXED_KEYS = ("description", "program", "engine", "single_process", "on_cpu")
+"""Keys that describe a preset rather than tune it: not overridable.
+
+``on_cpu`` holds smaller defaults used when the run lands on CPU processes,
+for keys the user did not set."""
+
+ACCELERATORS = ("auto", "cpu", "cuda")
+SIZE_KEYS = ("gpu_mem_limit",)
+"""Keys whose value is a byte size (``15GiB``, ``512MB``, ``1073741824``) or null."""
+
+
+class ConfigError(Exception):
+    """Bad preset name, key or value; the message tells the user what to type."""
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 2**10, "kib": 2**10, "kb": 10**3,
+    "m": 2**20, "mib": 2**20, "mb": 10**6,
+    "g": 2**30, "gib": 2**30, "gb": 10**9,
+    "t": 2**40, "tib": 2**40, "tb": 10**12,
+    "p": 2**50, "pib": 2**50, "pb": 10**15,
+}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in ``15GiB``, ``15G`` (binary), ``15GB`` (decimal) or a plain number."""
+    if isinstance(text, bool):
+        raise ValueError(text)
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(text)
+        return text
+    m = _SIZE.match(str(text))
+    if not m or (m.group(2) or "").lower() not in _UNITS:
+        raise ValueError(text)
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+
+
+def format_bytes(n: int | float | None) -> str:
+    """``1.96 GiB``, ``512 MiB``, ``3 B``: for people, not for parsing."""
+    if n is None:
+        return "?"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            if unit == "B":
+                return f"{int(size)} B"
+            return f"{size:.3g} {unit}" if abs(size) < 100 else f"{size:.0f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    defaults: Mapping[str, Any]
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def load_preset(name: str) -> Preset:
+    path = PRESETS_DIR / f"{name}.yaml"
+    if not name or not path.is_file():
+        names = preset_names()
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.4)
+        hint = f"Did you mean: {', '.join(close)}?\n" if close else ""
+        raise ConfigError(
+            f"unknown preset {name!r}.\n{hint}Presets: {', '.join(names)}.\n"
+            f"`shardtop presets` describes each."
+        )
+    import yaml
+
+    data = yaml.safe_load(path.read_text()) or {}
+    return Preset(name=name, description=str(data.get("description", "")), defaults=data)
+
+
+def list_presets() -> list[Preset]:
+    return [load_preset(n) for n in preset_names()]
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node = data
+    for p in parents:
+        node = node[p]
+    node[last] = value
+
+
+def _parse_value(text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        return text
+
+
+def _type_name(value: Any) -> str:
+    return {bool: "true/false", int: "an integer", float: "a number", str: "text"}.get(type(value), type(value).__name__)
+
+
+def _check(key: str, default: Any, value: Any, raw: str) -> Any:
+    """The override's value, converted to the key's type, or a ConfigError."""
+    if key in SIZE_KEYS:
+        if value is None:
+            return None
+        try:
+            return parse_size(value)
+        except ValueError:
+            raise ConfigError(
+                f"{key}={raw}: expected a size such as 15GiB, 512MiB or 16GB (or null for no limit)."
+            ) from None
+    if key == "accelerator":
+        if value not in ACCELERATORS:
+            raise ConfigError(f"accelerator={raw}: expected one of {', '.join(ACCELERATORS)}.")
+        return value
+    if key == "devices":
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ConfigError(f"devices={raw}: expected a number of devices (1 or more) or auto.")
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}={raw}: expected true or false.")
+    if isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value < 0 or (value == 0 and key.endswith(("steps", "size", "layers", "hidden", "devices"))):
+                raise ConfigError(f"{key}={raw}: expected a positive integer.")
+            return value
+        raise ConfigError(f"{key}={raw}: expected an integer (the preset's value is {default}).")
+    if isinstance(default, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}={raw}: expected a number (the preset's value is {default}).")
+    if isinstance(default, str):
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}={raw}: expected text (the preset's value is {default!r}).")
+        return raw if value is None else str(value) if not isinstance(value, str) else value
+    if default is None:
+        return value
+    raise ConfigError(f"{key}={raw}: expected {_type_name(default)}.")
+
+
+def split_overrides(args: Iterable[str]) -> tuple[str | None, list[tuple[str, str]]]:
+    """``preset=NAME`` (or a bare first word) and the ``key=value`` pairs, in order."""
+    preset: str | None = None
+    pairs: list[tuple[str, str]] = []
+    for i, arg in enumerate(args):
+        if "=" not in arg:
+            if i == 0 and preset is None:
+                preset = arg
+                continue
+            raise ConfigError(f"{arg!r}: expected key=value, e.g. max_steps=3 or model.n_layers=64.")
+        key, _, raw = arg.partition("=")
+        key = key.strip()
+        if not key:
+            raise ConfigError(f"{arg!r}: the key before '=' is empty; expected key=value.")
+        if key == "preset":
+            preset = raw.strip()
+        else:
+            pairs.append((key, raw))
+    return preset, pairs
+
+
+def resolve(preset_name: str | None, overrides: Iterable[tuple[str, str]] = ()) -> dict[str, Any]:
+    """The preset's settings with the overrides applied, validated; ``preset`` added."""
+    if not preset_name:
+        raise ConfigError(
+            f"which preset? e.g. shardtop launch preset=fsdp2-mlp\nPresets: {', '.join(preset_names())}."
+        )
+    preset = load_preset(preset_name)
+    import copy
+
+    config: dict[str, Any] = copy.deepcopy(dict(preset.defaults))
+    known = {k: v for k, v in flatten(config).items() if k.split(".")[0] not in FIXED_KEYS}
+    overridden: list[str] = []
+    for key, raw in overrides:
+        if key.split(".")[0] in FIXED_KEYS:
+            raise ConfigError(f"{key} is part of the preset and cannot be overridden; choose another preset.")
+        if key not in known:
+            settable = list(known)
+            close = difflib.get_close_matches(key, settable, n=3, cutoff=0.5)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(
+                f"unknown key {key!r} for preset {preset_name}.{hint}\nValid keys: {', '.join(settable)}."
+            )
+        value = _check(key, known[key], _parse_value(raw), raw)
+        _set(config, key, value)
+        overridden.append(key)
+    for key in SIZE_KEYS:
+        if isinstance(config.get(key), str):
+            config[key] = _check(key, None, config[key], config[key])
+    config["preset"] = preset_name
+    config["overrides"] = overridden
+    return config
+
+
+def apply_cpu_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """The preset's ``on_cpu`` values, for every key the user did not set."""
+    import copy
+
+    config = copy.deepcopy(config)
+    overridden = set(config.get("overrides", ()))
+    for key, value in flatten(config.get("on_cpu") or {}).items():
+        if key not in overridden:
+            _set(config, key, value)
+    return config

@@ -1,0 +1,207 @@
+"""Start a run in its own session, follow it headless, stop it.
+
+The runner is started with ``start_new_session=True``: it leads its own
+process group, has no controlling terminal, and so survives the terminal (or
+SSH connection) that launched it.  Stopping a run signals exactly that group.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from shardtop.config import ConfigError, apply_cpu_defaults, format_bytes
+from shardtop.events import EventReader, Exit, Hello, Oom, Step
+from shardtop.runs import RunDirectory, RunError, process_start_time
+
+CPU_DEFAULT_DEVICES = 2
+"""Processes a preset runs on a machine without GPUs when ``devices=auto``."""
+
+
+def resolve_devices(config: dict[str, Any], gpu_count: Callable[[], int]) -> dict[str, Any]:
+    """Fix ``accelerator`` to cpu/cuda and ``world_size`` to a number, or say why not."""
+    config = dict(config)
+    accelerator = config.get("accelerator", "auto")
+    devices = config.get("devices", "auto")
+    gpus = gpu_count()
+    if accelerator == "auto":
+        accelerator = "cuda" if gpus > 0 else "cpu"
+    if accelerator == "cuda":
+        if gpus == 0:
+            raise ConfigError(
+                "accelerator=cuda, but no NVIDIA GPU is visible (no driver, or CUDA_VISIBLE_DEVICES hides them).\n"
+                "Use accelerator=cpu (or auto) to run on CPU processes."
+            )
+        if devices == "auto":
+            devices = gpus
+        if devices > gpus:
+            raise ConfigError(f"devices={devices}, but this machine has {gpus} GPU(s). Use devices={gpus} or fewer.")
+    else:
+        config = apply_cpu_defaults(config)
+        if devices == "auto":
+            devices = CPU_DEFAULT_DEVICES
+    config["accelerator"] = accelerator
+    config["devices"] = devices
+    config["world_size"] = 1 if config.get("single_process") else devices
+    return config
+
+
+def start(run: RunDirectory) -> subprocess.Popen[bytes]:
+    """Start the run's supervisor detached from this terminal; record its pid and group."""
+    log = os.fdopen(os.open(run.runner_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab", buffering=0)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardtop.runner", str(run.path)],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        close_fds=True,
+        umask=0o077,
+    )
+    log.close()
+    run.update_meta(pid=proc.pid, pgid=proc.pid, pid_started=process_start_time(proc.pid))
+    return proc
+
+
+def stop(run: RunDirectory, grace: float = 10.0, out: Callable[[str], None] = print) -> bool:
+    """SIGTERM to the run's process group, SIGKILL after ``grace``; touches nothing else.
+
+    Returns False if the run was not running.
+    """
+    meta = run.read_meta()
+    pids = [(pid, started) for pid, started in run.processes() if _alive(pid, started)]
+    if not pids:
+        return False
+    pgid = meta.get("pgid")
+    leader_alive = bool(meta.get("pid")) and _alive(int(meta["pid"]), meta.get("pid_started"))
+    if pgid and leader_alive:
+        _killpg(int(pgid), signal.SIGTERM)
+    else:
+        for pid, _ in pids:
+            _kill(pid, signal.SIGTERM)
+    out(f"sent SIGTERM to run {run.id}")
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not any(_alive(pid, started) for pid, started in pids):
+            break
+        time.sleep(0.1)
+    else:
+        if pgid and leader_alive:
+            _killpg(int(pgid), signal.SIGKILL)
+        for pid, started in pids:
+            if _alive(pid, started):
+                _kill(pid, signal.SIGKILL)
+        out(f"run {run.id} did not stop within {grace:.0f}s; sent SIGKILL")
+        time.sleep(0.2)
+    run.write_exit(128 + signal.SIGTERM, signal=signal.SIGTERM, reason="stopped")
+    return True
+
+
+def _alive(pid: int, started: float | None) -> bool:
+    actual = process_start_time(pid)
+    if actual is None:
+        return False
+    try:
+        import psutil
+
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return False
+    except Exception:
+        return False
+    return started is None or abs(actual - float(started)) < 1.0
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        raise RunError(f"not allowed to signal process group {pgid}: the run is someone else's.") from None
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        raise RunError(f"not allowed to signal process {pid}: it is someone else's.") from None
+
+
+class HeadlessFollower:
+    """Turns a run's events into one line per milestone: ranks up, every N steps, OOM, exit."""
+
+    def __init__(self, run: RunDirectory, out: TextIO, every: int = 10) -> None:
+        self.run = run
+        self.out = out
+        self.every = max(1, every)
+        self.reader = EventReader(run.events_dir)
+        self.world_size = int(run.read_meta().get("config", {}).get("world_size", 1))
+        self.up: dict[int, Hello] = {}
+        self.last_step_printed = 0
+
+    def say(self, text: str) -> None:
+        print(f"[{self.run.id}] {text}", file=self.out, flush=True)
+
+    def poll(self) -> None:
+        for event in sorted(self.reader.read_new(), key=lambda e: e.t):
+            if isinstance(event, Hello):
+                self.up[event.rank] = event
+                if len(self.up) == self.world_size:
+                    devices = ", ".join(f"rank {r}: {h.device}" for r, h in sorted(self.up.items()))
+                    first = next(iter(self.up.values()))
+                    self.say(f"{len(self.up)} rank(s) up ({first.engine}, {first.strategy}) - {devices}")
+            elif isinstance(event, Step) and event.rank == 0:
+                if event.step == 1 or event.step - self.last_step_printed >= self.every:
+                    self.last_step_printed = event.step
+                    loss = f" loss {event.loss:.4g}" if event.loss is not None else ""
+                    secs = f" ({event.seconds * 1000:.0f} ms)" if event.seconds is not None else ""
+                    self.say(f"step {event.step}{loss}{secs}")
+            elif isinstance(event, Oom):
+                where = f"in {event.module} ({event.module_type})" if event.module else "(module unknown)"
+                asked = f", tried to allocate {format_bytes(event.requested_bytes)}" if event.requested_bytes else ""
+                step = f" during {event.engine_step}" if event.engine_step else ""
+                self.say(f"OOM on rank {event.rank} in {event.phase}{step} {where}{asked}")
+            elif isinstance(event, Exit) and event.status != "ok":
+                self.say(f"rank {event.rank} left: {event.status}" + (f" - {event.error}" if event.error else ""))
+
+    def finish(self) -> int:
+        self.poll()
+        self.reader.finish()
+        if self.reader.skipped_total:
+            self.say(f"skipped {self.reader.skipped_total} unreadable event line(s): {self.reader.skipped}")
+        status = self.run.status()
+        code = status.exit.code if status.exit and status.exit.code is not None else 1
+        self.say(f"exit {code}: {status.describe()}  (run directory {self.run.path})")
+        return code
+
+
+def follow(run: RunDirectory, proc: subprocess.Popen[bytes] | None, out: TextIO, every: int = 10) -> int:
+    """Print milestones until the run ends; returns the run's exit code."""
+    follower = HeadlessFollower(run, out, every)
+    try:
+        while True:
+            follower.poll()
+            if proc is not None:
+                if proc.poll() is not None:
+                    code, sig = (128 - proc.returncode, -proc.returncode) if proc.returncode < 0 else (proc.returncode, None)
+                    run.write_exit(code, signal=sig, reason="supervisor ended")
+                    break
+            elif run.status().state != "running":
+                break
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        print(
+            f"\nstopped following; the run goes on. `shardtop attach {run.id}` to watch, "
+            f"`shardtop stop {run.id}` to end it.",
+            file=out,
+            flush=True,
+        )
+        return 130
+    return follower.finish()

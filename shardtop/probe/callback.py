@@ -1,0 +1,198 @@
+"""``ShardtopCallback``: the probe for any Lightning script.
+
+Add it to a ``Trainer`` and the run is recorded like a preset run: ``shardtop
+runs`` lists it, ``shardtop attach`` opens it, ``shardtop report`` explains it.
+It writes into ``$SHARDTOP_RUN_DIR`` when set (preset runs set it), else into a
+run directory it makes under the runs root, which rank 0 creates and
+broadcasts, so every launcher (Lightning's own, torchrun, SLURM) ends up with
+one directory per run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+
+from shardtop.probe.session import Probe, current, set_current
+from shardtop.runs import RUN_DIR_ENV, RunDirectory, process_start_time, runs_root
+
+STRATEGY_ENGINES = {
+    "FSDPStrategy": "fsdp1",
+    "ModelParallelStrategy": "fsdp2",
+    "DDPStrategy": "ddp",
+    "SingleDeviceStrategy": "plain",
+}
+
+
+def engine_of(strategy: Any) -> str:
+    """The engine a Lightning strategy drives (``zero3`` for DeepSpeed stage 3)."""
+    name = type(strategy).__name__
+    if name == "DeepSpeedStrategy":
+        stage = getattr(strategy, "config", {}).get("zero_optimization", {}).get("stage", 0)
+        return f"zero{stage}" if stage else "deepspeed"
+    return STRATEGY_ENGINES.get(name, name)
+
+
+def strategy_name(trainer: Any) -> str:
+    strategy = trainer.strategy
+    name = type(strategy).__name__
+    if name == "DeepSpeedStrategy":
+        stage = getattr(strategy, "config", {}).get("zero_optimization", {}).get("stage", 0)
+        return f"deepspeed_stage_{stage}"
+    return name
+
+
+class ShardtopCallback(Callback):
+    """Records how the model is sharded, memory, steps and OOMs into a run directory."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str] | None = None,
+        *,
+        runs_dir: str | os.PathLike[str] | None = None,
+        name: str | None = None,
+        memory_interval: float = 0.5,
+        program: str = "",
+    ) -> None:
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.runs_dir = runs_dir
+        self.name = name
+        self.memory_interval = memory_interval
+        self.program = program
+        self.probe: Probe | None = None
+        self._step_started = 0.0
+        self._snapshots_after_step = 0
+        self._failed = False
+
+    # -- where to write --------------------------------------------------------
+
+    def _resolve_run_dir(self, trainer: Any) -> Path:
+        if self.run_dir is None and os.environ.get(RUN_DIR_ENV):
+            self.run_dir = Path(os.environ[RUN_DIR_ENV])
+        if self.run_dir is not None:
+            return self.run_dir
+        created: str | None = None
+        if trainer.global_rank == 0:
+            name = self.name or _script_name()
+            run = RunDirectory.create(
+                runs_root(self.runs_dir),
+                name,
+                {
+                    "config": {"program": name, "world_size": trainer.world_size},
+                    "command": list(sys.argv),
+                    "external": True,
+                },
+            )
+            created = str(run.path)
+        created = trainer.strategy.broadcast(created, src=0)
+        self.run_dir = Path(created)
+        return self.run_dir
+
+    # -- Lightning hooks -------------------------------------------------------
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if self.probe is not None:
+            return
+        run_dir = self._resolve_run_dir(trainer)
+        probe = current()
+        if probe is None or probe.run_dir != run_dir:
+            probe = Probe(run_dir, trainer.global_rank, trainer.world_size, trainer.local_rank, trainer.node_rank)
+            set_current(probe)
+        self.probe = probe
+        _register_rank_pid(RunDirectory(run_dir), trainer.global_rank)
+        probe.hello(
+            device=str(trainer.strategy.root_device),
+            engine=engine_of(trainer.strategy),
+            strategy=strategy_name(trainer),
+            program=self.program or _script_name(),
+        )
+        probe.extra_info.update(
+            {
+                "precision": str(trainer.precision),
+                "loss_scaling": getattr(trainer.precision_plugin, "scaler", None) is not None,
+                "driver": f"Lightning {strategy_name(trainer)}",
+            }
+        )
+        probe.start_memory(self.memory_interval)
+        probe.phase("setup")
+        probe.learn_names(pl_module)
+        if any(True for _ in pl_module.parameters()):
+            probe.snapshot(pl_module, stage="setup")
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.probe is None:
+            return
+        model = trainer.strategy.model if trainer.strategy.model is not None else pl_module
+        self.probe.learn_names(model)
+        self.probe.snapshot(model, stage="engine", optimizer=_first_optimizer(trainer))
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self.probe is not None:
+            self._step_started = time.perf_counter()
+            self.probe.phase("forward", trainer.global_step + 1)
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        if self.probe is not None:
+            self.probe.phase("backward")
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self.probe is not None:
+            self.probe.phase("optimizer")
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        probe = self.probe
+        if probe is None:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        value = float(loss.detach().float().item()) if loss is not None and hasattr(loss, "detach") else None
+        probe.step(trainer.global_step, loss=value, seconds=time.perf_counter() - self._step_started)
+        if self._snapshots_after_step == 0:
+            # Gradients and optimizer state exist only after the first step.
+            self._snapshots_after_step += 1
+            model = trainer.strategy.model if trainer.strategy.model is not None else pl_module
+            probe.snapshot(model, stage="step", optimizer=_first_optimizer(trainer))
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.probe is not None:
+            self.probe.phase("validation")
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        if self.probe is None:
+            return
+        self._failed = True
+        self.probe.record_oom(exception)
+        self.probe.exit(1, exception)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if self.probe is not None and not self._failed:
+            self.probe.phase("teardown")
+            self.probe.exit(0)
+
+
+def _first_optimizer(trainer: Any) -> Any:
+    optimizers = getattr(trainer, "optimizers", None) or []
+    return optimizers[0] if optimizers else None
+
+
+def _script_name() -> str:
+    name = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "script"
+    return name if name not in ("", "-c", "__main__") else "script"
+
+
+def _register_rank_pid(run: RunDirectory, rank: int) -> None:
+    """So that ``shardtop runs`` sees a script's run as running, and ``stop`` can find it."""
+    meta = run.read_meta()
+    if not meta.get("external"):
+        return
+    pid = os.getpid()
+    entry = {"rank": rank, "pid": pid, "started": process_start_time(pid)}
+    # Each rank writes its own small file: no read-modify-write race on run.json.
+    path = run.path / f".rank-{rank}.pid.json"
+    import json
+
+    path.write_text(json.dumps(entry))

@@ -1,0 +1,100 @@
+"""The models of the presets, shaped like the ones in the stories."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    """One residual MLP block: what an auto-wrap policy would make a unit."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden)
+        self.fc1 = nn.Linear(hidden, 2 * hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(2 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(self.act(self.fc1(self.norm(x))))
+
+
+class MLP(nn.Module):
+    def __init__(self, n_layers: int, hidden: int) -> None:
+        super().__init__()
+        self.embed = nn.Linear(hidden, hidden)
+        self.blocks = nn.ModuleList(Block(hidden) for _ in range(n_layers))
+        self.head = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class SequentialLinear(nn.Module):
+    """Story 2's model: ``n_layers`` of ``nn.Linear(width, width)`` in one ``nn.Sequential``."""
+
+    def __init__(self, n_layers: int, width: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(*(nn.Linear(width, width) for _ in range(n_layers)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm self-attention + MLP over patch tokens: the unit an auto-wrap policy wraps."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+def transformer(depth: int, dim: int, heads: int) -> nn.Sequential:
+    return nn.Sequential(*(TransformerBlock(dim, heads) for _ in range(depth)))
+
+
+class PatchSegmenter(nn.Module):
+    """Story 1's model, shaped like the question's: conv stem, four transformer stacks, conv head.
+
+    conv1/bn1 -> transformers1 -> patches -> conv2/bn2 -> transformer_0 -> transformer_1
+    -> transformers_out -> pixels -> conv_out -> out_layer.
+    """
+
+    def __init__(self, dim: int, depth: int, stem_depth: int, heads: int, patch: int, channels: int, classes: int) -> None:
+        super().__init__()
+        self.patch = patch
+        self.conv1 = nn.Conv2d(3, channels, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.relu = nn.ReLU()
+        self.transformers1 = transformer(stem_depth, dim, heads)
+        self.conv2 = nn.Conv2d(channels, dim, patch, stride=patch)
+        self.bn2 = nn.BatchNorm2d(dim)
+        self.transformer_0 = transformer(depth, dim, heads)
+        self.transformer_1 = transformer(depth, dim, heads)
+        self.transformers_out = transformer(stem_depth, dim, heads)
+        self.conv_out = nn.ConvTranspose2d(dim, channels, patch, stride=patch)
+        self.out_layer = nn.Conv2d(channels, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.relu(self.bn2(self.conv2(x)))
+        n, d, h, w = x.shape
+        tokens = x.flatten(2).transpose(1, 2)
+        tokens = self.transformers1(tokens)
+        tokens = self.transformer_0(tokens)
+        tokens = self.transformer_1(tokens)
+        tokens = self.transformers_out(tokens)
+        x = tokens.transpose(1, 2).reshape(n, d, h, w)
+        return self.out_layer(self.relu(self.conv_out(x)))

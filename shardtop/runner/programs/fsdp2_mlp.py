@@ -1,0 +1,28 @@
+"""fsdp2-mlp: an MLP sharded with FSDP2 through Lightning's ModelParallelStrategy."""
+
+from __future__ import annotations
+
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.distributed.fsdp import fully_shard
+
+from shardtop.runner.lightning_run import RegressionModule, fit
+from shardtop.runner.models import MLP
+from shardtop.runner.rank import RankContext
+
+
+class ShardedMLP(RegressionModule):
+    def __init__(self, n_layers: int, hidden: int) -> None:
+        super().__init__()
+        self.model = MLP(n_layers, hidden)
+
+    def configure_model(self) -> None:
+        mesh = self.device_mesh["data_parallel"]
+        for block in self.model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+
+
+def run(ctx: RankContext) -> None:
+    m = ctx.config["model"]
+    strategy = ModelParallelStrategy(data_parallel_size=ctx.world_size, tensor_parallel_size=1)
+    fit(ctx, ShardedMLP(m["n_layers"], m["hidden"]), strategy, features=m["hidden"])

@@ -1,0 +1,100 @@
+"""zero3-linear and zero3-linear-fixed: story 2.
+
+As asked, an ``nn.Sequential`` of ``n_layers`` ``nn.Linear(512, 512)`` is
+built in ``__init__``; DeepSpeed then moves the whole model to every GPU in
+``DeepSpeedEngine._configure_distributed_model`` before ZeRO-3 partitions it.
+Fixed, the layers are built in ``configure_model()``, inside
+``deepspeed.zero.Init``, so each rank only ever holds its partition.
+
+On GPUs this runs Lightning's ``DeepSpeedStrategy`` (stage 3) as the question
+did; on CPU, where Lightning refuses DeepSpeed, it drives
+``deepspeed.initialize`` directly the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from shardtop.runner.lightning_run import RegressionModule, fit
+from shardtop.runner.models import SequentialLinear
+from shardtop.runner.rank import RankContext
+
+
+class LinearStackAsAsked(RegressionModule):
+    """The question's model: the layers exist before the strategy sees them."""
+
+    def __init__(self, n_layers: int, width: int) -> None:
+        super().__init__()
+        self.model = SequentialLinear(n_layers, width)
+
+
+class LinearStackFixed(RegressionModule):
+    """The fix: layers built in ``configure_model``, under ``deepspeed.zero.Init``."""
+
+    def __init__(self, n_layers: int, width: int) -> None:
+        super().__init__()
+        self.n_layers, self.width = n_layers, width
+        self.model: nn.Module | None = None
+
+    def configure_model(self) -> None:
+        if self.model is None:
+            self.model = SequentialLinear(self.n_layers, self.width)
+
+
+def deepspeed_config(ctx: RankContext) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": ctx.config["batch_size"],
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": 3},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def run(ctx: RankContext) -> None:
+    m = ctx.config["model"]
+    fixed = ctx.config["program"] == "zero3-linear-fixed"
+    if ctx.accelerator == "cuda":
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        cls = LinearStackFixed if fixed else LinearStackAsAsked
+        strategy = DeepSpeedStrategy(stage=3)
+        fit(ctx, cls(m["n_layers"], m["width"]), strategy, features=m["width"], precision="32-true")
+    else:
+        run_raw(ctx, fixed)
+
+
+def run_raw(ctx: RankContext, fixed: bool) -> None:
+    import deepspeed
+
+    import shardtop.probe as st
+    from shardtop.runner.data import regression_loader
+    from shardtop.runner.raw_run import batches_to, train
+
+    m = ctx.config["model"]
+    torch.manual_seed(ctx.config.get("seed", 0))
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    config = deepspeed_config(ctx)
+    with st.watch(name=ctx.config["preset"]) as probe:
+        probe.extra_info.update({"precision": "32-true", "driver": "deepspeed.initialize (Lightning refuses CPU)"})
+        if fixed:
+            with deepspeed.zero.Init(config_dict_or_path=config):
+                model = SequentialLinear(m["n_layers"], m["width"])
+        else:
+            model = SequentialLinear(m["n_layers"], m["width"])
+        st.attach(model, stage="setup", strategy="deepspeed_stage_3")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+        st.attach(engine, optimizer=optimizer)
+        loader = regression_loader(ctx.config["max_steps"], ctx.config["batch_size"], m["width"], ctx.config.get("seed", 0))
+        train(
+            ctx,
+            batches_to(engine.device, loader),
+            lambda b: nn.functional.mse_loss(engine(b[0]), b[1]),
+            engine.backward,
+            engine.step,
+        )

@@ -1,0 +1,78 @@
+"""One training rank: apply the memory cap, run the preset's program, leave cleanly.
+
+A rank leaves with ``os._exit`` once its output is flushed: gloo runs abort at
+interpreter exit now and then ("terminate called without an active
+exception"), which would turn a finished run into a failed one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shardtop.runs import RunDirectory
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What a program needs to know about where it runs."""
+
+    run_dir: Path
+    rank: int
+    world_size: int
+    accelerator: str
+    """cpu or cuda."""
+    config: dict[str, Any]
+
+    @property
+    def local_rank(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", self.rank))
+
+    @property
+    def device(self) -> str:
+        return f"cuda:{self.local_rank}" if self.accelerator == "cuda" else "cpu"
+
+
+def _raise_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def run_rank(run_dir: Path, rank: int) -> int:
+    from shardtop.runner.programs import load_program
+
+    run = RunDirectory(run_dir)
+    config = run.read_meta()["config"]
+    ctx = RankContext(
+        run_dir=run.path,
+        rank=rank,
+        world_size=int(config["world_size"]),
+        accelerator=config["accelerator"],
+        config=config,
+    )
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    code = 0
+    try:
+        from shardtop.runner.limits import apply_memory_limit
+
+        apply_memory_limit(ctx)
+        load_program(config["program"])(ctx)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        from shardtop.probe.session import current
+
+        probe = current()
+        if probe is not None:
+            probe.exit(code)
+            probe.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,160 @@
+"""The rank supervisor: one process per run, leader of the run's process group.
+
+It starts one rank process per device with the usual torch.distributed
+environment (so Lightning sees externally created processes and does not
+spawn its own), sends each rank's output to ``logs/rank-N.log``, and writes
+``exit.json``.  When one rank fails, the others are usually stuck in a
+collective waiting for it: after a short grace they are stopped, so a failed
+run ends instead of hanging for NCCL/gloo's 30-minute timeout.
+
+No torch here: the supervisor stays small and starts fast.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardtop.runs import RUN_DIR_ENV, RunDirectory, process_start_time
+
+PEER_GRACE_S = 15.0
+"""How long surviving ranks get to finish on their own after one rank failed."""
+STOP_GRACE_S = 5.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RankProcess:
+    rank: int
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def code(self) -> int | None:
+        return self.proc.poll()
+
+
+def rank_env(config: dict, run: RunDirectory, rank: int, world_size: int, port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            RUN_DIR_ENV: str(run.path),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "NODE_RANK": "0",
+            "GROUP_RANK": "0",
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "PYTHONUNBUFFERED": "1",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        }
+    )
+    if config.get("accelerator") == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        cores = os.cpu_count() or 1
+        env.setdefault("OMP_NUM_THREADS", str(max(1, cores // max(1, world_size))))
+    return env
+
+
+def exit_code_of(code: int) -> tuple[int, int | None]:
+    """(shell-style exit code, signal) of a Popen return code."""
+    if code < 0:
+        return 128 - code, -code
+    return code, None
+
+
+def supervise(run_dir: Path) -> int:
+    run = RunDirectory(run_dir)
+    meta = run.read_meta()
+    config = meta["config"]
+    world_size = int(config["world_size"])
+    stopping: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stopping.append(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    port = free_port()
+    ranks: list[RankProcess] = []
+    for rank in range(world_size):
+        log = open(run.rank_log(rank), "ab", buffering=0)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shardtop.runner", str(run.path), "--rank", str(rank)],
+            env=rank_env(config, run, rank, world_size, port),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        ranks.append(RankProcess(rank, proc))
+    run.update_meta(
+        rank_pids=[
+            {"rank": r.rank, "pid": r.proc.pid, "started": process_start_time(r.proc.pid)} for r in ranks
+        ]
+    )
+    print(f"started {world_size} rank(s): {', '.join(str(r.proc.pid) for r in ranks)}", flush=True)
+
+    first_failure: RankProcess | None = None
+    failed_at = 0.0
+    stop_sent_at = 0.0
+    while True:
+        codes = [r.code for r in ranks]
+        if all(c is not None for c in codes):
+            break
+        if first_failure is None:
+            for r in ranks:
+                if r.code not in (None, 0):
+                    first_failure, failed_at = r, time.monotonic()
+                    print(f"rank {r.rank} exited with {r.code}; giving the others {PEER_GRACE_S:.0f}s", flush=True)
+                    break
+        now = time.monotonic()
+        if stopping and not stop_sent_at:
+            _signal_all(ranks, signal.SIGTERM)
+            stop_sent_at = now
+        elif first_failure is not None and not stop_sent_at and now - failed_at > PEER_GRACE_S:
+            print("stopping the remaining ranks", flush=True)
+            _signal_all(ranks, signal.SIGTERM)
+            stop_sent_at = now
+        if stop_sent_at and now - stop_sent_at > STOP_GRACE_S:
+            _signal_all(ranks, signal.SIGKILL)
+        time.sleep(0.1)
+
+    if stopping:
+        run.write_exit(128 + stopping[0], signal=stopping[0], reason="stopped")
+        print(f"stopped by signal {stopping[0]}", flush=True)
+        return 128 + stopping[0]
+    if first_failure is None:
+        first_failure = next((r for r in ranks if r.code != 0), None)
+    if first_failure is None:
+        run.write_exit(0, reason="finished")
+        print("all ranks finished", flush=True)
+        return 0
+    code, sig = exit_code_of(first_failure.code or 0)
+    run.write_exit(code, signal=sig, reason=f"rank {first_failure.rank} failed")
+    print(f"run failed: rank {first_failure.rank} exit {code}", flush=True)
+    return code
+
+
+def _signal_all(ranks: list[RankProcess], sig: int) -> None:
+    for r in ranks:
+        if r.code is None:
+            try:
+                r.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass

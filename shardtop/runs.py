@@ -1,0 +1,319 @@
+"""Run directories: one per run, created 0700, found again by id, with a status.
+
+Layout of a run directory::
+
+    run.json          id, preset, resolved config, command, pids, host, user, start time
+    events/rank-N.jsonl   one append-only event file per rank
+    logs/rank-N.log   each rank's stdout and stderr
+    runner.log        the rank supervisor's own output
+    exit.json         how the run ended (code, signal), written once at the end
+
+No torch here: the TUI and the CLI read runs without importing it.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import secrets
+import socket
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RUNS_DIR_ENV = "SHARDTOP_RUNS_DIR"
+RUN_DIR_ENV = "SHARDTOP_RUN_DIR"
+
+
+class RunError(Exception):
+    """A problem with a run directory the user can act on (exit code 2)."""
+
+
+def default_runs_root() -> Path:
+    """The user's state directory (``$XDG_STATE_HOME/shardtop/runs``)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "shardtop" / "runs"
+
+
+def runs_root(override: str | os.PathLike[str] | None = None) -> Path:
+    """``--runs-dir`` beats ``$SHARDTOP_RUNS_DIR`` beats the user's state directory."""
+    if override:
+        return Path(override).expanduser()
+    env = os.environ.get(RUNS_DIR_ENV)
+    return Path(env).expanduser() if env else default_runs_root()
+
+
+def check_owned(path: Path) -> None:
+    """Refuse a directory someone else owns: we neither write into nor signal from it."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return
+    if st.st_uid != os.getuid():
+        try:
+            import pwd
+
+            owner = pwd.getpwuid(st.st_uid).pw_name
+        except (KeyError, ImportError):
+            owner = str(st.st_uid)
+        raise RunError(
+            f"{path} belongs to user {owner!r}, not to you ({getpass.getuser()!r}).\n"
+            f"Use a runs directory of your own: --runs-dir DIR or {RUNS_DIR_ENV}=DIR."
+        )
+
+
+def ensure_root(root: Path) -> Path:
+    """Create the runs root (0700) if needed and make sure it is ours."""
+    check_owned(root)
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunError(f"cannot create the runs directory {root}: {e.strerror}") from None
+    if not root.is_dir():
+        raise RunError(f"{root} is not a directory; choose another with --runs-dir DIR.")
+    return root
+
+
+def new_run_id(preset: str, now: float | None = None) -> str:
+    """Sorts by start time and names the preset: ``20261129-142233-fsdp2-mlp-3fa1``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now or time.time()))
+    return f"{stamp}-{preset}-{secrets.token_hex(2)}"
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    code: int | None
+    signal: int | None = None
+    ended: float | None = None
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    state: str
+    """running, finished, failed, stopped or lost (no exit record and no process)."""
+    exit: ExitStatus | None = None
+
+    def describe(self) -> str:
+        if self.exit is None or self.state == "running":
+            return self.state
+        if self.exit.signal:
+            import signal as _signal
+
+            try:
+                name = _signal.Signals(self.exit.signal).name
+            except ValueError:
+                name = f"signal {self.exit.signal}"
+            return f"{self.state} ({name})"
+        if self.state == "failed":
+            return f"failed (exit {self.exit.code})"
+        return self.state
+
+
+class RunDirectory:
+    """One run on disk."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDirectory({str(self.path)!r})"
+
+    @property
+    def id(self) -> str:
+        return self.path.name
+
+    @property
+    def events_dir(self) -> Path:
+        return self.path / "events"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.path / "logs"
+
+    @property
+    def meta_path(self) -> Path:
+        return self.path / "run.json"
+
+    @property
+    def exit_path(self) -> Path:
+        return self.path / "exit.json"
+
+    @property
+    def runner_log(self) -> Path:
+        return self.path / "runner.log"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs_dir / f"rank-{rank}.log"
+
+    @classmethod
+    def create(cls, root: Path, preset: str, meta: dict[str, Any]) -> RunDirectory:
+        """A new, empty run directory (0700) with its ``run.json``."""
+        ensure_root(root)
+        for _ in range(10):
+            path = root / new_run_id(preset)
+            try:
+                path.mkdir(mode=0o700)
+                break
+            except FileExistsError:
+                continue
+        else:  # pragma: no cover - ten collisions of a random suffix within one second
+            raise RunError(f"could not create a new run directory under {root}")
+        os.chmod(path, 0o700)
+        run = cls(path)
+        run.events_dir.mkdir(mode=0o700)
+        run.logs_dir.mkdir(mode=0o700)
+        base = {
+            "id": run.id,
+            "preset": preset,
+            "created": time.time(),
+            "host": socket.gethostname(),
+            "user": getpass.getuser(),
+        }
+        run.write_meta({**base, **meta})
+        return run
+
+    def read_meta(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.meta_path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        _write_json_atomic(self.meta_path, meta)
+
+    def update_meta(self, **fields: Any) -> None:
+        self.write_meta({**self.read_meta(), **fields})
+
+    def read_exit(self) -> ExitStatus | None:
+        try:
+            data = json.loads(self.exit_path.read_text())
+        except (OSError, ValueError):
+            return None
+        return ExitStatus(
+            code=data.get("code"),
+            signal=data.get("signal"),
+            ended=data.get("ended"),
+            reason=data.get("reason", ""),
+        )
+
+    def write_exit(self, code: int | None, signal: int | None = None, reason: str = "") -> None:
+        """Record how the run ended; the first record wins."""
+        if self.exit_path.exists():
+            return
+        _write_json_atomic(
+            self.exit_path, {"code": code, "signal": signal, "ended": time.time(), "reason": reason}
+        )
+
+    def is_alive(self) -> bool:
+        """Is a process this run started still there (same pid *and* start time)?"""
+        for pid, started in self.processes():
+            if _same_process(pid, started):
+                return True
+        return False
+
+    def processes(self) -> list[tuple[int, float | None]]:
+        """(pid, start time) of the supervisor and of every rank that registered itself."""
+        procs = _run_processes(self.read_meta())
+        for path in sorted(self.path.glob(".rank-*.pid.json")):
+            try:
+                entry = json.loads(path.read_text())
+                procs.append((int(entry["pid"]), entry.get("started")))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return procs
+
+    def status(self) -> RunStatus:
+        exit_status = self.read_exit()
+        if exit_status is None:
+            if self.is_alive():
+                return RunStatus("running")
+            return RunStatus("lost")
+        if exit_status.reason == "stopped":
+            return RunStatus("stopped", exit_status)
+        if exit_status.code == 0 and not exit_status.signal:
+            return RunStatus("finished", exit_status)
+        return RunStatus("failed", exit_status)
+
+
+def _run_processes(meta: dict[str, Any]) -> list[tuple[int, float | None]]:
+    procs = []
+    if meta.get("pid"):
+        procs.append((int(meta["pid"]), meta.get("pid_started")))
+    for entry in meta.get("rank_pids", []):
+        procs.append((int(entry["pid"]), entry.get("started")))
+    return procs
+
+
+def process_start_time(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def _same_process(pid: int, started: float | None) -> bool:
+    """Guards against pid reuse: the pid must exist and have started when we recorded."""
+    actual = process_start_time(pid)
+    if actual is None:
+        return False
+    if started is None:
+        return True
+    return abs(actual - float(started)) < 1.0
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def list_runs(root: Path) -> list[RunDirectory]:
+    """Every run under the root, oldest first (ids sort by start time)."""
+    if not root.is_dir():
+        return []
+    runs = [RunDirectory(p) for p in root.iterdir() if p.is_dir() and (p / "run.json").exists()]
+    return sorted(runs, key=lambda r: (r.read_meta().get("created", 0.0), r.id))
+
+
+def find_run(root: Path, ref: str | None) -> RunDirectory:
+    """A run by id, unique prefix or suffix of it, a path, or ``None``/``latest`` for the newest."""
+    if ref and os.sep in ref or (ref and Path(ref).is_dir() and (Path(ref) / "run.json").exists()):
+        path = Path(ref).expanduser()
+        if not (path / "run.json").exists():
+            raise RunError(f"{path} is not a shardtop run directory (it has no run.json).")
+        check_owned(path)
+        return RunDirectory(path)
+    runs = list_runs(root)
+    if not runs:
+        raise RunError(f"no runs under {root}. Start one with: shardtop launch preset=fsdp2-mlp")
+    if ref in (None, "", "latest"):
+        run = runs[-1]
+    else:
+        exact = [r for r in runs if r.id == ref]
+        matches = exact or [r for r in runs if r.id.startswith(ref) or r.id.endswith(ref)]
+        if not matches:
+            raise RunError(f"no run {ref!r} under {root}. `shardtop runs` lists them.")
+        if len(matches) > 1:
+            names = "\n  ".join(r.id for r in matches[-10:])
+            raise RunError(f"{ref!r} matches {len(matches)} runs; be more precise:\n  {names}")
+        run = matches[0]
+    check_owned(run.path)
+    return run
+
+
+def is_private(path: Path) -> bool:
+    """Only its owner can enter it."""
+    return stat.S_IMODE(path.stat().st_mode) & 0o077 == 0

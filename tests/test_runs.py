@@ -1,0 +1,70 @@
+"""Run directories: private, sortable, findable, refusing what is not ours."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from shardtop.runs import RunDirectory, RunError, find_run, list_runs, runs_root
+
+
+def test_created_private_with_meta(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    run = RunDirectory.create(root, "zero3-linear", {"config": {"world_size": 2}})
+    for p in (root, run.path, run.events_dir, run.logs_dir):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o700, p
+    assert stat.S_IMODE(run.meta_path.stat().st_mode) == 0o600
+    meta = run.read_meta()
+    assert meta["preset"] == "zero3-linear" and meta["config"]["world_size"] == 2
+    assert "zero3-linear" in run.id
+
+
+def test_ids_sort_by_start_and_find_by_part(tmp_path: Path) -> None:
+    a = RunDirectory.create(tmp_path, "fsdp2-mlp", {})
+    b = RunDirectory.create(tmp_path, "zero3-linear", {})
+    assert [r.id for r in list_runs(tmp_path)] == [a.id, b.id]
+    assert find_run(tmp_path, None).id == b.id
+    assert find_run(tmp_path, b.id[-4:]).id == b.id
+    assert find_run(tmp_path, str(a.path)).id == a.id
+    with pytest.raises(RunError, match="no run"):
+        find_run(tmp_path, "nothing-like-it")
+
+
+def test_status_without_exit_record_or_process_is_lost(tmp_path: Path) -> None:
+    run = RunDirectory.create(tmp_path, "p", {"pid": 2**22 - 7})
+    assert run.status().state == "lost"
+    run.write_exit(0)
+    assert run.status().state == "finished"
+
+
+def test_status_running_while_our_process_lives(tmp_path: Path) -> None:
+    from shardtop.runs import process_start_time
+
+    run = RunDirectory.create(tmp_path, "p", {"pid": os.getpid(), "pid_started": process_start_time(os.getpid())})
+    assert run.status().state == "running"
+    run.update_meta(pid_started=1.0)  # same pid, another process's start time: pid reuse
+    assert run.status().state == "lost"
+
+
+def test_failed_status_names_code_and_signal(tmp_path: Path) -> None:
+    run = RunDirectory.create(tmp_path, "p", {})
+    run.write_exit(134, signal=6)
+    assert run.status().describe() == "failed (SIGABRT)"
+
+
+def test_env_and_flag_choose_the_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHARDTOP_RUNS_DIR", str(tmp_path / "env"))
+    assert runs_root(None) == tmp_path / "env"
+    assert runs_root(tmp_path / "flag") == tmp_path / "flag"
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to make a directory owned by someone else")
+def test_someone_elses_directory_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "theirs"
+    root.mkdir()
+    os.chown(root, 12345, 12345)
+    with pytest.raises(RunError, match="belongs to user"):
+        RunDirectory.create(root, "p", {})
