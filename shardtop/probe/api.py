@@ -97,16 +97,21 @@ def attach(
     optimizer: Any = None,
     stage: str = "engine",
     strategy: str = "",
+    engine: str = "",
     run_dir: str | os.PathLike[str] | None = None,
     runs_dir: str | None = None,
     name: str | None = None,
 ) -> Probe:
-    """Record how ``target`` (a module, an FSDP/DDP wrapper or a DeepSpeed engine) holds the model."""
+    """Record how ``target`` (a module, an FSDP/DDP wrapper or a DeepSpeed engine) holds the model.
+
+    ``engine`` names the engine the run is for when the first snapshot is taken
+    before it exists (``stage="setup"``); otherwise the snapshot tells.
+    """
     p = probe(run_dir, runs_dir=runs_dir, name=name)
     p.learn_names(target)
     if not p.said_hello:
         p.device = _device_of(target)
-        p.pending_hello = {"strategy": strategy, "program": p.program}
+        p.pending_hello = {"strategy": strategy, "program": p.program, "engine": engine}
     p.snapshot(target, stage=stage, optimizer=optimizer)
     p.start_memory()
     return p

@@ -116,7 +116,9 @@ class Probe:
 
         tree, shards = read_shards(target, tree_id=self._tree_id + 1, stage=stage, optimizer=optimizer)
         if not self.said_hello and self.pending_hello is not None:
-            self.hello(self.device, engine=shards.engine, **self.pending_hello)
+            pending = dict(self.pending_hello)
+            engine = pending.pop("engine", "") or shards.engine
+            self.hello(self.device, engine=engine, **pending)
         key = (tuple(tree.names), tuple(tree.parents), tuple(tree.types), tuple(tree.type_names), tuple(tree.params))
         if key != self._tree_key:
             self._tree_id += 1

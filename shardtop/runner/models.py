@@ -92,9 +92,10 @@ class PatchSegmenter(nn.Module):
         x = self.relu(self.bn2(self.conv2(x)))
         n, d, h, w = x.shape
         tokens = x.flatten(2).transpose(1, 2)
-        tokens = self.transformers1(tokens)
+        # Like the question: back to float32 after the stacks, which may run in fp16.
+        tokens = self.transformers1(tokens).float()
         tokens = self.transformer_0(tokens)
         tokens = self.transformer_1(tokens)
-        tokens = self.transformers_out(tokens)
+        tokens = self.transformers_out(tokens).float()
         x = tokens.transpose(1, 2).reshape(n, d, h, w)
         return self.out_layer(self.relu(self.conv_out(x)))

@@ -126,11 +126,11 @@ def run_raw_fsdp1(ctx: RankContext, hand_wrapped: bool) -> None:
     with st.watch(name=cfg["preset"]) as probe:
         model = build_segmenter(m)
         if hand_wrapped:
-            probe.extra_info.update({"precision": "32-true", "loss_scaling": False,
+            # cpu_offload=True cannot be honoured here: FSDP pins offloaded shards, which needs a GPU.
+            probe.extra_info.update({"precision": "32-true", "loss_scaling": False, "cpu_offload_requested": True,
                                      "driver": "raw FSDP1 wrap() as in configure_sharded_model (Lightning refuses CPU)"})
-            st.attach(model, stage="setup", strategy="FSDPStrategy")
-            # fp16 compute on CPU processes is slow but real; the stray layers stay unwrapped.
-            with enable_wrap(wrapper_cls=FSDP, cpu_offload=CPUOffload(offload_params=True),
+            st.attach(model, stage="setup", strategy="FSDPStrategy", engine="fsdp1")
+            with enable_wrap(wrapper_cls=FSDP, cpu_offload=CPUOffload(offload_params=False),
                              mixed_precision=fp16_mixed_precision(), device_id=cpu):
                 for name in HAND_WRAPPED:
                     setattr(model, name, wrap(getattr(model, name)))
@@ -138,7 +138,7 @@ def run_raw_fsdp1(ctx: RankContext, hand_wrapped: bool) -> None:
         else:
             probe.extra_info.update({"precision": "32-true", "loss_scaling": False,
                                      "driver": "raw FSDP1 with an auto-wrap policy (Lightning refuses CPU)"})
-            st.attach(model, stage="setup", strategy="FSDPStrategy")
+            st.attach(model, stage="setup", strategy="FSDPStrategy", engine="fsdp1")
             wrapped = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({TransformerBlock}), device_id=cpu)
         optimizer = torch.optim.SGD(wrapped.parameters(), lr=1e-3, momentum=0.3)
         st.attach(wrapped, optimizer=optimizer)

@@ -69,7 +69,7 @@ def run(ctx: RankContext) -> None:
                                  f"{SECOND_HALF[0]}..{SECOND_HALF[-1]} on {second}"})
         model = SplitSegmenter(build_segmenter(m), first, second)
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.3)
-        st.attach(model, optimizer=optimizer, strategy="manual placement (module.to)")
+        st.attach(model, optimizer=optimizer, strategy="manual placement (module.to)", engine="manual")
         loader = segmentation_loader(cfg["max_steps"], cfg["batch_size"], m["image"], m["classes"], cfg.get("seed", 0))
 
         def step() -> None:

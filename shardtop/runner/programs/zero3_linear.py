@@ -86,7 +86,7 @@ def run_raw(ctx: RankContext, fixed: bool) -> None:
                 model = SequentialLinear(m["n_layers"], m["width"])
         else:
             model = SequentialLinear(m["n_layers"], m["width"])
-        st.attach(model, stage="setup", strategy="deepspeed_stage_3")
+        st.attach(model, stage="setup", strategy="deepspeed_stage_3", engine="zero3")
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
         st.attach(engine, optimizer=optimizer)
