@@ -115,9 +115,10 @@ class Shards(Event, tag="shards"):
     device: list[int]
     """Index into ``devices``; -1 where the module has no parameters."""
     state: list[int]
-    """Index into ``states`` (e.g. sharded, replicated, unsharded, plain, offloaded)."""
+    """Index into ``states``: sharded, replicated, unsharded (whole, managed by no engine),
+    offloaded (held on CPU/NVMe by an offload policy) or meta; -1 without parameters."""
     unit: list[int]
-    """Index into ``units`` of the unit holding the module's parameters; -1 for none."""
+    """Index into ``units`` of the innermost unit rooted at the module or an ancestor; -1 outside every unit."""
     units: list[Unit] = []
     grad_bytes: list[int] | None = None
     optim_bytes: list[int] | None = None

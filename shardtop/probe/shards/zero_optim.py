@@ -1,0 +1,184 @@
+"""DeepSpeed's ZeRO optimizers: which slice of the optimizer state this rank owns.
+
+ZeRO-1/2 (``DeepSpeedZeroOptimizer``, and ``BF16_Optimizer`` which DeepSpeed
+picks for bf16 ZeRO-1 with fp32 gradient accumulation) flatten each parameter
+group; rank *r* owns elements ``[r * partition, (r + 1) * partition)`` of the
+flat group as an fp32 master copy plus the optimizer's state tensors of the
+same size.  ZeRO-3's optimizer keeps one fp32 partition per sub-group, made of
+each parameter's own partition.
+
+Counted per module: for every element of the module's parameters inside this
+rank's slice, the master element plus one element of each state tensor as
+large as the slice (Adam's ``exp_avg`` and ``exp_avg_sq``).  Partition padding
+and scalar states are attributed to no module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from shardtop.events import Unit
+from shardtop.probe.shards.placement import add_plain
+from shardtop.probe.shards.table import REPLICATED, ShardTable, dtype_name
+from shardtop.probe.shards.tree import ModuleTree
+
+
+def is_zero_optimizer(optimizer: Any) -> bool:
+    return any(
+        hasattr(optimizer, name)
+        for name in ("fp32_partitioned_groups_flat", "single_partition_of_fp32_groups", "fp32_groups_flat_partition")
+    )
+
+
+class Ranks:
+    """This process's rank in each process group, asked once per group."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, int] = {}
+
+    def of(self, group: Any) -> int:
+        key = id(group)
+        found = self._cache.get(key)
+        if found is None:
+            import torch.distributed as dist
+
+            found = dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
+            found = self._cache[key] = max(found, 0)
+        return found
+
+    def size(self, group: Any) -> int:
+        import torch.distributed as dist
+
+        return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+
+
+def partition_numel(numel: int, partition: int, rank: int) -> int:
+    """Elements of a ZeRO-3 parameter in ``rank``'s partition, padding excluded."""
+    return max(0, min(partition, numel - rank * partition))
+
+
+def per_element_bytes(optimizer: Any, master: Any) -> int:
+    """Bytes per element of a partition: the fp32 master plus each state tensor as large as it."""
+    size = master.element_size()
+    inner = getattr(optimizer, "optimizer", None)
+    state = getattr(inner, "state", {}).get(master, {}) if inner is not None else {}
+    for value in state.values():
+        if hasattr(value, "numel") and value.numel() == master.numel() and value.numel() > 1:
+            size += value.element_size()
+    return size
+
+
+@dataclass
+class FlatGroup:
+    """One flattened parameter group of a ZeRO-1/2 optimizer, seen from this rank."""
+
+    params: list[Any]
+    sizes: list[int]
+    offsets: list[int]
+    partition: int
+    rank: int
+    master: Any
+    grads: list[Any] | None = None
+    """Full-size fp32 gradient buffers kept per parameter (``BF16_Optimizer``), if any."""
+
+
+def flat_groups(optimizer: Any) -> list[FlatGroup]:
+    """The groups of a ``DeepSpeedZeroOptimizer`` or a ``BF16_Optimizer``; [] for anything else."""
+    ranks = Ranks()
+    out: list[FlatGroup] = []
+    if hasattr(optimizer, "single_partition_of_fp32_groups"):
+        groups = getattr(optimizer, "round_robin_bit16_groups", None) or optimizer.bit16_groups
+        dp_groups = getattr(optimizer, "real_dp_process_group", None) or [None] * len(groups)
+        for i, group in enumerate(groups):
+            sizes = _sizes(getattr(optimizer, "round_robin_bit16_meta", None), i, group)
+            offsets = _offsets(getattr(optimizer, "round_robin_bit16_offsets", None), i, sizes)
+            master = optimizer.single_partition_of_fp32_groups[i]
+            out.append(FlatGroup(list(group), sizes, offsets, int(optimizer.partition_size[i]),
+                                 ranks.of(dp_groups[i]), master))
+    elif hasattr(optimizer, "fp32_groups_flat_partition") and hasattr(optimizer, "bf16_groups"):
+        dp_groups = getattr(optimizer, "real_dp_process_group", None) or [None] * len(optimizer.bf16_groups)
+        grads = getattr(optimizer, "fp32_groups_gradients", None)
+        for i, group in enumerate(optimizer.bf16_groups):
+            sizes = [p.numel() for p in group]
+            partition = optimizer.bf16_groups_flat[i].numel() // max(1, ranks.size(dp_groups[i]))
+            out.append(FlatGroup(list(group), sizes, _offsets(None, i, sizes), partition, ranks.of(dp_groups[i]),
+                                 optimizer.fp32_groups_flat_partition[i], grads[i] if grads else None))
+    return out
+
+
+def _sizes(metas: Any, index: int, group: list[Any]) -> list[int]:
+    """Full sizes; DeepSpeed keeps meta copies because state offload may empty ``param.data``."""
+    if metas is not None and index < len(metas) and len(metas[index]) == len(group):
+        return [m.numel() for m in metas[index]]
+    return [p.numel() for p in group]
+
+
+def _offsets(offsets: Any, index: int, sizes: list[int]) -> list[int]:
+    if offsets is not None and index < len(offsets) and len(offsets[index]) == len(sizes):
+        return list(offsets[index])
+    out, position = [], 0  # older DeepSpeed, BF16_Optimizer: parameters back to back
+    for size in sizes:
+        out.append(position)
+        position += size
+    return out
+
+
+def read_optimizer_partitions(tree: ModuleTree, table: ShardTable, optimizer: Any, stage: int) -> bool:
+    """ZeRO-1/2: whole parameters, one unit per flat group holding this rank's slice; False if unknown."""
+    groups = flat_groups(optimizer)
+    if not groups:
+        return False
+    claimed: set[int] = set()
+    table.optim_bytes = table.optim_bytes or [0] * len(tree)
+    replicated = table.state_id(REPLICATED)
+    for group in groups:
+        per_element = per_element_bytes(optimizer, group.master)
+        low, high = group.rank * group.partition, (group.rank + 1) * group.partition
+        unit = table.add_unit(Unit(module=0, kind="zero-optimizer", numel=0, local_numel=0))
+        held = 0
+        for j, (param, numel, offset) in enumerate(zip(group.params, group.sizes, group.offsets)):
+            overlap = max(0, min(offset + numel, high) - max(offset, low))
+            held += overlap
+            row = tree.row_of_param(param)
+            if row < 0 or id(param) in claimed:
+                continue
+            claimed.add(id(param))
+            table.add(row, numel, param.numel(), param.element_size(), table.device_id(param.device), replicated, unit)
+            table.add_optim(row, overlap * per_element)
+            if group.grads is not None and j < len(group.grads):
+                table.add_grad(row, group.grads[j].numel() * group.grads[j].element_size())
+        table.units[unit] = Unit(
+            module=0,
+            kind="zero-optimizer",
+            numel=sum(group.sizes),
+            local_numel=group.partition,
+            padding=group.partition - held,
+            strategy=f"zero{stage}",
+            offload=bool(getattr(optimizer, "cpu_offload", False)),
+            dtype=dtype_name(group.master.dtype),
+            params=len(group.params),
+        )
+    rest = [i for i, p in enumerate(tree.params) if id(p) not in claimed]
+    add_plain(tree, table, rest, REPLICATED)  # frozen parameters: whole everywhere, in no partition
+    return True
+
+
+def add_stage3_optimizer(tree: ModuleTree, table: ShardTable, optimizer: Any) -> None:
+    """ZeRO-3: each parameter's slice of its sub-group's fp32 partition and state."""
+    groups = getattr(optimizer, "fp16_groups", None)
+    flats = getattr(optimizer, "fp32_partitioned_groups_flat", None)
+    if not groups or not flats:
+        return
+    ranks = Ranks()
+    table.optim_bytes = table.optim_bytes or [0] * len(tree)
+    for group, flat in zip(groups, flats):
+        per_element = per_element_bytes(optimizer, flat)
+        for param in group:
+            row = tree.row_of_param(param)
+            part = getattr(param, "ds_tensor", None)
+            if row < 0 or part is None:
+                continue
+            partition = int(getattr(part, "ds_numel", part.numel()))
+            local = partition_numel(int(param.ds_numel), partition, ranks.of(getattr(param, "ds_process_group", None)))
+            table.add_optim(row, local * per_element)
