@@ -57,6 +57,10 @@ class Probe:
 
     def hello(self, device: str, engine: str = "", strategy: str = "", program: str = "") -> None:
         self.device = device
+        if device.startswith("cuda"):
+            from shardtop.probe.oom import install_cuda_oom_observer
+
+            install_cuda_oom_observer()
         self.said_hello = True
         self.pending_hello = None
         self.writer.write(
@@ -108,7 +112,11 @@ class Probe:
 
     def learn_names(self, root: Any) -> None:
         """Map module objects to clean paths once, for OOM attribution later."""
+        from shardtop.probe.tracker import ModuleTracker
+
         self.names.update(module_names(root))
+        # No hooks: backward OOMs are read off the failed autograd graph, at no cost per step.
+        self.tracker = ModuleTracker(root, self.names)
 
     def snapshot(self, target: Any, stage: str, optimizer: Any = None) -> tuple[Tree, Shards]:
         """Write how the model is held now: the tree (only when it changed) and this rank's shards."""

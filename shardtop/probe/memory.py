@@ -1,0 +1,319 @@
+"""Memory samples of one rank: its allocator, its process, and (from local rank 0) the node's GPUs.
+
+A daemon thread writes a ``Memory`` event every ``interval`` seconds; the
+probe also asks for one at each phase change (``sample_now``), which must be
+cheap since it runs on the training thread: there it reuses the thread's
+latest NVML reading instead of asking NVML again.  Nothing here raises into
+training: a failed sample is skipped.
+
+The last sample of all is the one CUDA's allocator gives when it runs out
+(``install_cuda_oom_observer``): the exact size asked for and NVML's picture
+at that moment, before the exception unwinds anything.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from shardtop.events import GpuMemory, Memory
+from shardtop.gpus import Nvml, nvml_or_none
+
+JOIN_TIMEOUT_S = 5.0
+OBSERVATION_TTL_S = 60.0
+
+
+def cuda_device_index(device: str) -> int | None:
+    """``cuda:3`` -> 3; ``cuda`` -> -1 (whichever is current); anything else -> None."""
+    if device == "cuda":
+        return -1
+    if device.startswith("cuda:"):
+        try:
+            return int(device[5:])
+        except ValueError:
+            return None
+    return None
+
+
+def allocator_numbers(stats: dict[str, Any]) -> tuple[int, int, int]:
+    """(allocated, reserved, peak allocated) from the allocator's stats, nested or flat.
+
+    Nested is what ``torch._C._cuda_memoryStats`` returns (28 µs on an H200);
+    flat is ``torch.cuda.memory_stats()`` (195 µs: it flattens the nested dict
+    in Python), too slow for a sample taken on the training thread.
+    """
+    if "allocated_bytes" in stats:
+        allocated, reserved = stats["allocated_bytes"]["all"], stats["reserved_bytes"]["all"]
+        return int(allocated["current"]), int(reserved["current"]), int(allocated["peak"])
+    return (
+        int(stats.get("allocated_bytes.all.current", 0)),
+        int(stats.get("reserved_bytes.all.current", 0)),
+        int(stats.get("allocated_bytes.all.peak", 0)),
+    )
+
+
+def cuda_allocator_stats(torch: Any, index: int) -> dict[str, Any]:
+    """The caching allocator's stats for a device, by the cheapest way this torch offers."""
+    raw = getattr(torch._C, "_cuda_memoryStats", None)
+    return raw(index) if raw is not None else torch.cuda.memory_stats(index)
+
+
+class MemorySampler:
+    """Writes ``Memory`` events in the background at ``1 / interval`` Hz (2 Hz by default)."""
+
+    def __init__(
+        self,
+        write: Callable[[Memory], None],
+        *,
+        device: str,
+        interval: float = 0.5,
+        sample_gpus: bool,
+        limit: int | None,
+    ) -> None:
+        self.write = write
+        self.device = device
+        self.interval = max(0.01, float(interval))
+        self.sample_gpus = sample_gpus
+        self.limit = limit
+        self.samples = 0
+        self.failures = 0
+        self._process = psutil.Process()
+        self._rss_value = 0
+        self._rss_at = -1e9
+        self._cuda = self._resolve_cuda(device)
+        self._nvml: Nvml | None = None
+        self._nvml_tried = False
+        self._nvml_lock = threading.Lock()
+        self._gpus: list[GpuMemory] | None = None
+        self._gpus_at = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def _resolve_cuda(device: str) -> int | None:
+        """The CUDA index, fixed now: the sampler thread's own current device is always 0."""
+        index = cuda_device_index(device)
+        if index == -1:
+            torch = sys.modules.get("torch")
+            try:
+                index = torch.cuda.current_device() if torch is not None and torch.cuda.is_initialized() else 0
+            except Exception:  # noqa: BLE001
+                index = 0
+        return index
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="shardtop-memory", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop and join the thread; safe to call twice, or without ``start``."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(JOIN_TIMEOUT_S)
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.write(self._sample(fresh=True))
+                self.samples += 1
+            except Exception:  # noqa: BLE001 - a sampler must never take training down
+                self.failures += 1
+            next_at += self.interval
+            delay = next_at - time.monotonic()
+            if delay < 0:  # fell behind (a slow NVML call): keep the pace, not the debt
+                next_at = time.monotonic()
+                delay = 0.0
+            if self._stop.wait(delay):
+                break
+
+    # -- sampling -----------------------------------------------------------------
+
+    def sample_now(self) -> Memory:
+        """One sample, written now (on the caller's thread, reusing the thread's NVML and RSS readings)."""
+        sample = self._sample(fresh=False)
+        try:
+            self.write(sample)
+            self.samples += 1
+        except Exception:  # noqa: BLE001
+            self.failures += 1
+        return sample
+
+    def _sample(self, fresh: bool) -> Memory:
+        sample = Memory(device=self.device, limit=self.limit, host_rss=self._host_rss(fresh))
+        if self._cuda is not None:
+            numbers = self._allocator()
+            if numbers is not None:
+                sample.allocated, sample.reserved, sample.peak = numbers
+        if self.sample_gpus:
+            sample.gpus = self._gpu_reading(fresh)
+        return sample
+
+    def _host_rss(self, fresh: bool) -> int:
+        """The process's RSS; from the training thread, the thread's last reading unless it is stale.
+
+        Reading ``/proc`` costs ~0.1 ms under gVisor, and RSS moves slowly
+        next to the allocator numbers a phase-change sample is taken for.
+        """
+        now = time.monotonic()
+        if fresh or now - self._rss_at > 2 * self.interval:
+            try:
+                self._rss_value = int(self._process.memory_info().rss)
+                self._rss_at = now
+            except (psutil.Error, OSError):
+                pass
+        return self._rss_value
+
+    def _allocator(self) -> tuple[int, int, int] | None:
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        try:
+            return allocator_numbers(cuda_allocator_stats(torch, self._cuda))
+        except Exception:  # noqa: BLE001
+            return None
+
+    def _gpu_reading(self, fresh: bool) -> list[GpuMemory] | None:
+        """NVML's picture; from the training thread, the thread's last one unless it is stale."""
+        stale = time.monotonic() - self._gpus_at > 2 * self.interval
+        if not fresh and not stale:
+            return self._gpus
+        if not self._nvml_lock.acquire(blocking=fresh):
+            return self._gpus  # the thread is reading NVML right now
+        try:
+            if not self._nvml_tried:
+                self._nvml_tried = True
+                self._nvml = nvml_or_none()
+            if self._nvml is None:
+                return None
+            try:
+                self._gpus = self._nvml.sample()
+            except Exception:  # noqa: BLE001 - NVML hiccup: keep the last reading
+                return self._gpus
+            self._gpus_at = time.monotonic()
+            return self._gpus
+        finally:
+            self._nvml_lock.release()
+
+
+# -- the CUDA allocator's word at an OOM ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ObservedOom:
+    """What CUDA's allocator said just before it raised, and what NVML saw then."""
+
+    device: int
+    requested: int
+    device_total: int
+    """The device's memory, or the per-process cap when one is set."""
+    device_free: int
+    gpus: list[GpuMemory] | None
+    autograd_node: Any
+    """The autograd node running when the allocation failed (in a backward), else None."""
+    monotonic: float
+
+
+_observed: ObservedOom | None = None
+_observer_lock = threading.Lock()
+_observer_installed = False
+
+
+def record_observation(observation: ObservedOom | None) -> None:
+    """Remember the allocator's last word (the observer does)."""
+    global _observed
+    _observed = observation
+
+
+def install_cuda_oom_observer(callback: Callable[[ObservedOom], None] | None = None) -> bool:
+    """Attach to CUDA's allocator once per process; True if attached (now or before).
+
+    The observer records an ``ObservedOom`` for ``attribute()``, then calls
+    ``callback`` with it.  It never raises into the allocator.
+    """
+    global _observer_installed
+    torch = sys.modules.get("torch")
+    attach = getattr(getattr(torch, "_C", None), "_cuda_attach_out_of_memory_observer", None)
+    if torch is None or attach is None or not torch.cuda.is_available():
+        return False
+    with _observer_lock:
+        if not _observer_installed:
+            running_node = getattr(torch._C, "_current_autograd_node", lambda: None)
+
+            def observe(device: int, requested: int, device_total: int, device_free: int) -> None:
+                try:
+                    nvml = nvml_or_none()
+                    observation = ObservedOom(
+                        int(device), int(requested), int(device_total), int(device_free),
+                        nvml.sample() if nvml is not None else None, running_node(), time.monotonic(),
+                    )
+                    record_observation(observation)
+                    if callback is not None:
+                        callback(observation)
+                except BaseException:  # noqa: BLE001 - the allocator must raise its own error
+                    pass
+
+            attach(observe)
+            _observer_installed = True
+    return True
+
+
+def observation_matches(observation: ObservedOom | None, device: int | None, parsed: int | None, now: float) -> bool:
+    """Is the observer's record about this OOM: same device, recent, the size the message gives?"""
+    if observation is None or device is None or observation.device != device:
+        return False
+    if now - observation.monotonic > OBSERVATION_TTL_S:
+        return False
+    return parsed is None or abs(observation.requested - parsed) <= max(1024, parsed // 100)
+
+
+def take_observation(index: int | None, parsed: int | None) -> ObservedOom | None:
+    """The observer's record if it is about this OOM; used once."""
+    device = current_cuda_index() if index == -1 else index
+    if not observation_matches(_observed, device, parsed, time.monotonic()):
+        return None
+    observation = _observed
+    record_observation(None)
+    return observation
+
+
+def current_cuda_index() -> int | None:
+    torch = sys.modules.get("torch")
+    try:
+        return int(torch.cuda.current_device()) if torch is not None and torch.cuda.is_initialized() else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def allocator_state(index: int) -> tuple[int, int, int] | None:
+    """(allocated, reserved, total) of a CUDA device, or None where CUDA never started."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    try:
+        index = torch.cuda.current_device() if index < 0 else index
+        allocated, reserved, _ = allocator_numbers(cuda_allocator_stats(torch, index))
+        return allocated, reserved, int(torch.cuda.get_device_properties(index).total_memory)
+    except Exception:  # noqa: BLE001 - the OOM record matters more than its allocator numbers
+        return None
+
+
+def gpus_now() -> list[GpuMemory] | None:
+    """Every local GPU as NVML sees it now; None without a driver."""
+    try:
+        nvml = nvml_or_none()
+        return nvml.sample() if nvml is not None else None
+    except Exception:  # noqa: BLE001
+        return None
