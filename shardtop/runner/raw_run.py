@@ -7,6 +7,7 @@ the probe is attached exactly as such a user would (``shardtop.probe``).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -34,8 +35,8 @@ def train(
     backward: Callable[[torch.Tensor], None],
     optimizer_step: Callable[[], None],
 ) -> None:
-    """The loop, with its phases and steps told to the probe."""
-    for index, batch in enumerate(batches, start=1):
+    """The loop, with its phases and steps told to the probe; cycles over ``batches``."""
+    for index, batch in enumerate(itertools.cycle(batches), start=1):
         started = time.perf_counter()
         st.phase("forward", index)
         loss = forward_loss(batch)
@@ -48,6 +49,5 @@ def train(
             break
 
 
-def batches_to(device: str | torch.device, loader: Iterable[Any]) -> Iterable[Any]:
-    for batch in loader:
-        yield tuple(t.to(device) for t in batch)
+def batches_to(device: str | torch.device, loader: Iterable[Any]) -> list[Any]:
+    return [tuple(t.to(device) for t in batch) for batch in loader]
