@@ -177,7 +177,8 @@ class Oom(Event, tag="oom"):
     """Path of the module that triggered it (a tree path), if one could be named."""
     module_type: str | None = None
     attributed_by: str = "phase"
-    """forward-frame, apply-frame, tracker, engine-step or phase: how ``module`` was found."""
+    """forward-frame, apply-frame, tracker, engine-step or phase: how ``module`` was found;
+    init-frame: only ``module_type`` is known, a module being constructed under ``deepspeed.zero.Init``."""
     engine_step: str | None = None
     """The engine method that was running, e.g. ``DeepSpeedEngine._configure_distributed_model``."""
     module_stack: list[str] = []

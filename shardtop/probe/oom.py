@@ -51,6 +51,9 @@ APPLY_FRAMES = frozenset({
 })
 """Code names of the frames that convert or move a module's tensors."""
 
+INIT_FRAMES = frozenset({"_post_init_method"})
+"""deepspeed.zero.Init's hook run as each module is constructed; its ``module`` is not in any tree yet."""
+
 ENGINE_STEPS = (
     "DeepSpeedEngine._configure_distributed_model", "DeepSpeedEngine._configure_zero_optimizer",
     "DeepSpeedEngine._configure_bf16_optimizer", "DeepSpeedEngine._configure_fp16_optimizer",
@@ -144,6 +147,8 @@ class StackFrame:
     """``nn.Parameter`` locals: what a per-parameter cast was converting."""
     outputs: tuple[Any, ...] = ()
     """The tensors a backward frame was differentiating (the loss)."""
+    being_built: Any = None
+    """The module ``deepspeed.zero.Init`` was partitioning as it was constructed."""
 
 
 def _describe(frame: FrameType, lineno: int, torch: Any) -> StackFrame:
@@ -164,7 +169,9 @@ def _describe(frame: FrameType, lineno: int, torch: Any) -> StackFrame:
     qualname = getattr(code, "co_qualname", None)
     if qualname is None:
         qualname = f"{type(this).__name__}.{code.co_name}" if this is not None else code.co_name
-    return StackFrame(code.co_filename, lineno, code.co_name, qualname, module, params, outputs)
+    built = local_values.get("module") if code.co_name in INIT_FRAMES else None
+    being_built = built if torch is not None and isinstance(built, torch.nn.Module) else None
+    return StackFrame(code.co_filename, lineno, code.co_name, qualname, module, params, outputs, being_built)
 
 
 def stack_of(exc: BaseException) -> list[StackFrame]:
@@ -403,6 +410,10 @@ def attribute(
         event.module, event.module_type, event.attributed_by = blame.path, blame.type_name, blame.attributed_by
     elif tracked is not None:
         event.module, event.module_type, event.attributed_by = tracked.path, tracked.type_name or None, "tracker"
+    else:
+        built = next((f.being_built for f in reversed(frames) if f.being_built is not None), None)
+        if built is not None:  # no path yet: it is not attached to its parent until construction ends
+            event.module_type, event.attributed_by = type(built).__name__, "init-frame"
     if index is not None:
         state = allocator_state(index)
         if state is not None:

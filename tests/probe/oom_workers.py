@@ -152,6 +152,7 @@ def backward_oom(rank: int, world_size: int, out_dir: Path, track: str = "graph"
     model = Net()
     x = torch.randn(BATCH, D)
     probe = _probe(out_dir, rank, world_size, model, "forward")
+    probe.tracker = None  # learn_names gave the probe one; ``none`` is a probe without
     if track != "none":
         probe.tracker = ModuleTracker(model, probe.names, hooks=track == "hooks")
         probe.tracker.install()
@@ -213,3 +214,20 @@ def fsdp1_backward_oom(rank: int, world_size: int, out_dir: Path, track: str = "
     loss = model(x).square().mean()
     probe.phase("backward")
     return _record(probe, loss.backward, 64 * MiB)
+
+
+def zero_init_oom(rank: int, world_size: int, out_dir: Path) -> dict[str, Any]:
+    """Building layers under ``deepspeed.zero.Init`` (story 2's fix) on one rank: each layer is
+    partitioned as it is made, and one rank's partition is the whole layer; the cap runs out mid-build."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    probe = _probe(out_dir, rank, world_size, None, "setup")
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
+
+    def build() -> None:
+        with deepspeed.zero.Init(config_dict_or_path=config):
+            nn.Sequential(*(nn.Linear(512, 512) for _ in range(64)))  # 64 MiB in all
+
+    return _record(probe, build, 24 * MiB)

@@ -543,3 +543,12 @@ def test_attribute_engine_step_alone() -> None:
     assert (event.module, event.attributed_by) == (None, "engine-step")
     assert event.engine_step == "DeepSpeedEngine._configure_zero_optimizer"
     assert event.traceback[-1] == "deepspeed/runtime/engine.py:10 in DeepSpeedEngine._configure_zero_optimizer"
+
+
+def test_real_oom_while_zero_init_builds_names_the_type_being_built(tmp_path: Path) -> None:
+    [result] = run_ranks("tests.probe.oom_workers:zero_init_oom", 1, tmp_path)
+    _propagated_unchanged(result)
+    oom, _ = _oom_of(tmp_path)
+    # Under construction the layer is in no tree yet: its type is all there is to name.
+    assert (oom.module, oom.module_type, oom.attributed_by) == (None, "Linear", "init-frame")
+    assert oom.engine_step is not None and oom.engine_step.startswith("Init.")
