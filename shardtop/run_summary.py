@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from shardtop.config import format_bytes
 from shardtop.events import read_all
-from shardtop.run_state import fold
+from shardtop.run_state import RunState, fold
 from shardtop.runs import RunDirectory
 
 
@@ -22,10 +22,12 @@ class RunSummary:
     note: str
 
 
-def summarize(run: RunDirectory) -> RunSummary:
+def summarize(run: RunDirectory, state: RunState | None = None) -> RunSummary:
+    """``state``: the run's events already folded (the TUI follows live runs incrementally)."""
     meta = run.read_meta()
-    events, skipped = read_all(run.events_dir)
-    state = fold(events, sum(skipped.values()))
+    if state is None:
+        events, skipped = read_all(run.events_dir)
+        state = fold(events, sum(skipped.values()))
     created = meta.get("created")
     started = time.strftime("%Y-%m-%d %H:%M", time.localtime(created)) if created else "?"
     note = ""

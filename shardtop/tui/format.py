@@ -1,0 +1,179 @@
+"""Pure formatting for the TUI: byte sizes in columns, bars, sparklines, durations.
+
+No Textual here, so every function is unit-tested on its own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from shardtop.config import format_bytes
+
+__all__ = [
+    "BAR_EMPTY",
+    "BAR_FULL",
+    "BAR_RESERVED",
+    "STATUS_MARKS",
+    "bar",
+    "display_path",
+    "duration",
+    "format_bytes",
+    "fraction",
+    "short_bytes",
+    "short_count",
+    "short_run_id",
+    "sparkline",
+    "split_bar",
+    "truncate",
+]
+
+STATUS_MARKS = {
+    "running": "●",
+    "finished": "✓",
+    "failed": "✗",
+    "stopped": "■",
+    "lost": "?",
+}
+"""A symbol in front of every status word, so status never rests on colour."""
+
+BAR_FULL = "█"
+BAR_RESERVED = "▒"
+BAR_EMPTY = "░"
+_PARTIALS = " ▏▎▍▌▋▊▉"
+_SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def short_bytes(n: int | float | None) -> str:
+    """At most 6 cells: ``1.96G``, ``512M``, ``3.0K``, ``17B``, ``0``; ``-`` for unknown."""
+    if n is None:
+        return "-"
+    if n == 0:
+        return "0"
+    size = float(n)
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(size) < 1000 or unit == "T":
+            if unit == "B":
+                return f"{int(size)}B"
+            return (
+                f"{size:.2f}{unit}"
+                if abs(size) < 10
+                else f"{size:.1f}{unit}"
+                if abs(size) < 100
+                else f"{size:.0f}{unit}"
+            )
+        size /= 1024
+    return f"{size:.0f}T"  # pragma: no cover
+
+
+def short_count(n: int) -> str:
+    """Parameter counts in at most 6 cells: ``262K``, ``4.72M``, ``1.3B``."""
+    value = float(n)
+    for unit in ("", "K", "M", "B", "T"):
+        if abs(value) < 1000 or unit == "T":
+            if unit == "":
+                return str(int(value))
+            return (
+                f"{value:.2f}{unit}"
+                if abs(value) < 10
+                else f"{value:.1f}{unit}"
+                if abs(value) < 100
+                else f"{value:.0f}{unit}"
+            )
+        value /= 1000
+    return str(n)  # pragma: no cover
+
+
+def fraction(part: int | float | None, whole: int | float | None) -> float:
+    """``part / whole`` clamped to [0, 1]; 0 when either is unknown or ``whole`` is 0."""
+    if not part or not whole or whole <= 0:
+        return 0.0
+    return max(0.0, min(1.0, float(part) / float(whole)))
+
+
+def bar(frac: float, width: int) -> tuple[str, str]:
+    """A bar of ``width`` cells as (filled, empty) text, with eighth-cell precision."""
+    if width <= 0:
+        return "", ""
+    frac = max(0.0, min(1.0, frac))
+    eighths = round(frac * width * 8)
+    full, part = divmod(eighths, 8)
+    filled = BAR_FULL * full + (_PARTIALS[part] if part and full < width else "")
+    return filled, BAR_EMPTY * (width - len(filled))
+
+
+def split_bar(first: float, second: float, width: int) -> tuple[str, str, str]:
+    """Three runs of cells: ``first`` (█), up to ``second`` (▒), the rest (░).
+
+    Used for allocator memory: allocated inside reserved inside the limit.
+    Whole cells only, so the two fills stay distinguishable without colour.
+    """
+    if width <= 0:
+        return "", "", ""
+    a = round(max(0.0, min(1.0, first)) * width)
+    b = max(a, round(max(0.0, min(1.0, second)) * width))
+    if first > 0 and a == 0:
+        a, b = 1, max(b, 1)
+    return BAR_FULL * a, BAR_RESERVED * (b - a), BAR_EMPTY * (width - b)
+
+
+def sparkline(values: Sequence[int | float], width: int, maximum: float | None = None) -> str:
+    """The last ``width`` values as ▁▂▃▄▅▆▇█, scaled to ``maximum`` (or their own peak)."""
+    if width <= 0:
+        return ""
+    tail = list(values)[-width:]
+    if not tail:
+        return " " * width
+    top = maximum if maximum else max(tail)
+    if not top or top <= 0:
+        cells = _SPARKS[0] * len(tail)
+    else:
+        cells = "".join(_SPARKS[min(7, max(0, int(v / top * 7.999)))] for v in tail)
+    return cells.rjust(width)
+
+
+def duration(seconds: float | None) -> str:
+    """``12s``, ``3m07s``, ``1h02m``, ``2d03h``; ``-`` for unknown."""
+    if seconds is None or seconds < 0:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"
+
+
+def truncate(text: str, width: int) -> str:
+    """``text`` in at most ``width`` cells, ending in ``…`` when cut."""
+    if width <= 0:
+        return ""
+    if len(text) <= width:
+        return text
+    return text[: width - 1] + "…"
+
+
+def display_path(path: str | os.PathLike[str]) -> str:
+    """A path as short as it can be said: relative to the working directory, else with ``~``."""
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        pass
+    home = Path.home()
+    try:
+        return "~/" + str(p.relative_to(home))
+    except ValueError:
+        return str(p)
+
+
+def short_run_id(run_id: str) -> str:
+    """The part of a run id people tell apart: preset and suffix, without the date."""
+    pieces = run_id.split("-", 2)
+    return pieces[2] if len(pieces) == 3 and pieces[0].isdigit() else run_id

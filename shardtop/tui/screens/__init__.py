@@ -1,0 +1,1 @@
+"""Screens: home, run view, and the dialogs."""

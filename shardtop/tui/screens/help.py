@@ -1,0 +1,74 @@
+"""``HelpScreen``: the keys of the screen below it, and what the symbols mean."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Static
+
+SYMBOLS = (
+    ("▶ / ▼", "a closed / open module (Enter, Space, → and ← open and close)"),
+    ("net.0 … net.17 18 × Linear", "repeated siblings of one type and size, folded into one line"),
+    ("✗ OOM", "the module that was running when a rank ran out of memory"),
+    ("✗", "a module on the way to the one that ran out of memory"),
+    ("◆", "the root of a sharding unit (FSDP unit, ZeRO partition…)"),
+    ("█ ▒ ░", "allocated, reserved but free, and free memory"),
+    ("● ✓ ✗ ■ ?", "running, finished, failed, stopped, lost"),
+    ("✗ error  ! warning  i info", "how serious a finding is"),
+)
+
+
+GENERIC_ACTIONS = frozenset(
+    {"page_left", "page_right", "scroll_left", "scroll_right", "copy_text", "focus_next", "focus_previous"}
+)
+"""Textual's own bindings that say nothing about shardtop."""
+
+
+def keys_table(screen: Screen[object]) -> Table:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+    seen: set[str] = set()
+    for active in screen.active_bindings.values():
+        binding = active.binding
+        if (
+            not binding.description
+            or binding.description in seen
+            or not active.enabled
+            or binding.action in GENERIC_ACTIONS
+        ):
+            continue
+        seen.add(binding.description)
+        table.add_row(screen.app.get_key_display(binding), binding.description)
+    return table
+
+
+class HelpScreen(ModalScreen[None]):
+    """Opened with ``?``; any of Escape, q or ? closes it."""
+
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close help")]
+
+    def __init__(self, below: Screen[object]) -> None:
+        super().__init__()
+        self.below = below
+
+    def compose(self) -> ComposeResult:
+        symbols = Table.grid(padding=(0, 2))
+        symbols.add_column(style="bold", no_wrap=True)
+        symbols.add_column()
+        for mark, words in SYMBOLS:
+            symbols.add_row(mark, words)
+        with VerticalScroll(id="dialog", classes="dialog help"):
+            yield Static(Text("shardtop — keys", style="bold"))
+            yield Static(keys_table(self.below))
+            yield Static(
+                Text(
+                    "\ntab moves between panels; ctrl+p opens the command palette; the mouse works too.", style="italic"
+                )
+            )
+            yield Static(Text("\nSymbols", style="bold"))
+            yield Static(symbols)

@@ -1,0 +1,270 @@
+"""``HomeScreen``: the monitor — GPUs, the processes on them, runs and presets.
+
+``HomeScreen`` only reads; ``ControlledHomeScreen`` adds launching a preset
+and stopping a run.  With ``--read-only`` the app uses the first, so those
+bindings do not exist at all.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from textual import on, work
+from textual.app import ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, OptionList
+from textual.worker import get_current_worker
+
+from shardtop.config import ConfigError
+from shardtop.gpus import GpuSource, HostProbe, gpu_count
+from shardtop.launch import start, stop
+from shardtop.runs import RunDirectory, RunError, ensure_root
+from shardtop.tui.screens.confirm import ConfirmScreen
+from shardtop.tui.screens.launch_prompt import LaunchPrompt, LaunchRequest
+from shardtop.tui.watch.gpu_feed import GpuFeed, GpuSnapshot
+from shardtop.tui.watch.run_catalog import RunCatalog, RunsSnapshot
+from shardtop.tui.widgets.gpu_panel import GpuPanel
+from shardtop.tui.widgets.host_panel import HostPanel
+from shardtop.tui.widgets.preset_list import PresetList
+from shardtop.tui.widgets.process_table import ProcessTable
+from shardtop.tui.widgets.run_list import RunList
+
+NARROW_WIDTH = 100
+RUNS_EVERY = 2.0
+"""Seconds between looks at the runs directory (GPUs follow the refresh setting)."""
+
+
+class HomeScreen(Screen[None]):
+    """What is on this machine's GPUs, and which runs there are."""
+
+    BINDINGS = [
+        Binding("g", "focus_panel('processes')", "Processes", show=False),
+        Binding("u", "focus_panel('runs')", "Runs", show=False),
+        Binding("p", "focus_panel('presets')", "Presets", show=False),
+    ]
+
+    class GpusSampled(Message):
+        def __init__(self, snapshot: GpuSnapshot) -> None:
+            super().__init__()
+            self.snapshot = snapshot
+
+    class RunsListed(Message):
+        def __init__(self, snapshot: RunsSnapshot) -> None:
+            super().__init__()
+            self.snapshot = snapshot
+
+    def __init__(
+        self,
+        runs_root: Path,
+        refresh: float = 1.0,
+        read_only: bool = True,
+        gpu_source: GpuSource | None = None,
+        host_probe: HostProbe | None = None,
+    ) -> None:
+        super().__init__()
+        self.runs_root = runs_root
+        self.refresh_s = refresh
+        self.read_only = read_only
+        self.gpu_source = gpu_source
+        self.host_probe = host_probe
+        self.gpus: GpuSnapshot | None = None
+        self.runs: RunsSnapshot | None = None
+        self._awake = threading.Event()
+        self._awake.set()
+        self._feeds_done = threading.Event()
+        self._poke = threading.Event()
+        self._was_suspended = False
+
+    def compose(self) -> ComposeResult:
+        yield GpuPanel(id="gpus")
+        yield HostPanel(id="host")
+        yield ProcessTable(id="processes")
+        with Horizontal(id="lists"):
+            yield RunList(id="runs")
+            yield PresetList(read_only=self.read_only, id="presets")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(RunList).focus()
+        self.sample_gpus()
+        self.watch_runs()
+
+    def on_unmount(self) -> None:
+        self._feeds_done.set()
+        self._awake.set()
+        self._poke.set()
+
+    def on_screen_suspend(self) -> None:
+        self._awake.clear()
+        self._was_suspended = True
+
+    def on_screen_resume(self) -> None:
+        self._awake.set()
+        if self._was_suspended:  # back from a run view: show now what changed meanwhile
+            self._poke.set()
+
+    def on_resize(self, event: object) -> None:
+        self.set_class(self.size.width < NARROW_WIDTH, "-narrow")
+
+    def action_focus_panel(self, widget_id: str) -> None:
+        self.query_one(f"#{widget_id}").focus()
+
+    # -- feeds -------------------------------------------------------------------
+
+    def _loop(self, poll: Callable[[], Message | None], every: float) -> None:
+        """Poll, post, wait; paused while another screen is on top; polls never overlap."""
+        worker = get_current_worker()
+        while not worker.is_cancelled and not self._feeds_done.is_set():
+            self._awake.wait()
+            if worker.is_cancelled or self._feeds_done.is_set():
+                return
+            message = poll()
+            if message is not None:
+                self.post_message(message)
+            self._poke.wait(every)
+            self._poke.clear()
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="gpu-feed", name="GPU sampler")
+    def sample_gpus(self) -> None:
+        feed = GpuFeed(source=self.gpu_source, host=self.host_probe)
+
+        def poll() -> Message | None:
+            snapshot = feed.poll()
+            return None if snapshot is None else self.GpusSampled(snapshot)
+
+        self._loop(poll, self.refresh_s)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="runs-feed", name="runs watcher")
+    def watch_runs(self) -> None:
+        catalog = RunCatalog(self.runs_root, read_only=self.read_only)
+
+        def poll() -> Message | None:
+            snapshot = catalog.poll()
+            return None if snapshot is None else self.RunsListed(snapshot)
+
+        self._loop(poll, max(self.refresh_s, RUNS_EVERY))
+
+    def on_home_screen_gpus_sampled(self, message: GpusSampled) -> None:
+        self.gpus = message.snapshot
+        self._show()
+
+    def on_home_screen_runs_listed(self, message: RunsListed) -> None:
+        self.runs = message.snapshot
+        with self.app.batch_update():
+            self.query_one(RunList).show(message.snapshot.rows)
+            self.query_one(PresetList).show(message.snapshot.presets)
+            self._show()
+
+    def _show(self) -> None:
+        gpus, runs = self.gpus, self.runs
+        owners = runs.owners if runs is not None else {}
+        with self.app.batch_update():
+            if gpus is not None:
+                self.query_one(GpuPanel).show(gpus, owners)
+                self.query_one(ProcessTable).show(gpus.processes, owners)
+                host = self.query_one(HostPanel)
+                host.host = gpus.host
+                host.show_ranks = not gpus.gpus
+                self.query_one(ProcessTable).display = bool(gpus.gpus)
+            if runs is not None:
+                self.query_one(HostPanel).ranks = runs.live_ranks
+
+    # -- opening runs ------------------------------------------------------------
+
+    @on(DataTable.RowSelected, "#runs")
+    def _run_chosen(self, event: DataTable.RowSelected) -> None:
+        row = self.query_one(RunList).selected()
+        if row is not None:
+            self.app.open_run(RunDirectory(row.path))  # type: ignore[attr-defined]
+
+    @on(OptionList.OptionSelected, "#presets")
+    def _preset_chosen(self, event: OptionList.OptionSelected) -> None:
+        self.choose_preset(str(event.option.id))
+
+    def choose_preset(self, name: str) -> None:
+        """Enter on a preset; read-only, it only says why nothing happens."""
+        self.notify("Read-only: launching is off. Start shardtop without --read-only to launch.")
+
+    def commands(self) -> Iterable[SystemCommand]:
+        yield SystemCommand("Runs", "Go to the list of runs", lambda: self.action_focus_panel("runs"))
+        yield SystemCommand("Presets", "Go to the list of presets", lambda: self.action_focus_panel("presets"))
+
+
+class ControlledHomeScreen(HomeScreen):
+    """The monitor with its two actions: launch a preset, stop a run."""
+
+    BINDINGS = [
+        Binding("l", "launch", "Launch preset"),
+        Binding("k", "stop", "Stop run"),
+    ]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._launched: list[subprocess.Popen[bytes]] = []
+
+    def choose_preset(self, name: str) -> None:
+        self.action_launch(name)
+
+    def action_launch(self, name: str | None = None) -> None:
+        name = name or self.query_one(PresetList).selected
+        presets = {p.name: p for p in (self.runs.presets if self.runs else ())}
+        if name is None or name not in presets:
+            self.notify("Choose a preset first (p moves to the list).")
+            return
+        self.app.push_screen(LaunchPrompt(presets[name], gpu_count), self._launch)
+
+    def _launch(self, request: LaunchRequest | None) -> None:
+        if request is None:
+            return
+        try:
+            run, process = launch_run(self.runs_root, request)
+        except (ConfigError, RunError, OSError) as e:
+            self.notify(f"Nothing launched: {e}", severity="error", timeout=10)
+            return
+        self._launched.append(process)  # held so only our feeds reap it (and record its exit)
+        self._poke.set()
+        self.app.open_run(run)  # type: ignore[attr-defined]
+
+    def action_stop(self) -> None:
+        row = self.query_one(RunList).selected()
+        if row is None or not row.live:
+            self.notify("Select a running run first.")
+            return
+        run = RunDirectory(row.path)
+        self.app.push_screen(
+            ConfirmScreen(f"Stop run {run.id}?", "Its processes get SIGTERM, then SIGKILL after 10 s."),
+            lambda yes: self._stop_confirmed(run, yes),
+        )
+
+    def _stop_confirmed(self, run: RunDirectory, yes: bool | None) -> None:
+        if yes:
+            self.stop_run(run)
+
+    @work(thread=True, exclusive=False, exit_on_error=False, group="stop", name="stop run")
+    def stop_run(self, run: RunDirectory) -> None:
+        stopped = stop(run, grace=10.0, out=lambda _line: None)
+        self.app.call_from_thread(self.notify, f"Stopped {run.id}." if stopped else f"{run.id} was not running.")
+        self._poke.set()
+
+    def commands(self) -> Iterable[SystemCommand]:
+        yield from super().commands()
+        for preset in self.runs.presets if self.runs else ():
+            yield SystemCommand(
+                f"Launch {preset.name}", preset.description, lambda p=preset: self.action_launch(p.name)
+            )
+
+
+def launch_run(runs_root: Path, request: LaunchRequest) -> tuple[RunDirectory, subprocess.Popen[bytes]]:
+    """Create the run directory and start the run, as ``shardtop launch`` does."""
+    root = ensure_root(runs_root)
+    run = RunDirectory.create(
+        root, request.config["preset"], {"config": request.config, "command": ["shardtop", "launch", *request.settings]}
+    )
+    return run, start(run)

@@ -1,0 +1,78 @@
+"""Follow the ranks' and the supervisor's logs: new complete lines only."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shardtop.runs import RunDirectory
+
+FIRST_READ_BYTES = 64 * 1024
+"""On the first look at a log, only its end: a long run's log can be large."""
+MAX_LINE = 2000
+_RANK_LOG = re.compile(r"rank-(\d+)\.log$")
+
+
+@dataclass
+class _Tail:
+    offset: int
+    pending: bytes = b""
+
+
+@dataclass
+class LogTail:
+    """New lines of every log of a run, each prefixed with where it came from."""
+
+    run: RunDirectory
+    _tails: dict[Path, _Tail] = field(default_factory=dict)
+
+    def sources(self) -> list[tuple[str, Path]]:
+        out = [("runner", self.run.runner_log)]
+        if self.run.logs_dir.is_dir():
+            logs = [(int(m.group(1)), p) for p in self.run.logs_dir.iterdir() if (m := _RANK_LOG.search(p.name))]
+            out.extend((f"r{rank}", p) for rank, p in sorted(logs))
+        return out
+
+    def read_new(self) -> list[str]:
+        lines: list[str] = []
+        for label, path in self.sources():
+            lines.extend(f"{label:>6} │ {line}" for line in self._read(path))
+        return lines
+
+    def _read(self, path: Path) -> list[str]:
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return []
+        tail = self._tails.get(path)
+        skip_partial = False
+        if tail is None:
+            start = max(0, size - FIRST_READ_BYTES)
+            tail = self._tails[path] = _Tail(start)
+            skip_partial = start > 0
+        if size < tail.offset:  # truncated or replaced: start over
+            tail.offset, tail.pending = 0, b""
+        if size == tail.offset:
+            return []
+        try:
+            with open(path, "rb") as f:
+                f.seek(tail.offset)
+                chunk = f.read(size - tail.offset)
+        except OSError:
+            return []
+        tail.offset += len(chunk)
+        data = tail.pending + chunk
+        *complete, tail.pending = data.split(b"\n")
+        if skip_partial and complete:
+            complete = complete[1:]
+        return [_clean(line) for line in complete]
+
+
+def _clean(raw: bytes) -> str:
+    """One printable line: carriage-return progress bars keep their last state."""
+    text = raw.decode("utf-8", "replace").rstrip("\r")
+    if "\r" in text:
+        text = text.rsplit("\r", 1)[-1]
+    return text.expandtabs(4)[:MAX_LINE]

@@ -1,0 +1,132 @@
+"""The home view's list of runs, with which pid is which run's rank.
+
+Finished runs are summarised once (until their files change); live runs are
+followed incrementally, so a long run's event files are not re-read every
+poll.  The pids the ranks announced in their hello events let the GPU panel
+say which run and rank a GPU process is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+from shardtop.config import Preset, list_presets
+from shardtop.events import EventReader
+from shardtop.run_state import RankState, RunStateBuilder
+from shardtop.run_summary import RunSummary, summarize
+from shardtop.runs import RunDirectory, list_runs
+from shardtop.tui.watch.run_feed import reap
+
+MAX_RUNS = 50
+"""The newest runs shown on the home view."""
+
+
+@dataclass(frozen=True)
+class RunRow:
+    summary: RunSummary
+    path: Path
+    live: bool
+
+
+@dataclass(frozen=True)
+class RankOwner:
+    """Which run and rank a pid is."""
+
+    run_id: str
+    rank: int
+
+
+@dataclass(frozen=True)
+class RunsSnapshot:
+    rows: tuple[RunRow, ...]
+    """Newest first."""
+    owners: Mapping[int, RankOwner]
+    """pid -> run and rank, for live runs."""
+    live_ranks: tuple[tuple[str, RankState], ...]
+    """(run id, rank) of live runs: their own memory samples, for machines without GPUs."""
+    presets: tuple[Preset, ...]
+    serial: int
+
+
+@dataclass
+class _Follow:
+    reader: EventReader
+    builder: RunStateBuilder
+
+
+class RunCatalog:
+    def __init__(self, root: Path, read_only: bool = False) -> None:
+        self.root = root
+        self.read_only = read_only
+        self._summaries: dict[str, tuple[tuple[object, ...], RunSummary]] = {}
+        self._live: dict[str, _Follow] = {}
+        self._presets: tuple[Preset, ...] | None = None
+        self._last: tuple[object, ...] | None = None
+        self._serial = 0
+
+    def poll(self) -> RunsSnapshot | None:
+        if self._presets is None:
+            self._presets = tuple(list_presets())
+        runs = list_runs(self.root)[-MAX_RUNS:][::-1]
+        rows: list[RunRow] = []
+        owners: dict[int, RankOwner] = {}
+        live_ranks: list[tuple[str, RankState]] = []
+        for run in runs:
+            meta = run.read_meta()
+            ended = reap(meta.get("pid"), meta.get("pid_started"))
+            if ended is not None and not self.read_only:
+                run.write_exit(ended[0], signal=ended[1], reason="supervisor ended")
+            live = run.status().state == "running"
+            if live:
+                follow = self._live.setdefault(run.id, _Follow(EventReader(run.events_dir), RunStateBuilder()))
+                follow.builder.apply(follow.reader.read_new())
+                follow.builder.note_skipped(follow.reader.skipped_total)
+                state = follow.builder.snapshot()
+                summary = summarize(run, state)
+                for rs in sorted(state.ranks.values(), key=lambda r: r.rank):
+                    if rs.pid is not None:
+                        owners[rs.pid] = RankOwner(run.id, rs.rank)
+                    live_ranks.append((run.id, rs))
+            else:
+                self._live.pop(run.id, None)
+                summary = self._summary(run)
+            rows.append(RunRow(summary, run.path, live))
+        key = (tuple(rows), tuple(owners.items()), tuple((i, id(r)) for i, r in live_ranks))
+        if key == self._last:
+            return None
+        self._last = key
+        self._serial += 1
+        return RunsSnapshot(
+            rows=tuple(rows),
+            owners=MappingProxyType(owners),
+            live_ranks=tuple(live_ranks),
+            presets=self._presets,
+            serial=self._serial,
+        )
+
+    def _summary(self, run: RunDirectory) -> RunSummary:
+        signature = _signature(run)
+        cached = self._summaries.get(run.id)
+        if cached is not None and cached[0] == signature:
+            return cached[1]
+        summary = summarize(run)
+        self._summaries[run.id] = (signature, summary)
+        return summary
+
+
+def _signature(run: RunDirectory) -> tuple[object, ...]:
+    """Changes when a finished run's summary could: its event files or its exit record."""
+    sizes = []
+    for path in sorted(run.events_dir.glob("rank-*.jsonl")) if run.events_dir.is_dir() else []:
+        try:
+            sizes.append((path.name, path.stat().st_size))
+        except OSError:
+            continue
+    try:
+        exit_mtime = run.exit_path.stat().st_mtime
+    except OSError:
+        exit_mtime = None
+    return (tuple(sizes), exit_mtime)

@@ -1,0 +1,1 @@
+"""Widgets, one per module, named for what the user sees."""

@@ -1,0 +1,78 @@
+"""``FindingsList``: the diagnosis in plain words, most severe first."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rich.text import Text
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from shardtop.diagnose import Finding
+from shardtop.tui.format import format_bytes
+
+SEVERITY_MARKS = {"error": "✗ error", "warning": "! warning", "info": "i info"}
+"""Words beside the colour, so severity reads without it."""
+
+
+def finding_text(finding: Finding) -> Text:
+    """One finding: severity, title, what happened, what to change, the saving."""
+    style = {"error": "bold", "warning": "bold", "info": ""}.get(finding.severity, "")
+    text = Text()
+    text.append(f"{SEVERITY_MARKS.get(finding.severity, finding.severity)}  ", style)
+    text.append(finding.title, "bold")
+    text.append(f"  [{finding.code}]\n", "dim")
+    if finding.detail:
+        text.append(finding.detail.strip() + "\n")
+    if finding.fix:
+        text.append("fix: ", "bold")
+        text.append(finding.fix.strip() + "\n")
+    if finding.saving_bytes:
+        text.append(f"saves ≈ {format_bytes(finding.saving_bytes)} per rank\n", "italic")
+    if finding.modules:
+        shown = ", ".join(finding.modules[:5]) + (
+            f" (+{len(finding.modules) - 5} more)" if len(finding.modules) > 5 else ""
+        )
+        text.append(f"modules: {shown}\n", "dim")
+    return text
+
+
+def findings_text(findings: Iterable[Finding], empty: str = "No findings.") -> Text:
+    parts = [finding_text(f) for f in findings]
+    return Text("\n").join(parts) if parts else Text(empty, style="dim")
+
+
+def concerning(findings: Iterable[Finding], path: str) -> list[Finding]:
+    """Findings about ``path`` itself, a module above it, or a module inside it."""
+
+    def related(module: str) -> bool:
+        if not path or not module:
+            return True
+        return module == path or path.startswith(module + ".") or module.startswith(path + ".")
+
+    return [f for f in findings if any(related(m) for m in f.modules)]
+
+
+class FindingsList(VerticalScroll):
+    """Every finding of the run."""
+
+    DEFAULT_CSS = """
+    FindingsList > Static {
+        height: auto;
+    }
+    """
+
+    def __init__(self, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self._findings: tuple[Finding, ...] | None = None
+
+    def compose(self):  # type: ignore[no-untyped-def]
+        yield Static(findings_text(()), id="findings-text")
+
+    def show(self, findings: tuple[Finding, ...]) -> None:
+        if findings == self._findings:
+            return
+        self._findings = findings
+        self.query_one("#findings-text", Static).update(
+            findings_text(findings, "No findings: nothing in this run's shards or memory looks wrong (yet).")
+        )

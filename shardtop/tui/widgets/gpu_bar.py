@@ -1,0 +1,104 @@
+"""``GpuBar``: one GPU on one line — memory bar, utilisation, temperature, power, history, who is on it."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from shardtop.events import GpuMemory
+from shardtop.tui.format import bar, fraction, sparkline, truncate
+
+SPARK_WIDTH = 16
+
+
+def memory_spark(history: tuple[int, ...], total: int) -> str:
+    """The sparkline of a GPU's used memory, on an absolute scale like the bar (steady at 2 % reads low)."""
+    return sparkline(history, SPARK_WIDTH, maximum=total)
+
+
+HIGH = 0.9
+"""Memory use from which the bar is drawn as a warning."""
+GIB = 1024**3
+
+
+def gpu_line_parts(gpu: GpuMemory, width: int) -> dict[str, str]:
+    """The texts of a GPU line that do not depend on colour, sized for ``width`` cells."""
+    used = gpu.used / GIB
+    total = gpu.total / GIB
+    parts = {
+        "index": f"{gpu.index:>2}",
+        "name": truncate(gpu.name.replace("NVIDIA ", ""), 14 if width >= 100 else 8),
+        "memory": f"{used:5.1f}/{total:.0f}G" if width < 100 else f"{used:6.1f}/{total:6.1f} GiB",
+        "util": f"{gpu.util:3d}%" if gpu.util is not None else "  - ",
+        "temperature": f"{gpu.temperature:3d}°C" if gpu.temperature is not None else "   - ",
+        "power": f"{gpu.power_w:4.0f} W" if gpu.power_w is not None else "    - ",
+    }
+    return parts
+
+
+class GpuBar(Widget):
+    """A single GPU's line in the ``GpuPanel``."""
+
+    COMPONENT_CLASSES = {
+        "gpu-bar--label",
+        "gpu-bar--used",
+        "gpu-bar--high",
+        "gpu-bar--free",
+        "gpu-bar--history",
+        "gpu-bar--owner",
+        "gpu-bar--muted",
+    }
+
+    DEFAULT_CSS = """
+    GpuBar {
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
+        height: 1;
+        width: 1fr;
+    }
+    """
+
+    gpu: reactive[GpuMemory | None] = reactive(None, layout=False)
+    """The latest NVML sample of this GPU."""
+    spark: reactive[str] = reactive("")
+    """Memory over time as drawn (16 cells); compared as drawn, so a longer history alone repaints nothing."""
+    owners: reactive[str] = reactive("")
+    """Which run/rank/pid is on this GPU, in words."""
+
+    def render(self) -> Text:
+        gpu = self.gpu
+        if gpu is None:
+            return Text("")
+        width = self.size.width or 80
+        parts = gpu_line_parts(gpu, width)
+        label = self.get_component_rich_style("gpu-bar--label")
+        muted = self.get_component_rich_style("gpu-bar--muted")
+        frac = fraction(gpu.used, gpu.total)
+        wide = width >= 100
+        fixed = 3 + len(parts["name"]) + 1 + len(parts["memory"]) + 2 + 5 + (6 + 7 + 22 if wide else 0)
+        owner_width = max(0, min(40, width - fixed - 12)) if self.owners else 0
+        bar_width = max(8, min(48, width - fixed - owner_width - 2))
+        filled, empty = bar(frac, bar_width)
+        used_style = self.get_component_rich_style("gpu-bar--high" if frac >= HIGH else "gpu-bar--used")
+        text = Text.assemble(
+            (parts["index"] + " ", label),
+            (parts["name"].ljust(len(parts["name"])) + " ", label),
+            (filled, used_style),
+            (empty, self.get_component_rich_style("gpu-bar--free")),
+            " ",
+            parts["memory"],
+            "  ",
+            (parts["util"], muted if gpu.util is None else ""),
+            no_wrap=True,
+            overflow="ellipsis",
+        )
+        if wide:
+            text.append("  " + parts["temperature"], muted if gpu.temperature is None else "")
+            text.append("  " + parts["power"], muted if gpu.power_w is None else "")
+            text.append("  ")
+            text.append(self.spark, self.get_component_rich_style("gpu-bar--history"))
+        if self.owners:
+            text.append("  ")
+            text.append(truncate(self.owners, max(owner_width, 10)), self.get_component_rich_style("gpu-bar--owner"))
+        return text

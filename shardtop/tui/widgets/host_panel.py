@@ -1,0 +1,70 @@
+"""``HostPanel``: the host's CPU and memory, and (without GPUs) the ranks' own memory."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from shardtop.gpus import HostSample
+from shardtop.run_state import RankState
+from shardtop.tui.format import bar, format_bytes, fraction, short_bytes, short_run_id, sparkline
+
+
+def rank_memory_words(run_id: str, rs: RankState) -> str:
+    """``fsdp2-mlp-3fa1 r0 pid 4309 cpu: rss 1.21 GiB`` — what a rank says it holds."""
+    m = rs.memory
+    head = f"{short_run_id(run_id)} r{rs.rank}" + (f" pid {rs.pid}" if rs.pid else "") + f" {rs.device or '?'}"
+    if m is None:
+        return f"{head}: no memory sample yet"
+    if m.allocated is not None:
+        limit = f" of {format_bytes(m.limit)} limit" if m.limit else ""
+        return f"{head}: allocated {format_bytes(m.allocated)}, reserved {format_bytes(m.reserved)}{limit}"
+    return f"{head}: rss {format_bytes(m.host_rss)}"
+
+
+class HostPanel(Widget):
+    """One line for the machine; one more per live rank where NVML cannot show them."""
+
+    COMPONENT_CLASSES = {"host-panel--label", "host-panel--used", "host-panel--free", "host-panel--history"}
+
+    DEFAULT_CSS = """
+    HostPanel {
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
+        height: auto;
+    }
+    """
+
+    host: reactive[HostSample | None] = reactive(None, layout=True)
+    """The latest host sample."""
+    ranks: reactive[tuple[tuple[str, RankState], ...]] = reactive((), layout=True)
+    """(run id, rank) of live runs; shown only when ``show_ranks``."""
+    show_ranks: reactive[bool] = reactive(False, layout=True)
+    """True where there are no GPUs to show the ranks on."""
+
+    def render(self) -> Text:
+        width = self.size.width or 80
+        label = self.get_component_rich_style("host-panel--label")
+        text = Text(no_wrap=True, overflow="ellipsis")
+        host = self.host
+        if host is not None:
+            frac = fraction(host.memory_used, host.memory_total)
+            filled, empty = bar(frac, max(8, min(30, width - 50)))
+            text.append("host ", label)
+            text.append(f"CPU {host.cpu_percent:3.0f}% of {host.cores} cores  RAM ")
+            text.append(filled, self.get_component_rich_style("host-panel--used"))
+            text.append(empty, self.get_component_rich_style("host-panel--free"))
+            text.append(f" {short_bytes(host.memory_used)}/{short_bytes(host.memory_total)}")
+        if self.show_ranks:
+            if not self.ranks:
+                text.append("\nno live run: the ranks' own memory shows here while one runs")
+            for run_id, rs in self.ranks:
+                text.append("\n")
+                text.append(rank_memory_words(run_id, rs))
+                if rs.allocated_history:
+                    text.append("  ")
+                    text.append(
+                        sparkline(rs.allocated_history, 12), self.get_component_rich_style("host-panel--history")
+                    )
+        return text

@@ -1,0 +1,103 @@
+"""``ModuleDetails``: everything known about the selected module (or fold)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from shardtop.diagnose import Finding
+from shardtop.events import Unit
+from shardtop.tui.format import format_bytes, short_bytes, short_count
+from shardtop.tui.shard_model import Fold, Node, ShardModel
+from shardtop.tui.widgets.findings_list import concerning, finding_text
+
+
+def unit_words(unit: Unit | None, model: ShardModel) -> str:
+    """``fsdp2 unit at blocks.3: 1.05M of 2.10M elements here, FULL_SHARD, fp32``."""
+    if unit is None:
+        return "-"
+    root = model.paths[unit.module] if 0 <= unit.module < model.size else "?"
+    facts = [
+        f"{unit.kind} unit at {root or 'model'}",
+        f"{short_count(unit.local_numel)}/{short_count(unit.numel)} elements here",
+    ]
+    if unit.strategy:
+        facts.append(unit.strategy)
+    if unit.dtype:
+        facts.append(unit.dtype)
+    if unit.offload:
+        facts.append("offloaded to CPU")
+    return ", ".join(facts)
+
+
+def details_text(model: ShardModel, node: Node, findings: tuple[Finding, ...], oom_path: str | None) -> Table:
+    """The details pane's content for ``node``."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    if isinstance(node, Fold):
+        members = model.members(node)
+        first = members[0]
+        grid.add_row("modules", f"{model.paths[first]} … {model.paths[members[-1]]}")
+        grid.add_row(
+            "folded", f"{node.count} × {model.type_of(first)}, {short_count(model.params_total[first])} parameters each"
+        )
+        row = first
+    else:
+        row = node
+        grid.add_row("module", model.paths[row] or "(the whole model)")
+        grid.add_row("type", model.type_of(row))
+        if oom_path is not None and model.paths[row] == oom_path:
+            grid.add_row(Text("✗ OOM", style="bold"), "this module was running when the rank ran out of memory")
+    params = model.node_params(node)
+    full = model.node_full_bytes(node)
+    own = model.tree.params[row] if not isinstance(node, Fold) else None
+    grid.add_row(
+        "parameters",
+        f"{params:,} ({format_bytes(full)} unsharded)"
+        + (f"; {own:,} its own" if own is not None and own != params else ""),
+    )
+    if model.ranks:
+        per_rank = Table("rank", "holds", "own", "device", "state", box=None, padding=(0, 1), show_edge=False)
+        units: dict[str, list[str]] = {}
+        for cell in model.rank_cells(row):
+            held = model.node_bytes(node, cell.rank)
+            own_bytes = "-" if isinstance(node, Fold) else short_bytes(cell.own_bytes)
+            per_rank.add_row(f"r{cell.rank}", short_bytes(held), own_bytes, cell.device or "-", cell.state or "-")
+            units.setdefault(unit_words(cell.unit, model), []).append(f"r{cell.rank}")
+        grid.add_row("per rank", per_rank)
+        for words, ranks in units.items():
+            label = "unit" if len(units) == 1 else f"unit {','.join(ranks)}"
+            grid.add_row(label, words if words != "-" else Text("in no sharding unit", style="italic"))
+    else:
+        grid.add_row("per rank", Text("no shards reported yet", style="dim"))
+    path = model.paths[row] if not isinstance(node, Fold) else model.paths[node.parent]
+    related = concerning(findings, path)
+    if related:
+        grid.add_row("findings", Text("\n").join(finding_text(f) for f in related))
+    return grid
+
+
+class ModuleDetails(VerticalScroll):
+    """Parameters, bytes on each rank, unit/partition, state, device and findings of one module."""
+
+    DEFAULT_CSS = """
+    ModuleDetails > Static {
+        height: auto;
+    }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static("Select a module in the shard tree.", id="details-text")
+
+    def show(
+        self, model: ShardModel | None, node: Node | None, findings: tuple[Finding, ...], oom_path: str | None
+    ) -> None:
+        body = self.query_one("#details-text", Static)
+        if model is None or node is None:
+            body.update("No module tree yet: the ranks send it once the model is built.")
+            return
+        body.update(details_text(model, node, findings, oom_path))

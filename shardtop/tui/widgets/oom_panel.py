@@ -1,0 +1,120 @@
+"""``OomPanel``: where and how a rank ran out of memory, every GPU at that moment, and why."""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from shardtop.diagnose import Finding
+from shardtop.events import GpuMemory, Oom
+from shardtop.tui.format import bar, format_bytes, fraction, short_bytes
+from shardtop.tui.widgets.findings_list import finding_text
+
+ATTRIBUTION_WORDS = {
+    "forward-frame": "named by the forward() frame on the stack",
+    "apply-frame": "named by the Module._apply frame (the model was being moved)",
+    "tracker": "named by the module tracker (backward)",
+    "engine-step": "only the engine step is known",
+    "phase": "only the phase is known",
+}
+
+
+def gpu_table(gpus: list[GpuMemory], width: int = 16) -> Table:
+    table = Table.grid(padding=(0, 1))
+    for g in gpus:
+        filled, empty = bar(fraction(g.used, g.total), width)
+        pids = f"pids {', '.join(map(str, g.pids))}" if g.pids else ""
+        table.add_row(
+            f"GPU{g.index}",
+            Text.assemble((filled, "bold"), (empty, "dim")),
+            f"{short_bytes(g.used)}/{short_bytes(g.total)}",
+            pids,
+        )
+    return table
+
+
+def oom_report(oom: Oom, findings: tuple[Finding, ...], others: list[Oom]) -> RenderableType:
+    """The OOM panel's content: what failed, why (the findings that explain it), then the evidence."""
+    head = Text()
+    head.append("✗ OUT OF MEMORY", "bold reverse")
+    head.append(f"  rank {oom.rank}", "bold")
+    head.append(f" on {oom.host}" if oom.host else "")
+    head.append(f", {oom.device}, during {oom.phase}" + (f" (step {oom.step})" if oom.step else ""))
+    facts = Table.grid(padding=(0, 1))
+    facts.add_column(style="bold", no_wrap=True)
+    facts.add_column()
+    if oom.module is not None:
+        facts.add_row(
+            "module",
+            Text.assemble(
+                (oom.module or "(the whole model)", "bold"), f" ({oom.module_type})" if oom.module_type else ""
+            ),
+        )
+    else:
+        facts.add_row("module", Text("not known", style="italic"))
+    facts.add_row("found by", ATTRIBUTION_WORDS.get(oom.attributed_by, oom.attributed_by))
+    if oom.engine_step:
+        facts.add_row("engine step", oom.engine_step)
+    if oom.requested_bytes is not None:
+        facts.add_row("requested", format_bytes(oom.requested_bytes))
+    held = [
+        f"allocated {format_bytes(oom.allocated)}" if oom.allocated is not None else "",
+        f"reserved {format_bytes(oom.reserved)}" if oom.reserved is not None else "",
+        f"limit {format_bytes(oom.limit)}" if oom.limit else "",
+        f"device total {format_bytes(oom.total)}" if oom.total else "",
+    ]
+    if any(held):
+        facts.add_row("rank held", ", ".join(h for h in held if h))
+    if oom.module_stack:
+        stack = " → ".join(p or "model" for p in oom.module_stack[-4:])
+        facts.add_row("stack", ("… → " if len(oom.module_stack) > 4 else "") + stack)
+    if oom.gpus:
+        facts.add_row("GPUs then", gpu_table(oom.gpus))
+    if oom.message:
+        facts.add_row("error", Text(oom.message.strip().splitlines()[0][:300], style="italic"))
+    if others:
+        facts.add_row("also", ", ".join(f"rank {o.rank} in {o.module or o.phase}" for o in others))
+    # the explanation first: what to change is what the user came for; the evidence follows
+    why = [f for f in findings if f.severity == "error"]
+    other = [f for f in findings if f.severity != "error"]
+    parts: list[RenderableType] = [head]
+    if why:
+        parts += [Text("\nWhy", style="bold underline"), *(finding_text(f) for f in why)]
+    parts += [Text("\nWhat happened", style="bold underline"), facts]
+    if other:
+        parts += [Text("\nAlso found", style="bold underline"), *(finding_text(f) for f in other)]
+    return Group(*parts)
+
+
+class OomPanel(VerticalScroll):
+    """Shown once a rank reports an OOM; the first OOM leads, the others are listed."""
+
+    DEFAULT_CSS = """
+    OomPanel > Static {
+        height: auto;
+    }
+    """
+
+    def __init__(self, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.oom: Oom | None = None
+        self._shown: tuple[object, ...] | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("No rank has run out of memory.", id="oom-text")
+
+    def show(self, ooms: list[Oom], findings: tuple[Finding, ...]) -> None:
+        key = (tuple(id(o) for o in ooms), findings)
+        if key == self._shown:
+            return
+        self._shown = key
+        if not ooms:
+            self.oom = None
+            return
+        first = min(ooms, key=lambda o: o.t)
+        self.oom = first
+        self.query_one("#oom-text", Static).update(oom_report(first, findings, [o for o in ooms if o is not first]))

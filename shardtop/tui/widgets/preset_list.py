@@ -1,0 +1,46 @@
+"""``PresetList``: the presets, one line each; Enter launches one (unless read-only)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import OptionList
+from textual.widgets.option_list import Option
+
+from shardtop.config import Preset
+
+
+class PresetList(OptionList):
+    """The presets a run can start from; the option ids are the preset names."""
+
+    DEFAULT_CSS = """
+    PresetList {
+        height: 1fr;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
+    }
+    """
+
+    def __init__(self, read_only: bool = False, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.border_title = "Presets" + (" (read-only: no launch)" if read_only else " · Enter launches")
+        self._names: tuple[str, ...] = ()
+
+    def show(self, presets: tuple[Preset, ...]) -> None:
+        names = tuple(p.name for p in presets)
+        if names == self._names:
+            return
+        self._names = names
+        self.clear_options()
+        self.add_options(
+            Option(
+                Text.assemble((p.name, "bold"), "  ", (p.description, "italic"), no_wrap=True, overflow="ellipsis"),
+                id=p.name,
+            )
+            for p in presets
+        )
+
+    @property
+    def selected(self) -> str | None:
+        if self.highlighted is None:
+            return None
+        return self.get_option_at_index(self.highlighted).id

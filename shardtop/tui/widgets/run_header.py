@@ -1,0 +1,158 @@
+"""``RunHeader``: what the run is and where it stands, in two lines."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from shardtop.tui.format import STATUS_MARKS, display_path, duration
+from shardtop.tui.watch.run_feed import RunSnapshot
+
+
+@dataclass(frozen=True)
+class HeaderInfo:
+    """The header's facts; compared whole, so an unchanged header is not repainted."""
+
+    preset: str
+    engine: str
+    strategy: str
+    held: str
+    """How the shards say the model is held, where that differs from the engine (story 2's set-up)."""
+    ranks: str
+    step: int
+    phase: str
+    status: str
+    state: str
+    run_id: str
+    path: str
+    started: float | None
+    ended: float | None
+    skipped: int
+
+
+def header_info(snap: RunSnapshot) -> HeaderInfo:
+    state = snap.state
+    hellos = [r.hello for r in sorted(state.ranks.values(), key=lambda r: r.rank) if r.hello is not None]
+    strategy = next((h.strategy for h in hellos if h.strategy), "")
+    engine = next((h.engine for h in hellos if h.engine), "") or state.engine
+    shards = [r.shards for r in state.ranks.values() if r.shards is not None]
+    held = ""
+    if shards and state.engine and state.engine != engine:
+        held = f"held as {state.engine} at {shards[0].stage}"
+    up = len(state.ranks)
+    world = state.world_size or int(snap.meta.get("config", {}).get("world_size", 0) or 0)
+    hosts = state.hosts
+    ranks = f"{up}/{world} ranks" if world and up != world else f"{up or world} rank{'s' if (up or world) != 1 else ''}"
+    if hosts:
+        ranks += f" on {', '.join(hosts[:3])}" + (f" +{len(hosts) - 3}" if len(hosts) > 3 else "")
+    phases = {r.phase for r in state.ranks.values() if r.phase}
+    phase = phases.pop() if len(phases) == 1 else ("/".join(sorted(phases)) if phases else "-")
+    created = snap.meta.get("created")
+    started = float(created) if isinstance(created, (int, float)) else state.first_t
+    ended = snap.status.exit.ended if snap.status.exit is not None and snap.status.state != "running" else None
+    if ended is None and snap.status.state not in ("running",):
+        ended = state.last_t
+    return HeaderInfo(
+        preset=snap.preset,
+        engine=engine or "-",
+        strategy=strategy,
+        held=held,
+        ranks=ranks,
+        step=state.step,
+        phase=phase,
+        status=snap.status.describe(),
+        state=snap.status.state,
+        run_id=snap.run.id,
+        path=display_path(snap.run.path),
+        started=started,
+        ended=ended,
+        skipped=state.skipped,
+    )
+
+
+class RunHeader(Widget):
+    """Preset, engine and strategy, ranks and hosts, step, phase, status, elapsed."""
+
+    COMPONENT_CLASSES = {"run-header--title", "run-header--label", "run-header--status", "run-header--muted"}
+
+    DEFAULT_CSS = """
+    RunHeader {
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
+        height: 2;
+    }
+    """
+
+    info: reactive[HeaderInfo | None] = reactive(None)
+    """The facts shown; set from each run snapshot."""
+    elapsed: reactive[str] = reactive("")
+    """Time since the run started (frozen at its end), re-read every second."""
+
+    def __init__(self, clock: Callable[[], float] = time.time, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._clock = clock
+
+    def on_mount(self) -> None:
+        self.set_interval(1.0, self._tick)
+
+    def show(self, snap: RunSnapshot) -> None:
+        self.info = info = header_info(snap)
+        self.set_class(info.state in ("failed", "lost"), "-failed")
+        self._tick()
+
+    def _tick(self) -> None:
+        info = self.info
+        if info is None or info.started is None:
+            self.elapsed = ""
+            return
+        end = info.ended if info.ended is not None else self._clock()
+        self.elapsed = duration(max(0.0, end - info.started))
+
+    def render(self) -> Text:
+        info = self.info
+        if info is None:
+            return Text("reading the run directory…")
+        label = self.get_component_rich_style("run-header--label")
+        muted = self.get_component_rich_style("run-header--muted")
+        engine = (
+            info.engine + (f" ({info.strategy})" if info.strategy else "") + (f", {info.held}" if info.held else "")
+        )
+        mark = STATUS_MARKS.get(info.state, "·")
+        line1 = Text.assemble(
+            (info.preset, self.get_component_rich_style("run-header--title")),
+            "  ",
+            (f"{mark} {info.status}", self.get_component_rich_style("run-header--status")),
+            "  ",
+            ("elapsed ", label),
+            self.elapsed or "-",
+            "  ",
+            engine,
+            no_wrap=True,
+            overflow="ellipsis",
+        )
+        line2 = Text.assemble(
+            info.ranks,
+            "  ",
+            ("step ", label),
+            str(info.step),
+            "  ",
+            ("phase ", label),
+            info.phase,
+            "  ",
+            (info.run_id, muted),
+            "  ",
+            (info.path, muted),
+            no_wrap=True,
+            overflow="ellipsis",
+        )
+        if info.skipped:
+            line2.append(
+                f"  ⚠ {info.skipped} unreadable event line(s) skipped",
+                self.get_component_rich_style("run-header--status"),
+            )
+        return Text("\n", no_wrap=True, overflow="ellipsis").join([line1, line2])

@@ -1,0 +1,76 @@
+"""``RunList``: live and recent runs, newest first; Enter opens one."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.widgets import DataTable
+from textual.widgets.data_table import RowDoesNotExist
+
+from shardtop.tui.format import STATUS_MARKS, short_run_id
+from shardtop.tui.watch.run_catalog import RunRow
+
+COLUMNS = ("RUN", "STATUS", "RANKS", "STEP", "STARTED", "NOTE")
+
+
+def status_text(status: str) -> Text:
+    """``✗ failed (exit 1)`` styled by its state word (CSS-free: the table renders Rich text)."""
+    state = status.split(" ", 1)[0]
+    mark = STATUS_MARKS.get(state, "·")
+    style = {"running": "bold", "failed": "bold", "lost": "italic"}.get(state, "")
+    return Text(f"{mark} {status}", style=style)
+
+
+def run_cells(row: RunRow) -> tuple[str | Text, ...]:
+    s = row.summary
+    return (short_run_id(s.id), status_text(s.status), str(s.ranks or "-"), str(s.step), s.started, s.note)
+
+
+class RunList(DataTable[str | Text]):
+    """The runs under the runs root; rows keyed by run id and updated in place."""
+
+    BINDINGS = [Binding("enter", "select_cursor", "Open run", show=True)]
+
+    DEFAULT_CSS = """
+    RunList {
+        height: 1fr;
+    }
+    """
+
+    def __init__(self, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes, cursor_type="row")
+        self.border_title = "Runs"
+        self._run_rows: dict[str, RunRow] = {}
+
+    def on_mount(self) -> None:
+        for name in COLUMNS:
+            self.add_column(name, key=name)
+
+    def show(self, rows: tuple[RunRow, ...]) -> None:
+        """Update changed cells in place; rebuild only when runs came or went (a run started)."""
+        wanted = {r.summary.id: r for r in rows}
+        order = [r.summary.id for r in rows]
+        if [k.value for k in self.rows] != order:
+            chosen = self.selected()
+            self.clear()
+            for key in order:
+                self.add_row(*run_cells(wanted[key]), key=key)
+            if chosen is not None and chosen.summary.id in wanted:
+                self.move_cursor(row=self.get_row_index(chosen.summary.id), animate=False)
+        else:
+            for key in order:
+                if self._run_rows.get(key) != wanted[key]:
+                    for name, cell in zip(COLUMNS, run_cells(wanted[key]), strict=True):
+                        self.update_cell(key, name, cell)
+        self._run_rows = wanted
+        live = sum(1 for r in rows if r.live)
+        self.border_subtitle = f"{live} live · {len(rows)} shown" if rows else "none yet: launch a preset"
+
+    def selected(self) -> RunRow | None:
+        if not self.row_count:
+            return None
+        try:
+            key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+        except (RowDoesNotExist, LookupError):
+            return None
+        return self._run_rows.get(key or "")

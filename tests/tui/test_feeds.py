@@ -1,0 +1,174 @@
+"""The worker-side readers: run feed, log tail, run catalog, GPU feed, process lookups."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from shardtop.events import Hello, Oom, Step, encode, event_file
+from shardtop.gpus import GpuProcessUse, HostProbe
+from shardtop.runs import RunDirectory, process_start_time
+from shardtop.tui.watch.gpu_feed import GpuFeed
+from shardtop.tui.watch.log_tail import LogTail
+from shardtop.tui.watch.run_catalog import RunCatalog
+from shardtop.tui.watch.run_feed import RunFeed, reap
+from tests.tui.conftest import HOST, RecordedHost, h200_pair
+from tests.tui.recorded import T0, fsdp2_cpu_run, zero3_oom_run
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def append(run: Path, rank: int, event: object) -> None:
+    with open(event_file(run / "events", rank), "ab") as f:
+        f.write(encode(event))  # type: ignore[arg-type]
+
+
+def test_run_feed_posts_changes_urgent_ones_at_once(tmp_path: Path) -> None:
+    path = fsdp2_cpu_run(tmp_path)
+    (path / "exit.json").unlink()
+    clock = Clock()
+    feed = RunFeed(RunDirectory(path), refresh=1.0, clock=clock)
+    first = feed.poll()
+    assert first is not None and first.serial == 1
+    assert first.model is not None and first.model.ranks == (0, 1)
+    assert first.state.step == 3 and first.preset == "fsdp2-mlp"
+    assert any("step 3" in line for line in first.new_log)
+    assert feed.poll() is None, "nothing changed: no snapshot"
+
+    append(path, 0, Step(step=4, rank=0, t=T0 + 10))
+    clock.now += 0.3
+    assert feed.poll() is None, "a step waits for the refresh interval"
+    clock.now += 1.0
+    later = feed.poll()
+    assert later is not None and later.state.step == 4 and later.model is first.model
+
+    append(path, 1, Oom(phase="forward", module="layers.3", rank=1, t=T0 + 11))
+    clock.now += 0.01
+    urgent = feed.poll()
+    assert urgent is not None, "an OOM is shown at once"
+    assert [o.module for o in urgent.state.ooms] == ["layers.3"]
+
+
+def test_run_feed_survives_a_torn_line_and_garbage(tmp_path: Path) -> None:
+    path = zero3_oom_run(tmp_path, n_layers=10, culprit=7)
+    with open(event_file(path / "events", 0), "ab") as f:
+        f.write(b'not json at all\n{"kind": "step", "step"')
+    snap = RunFeed(RunDirectory(path)).poll()
+    assert snap is not None and snap.state.skipped == 1 and snap.status.state == "failed"
+
+
+def test_reap_collects_only_our_children() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    deadline = time.monotonic() + 10
+    ended = None
+    while ended is None and time.monotonic() < deadline:
+        ended = reap(child.pid)
+        time.sleep(0.05)
+    assert ended == (3, None)
+    assert reap(1) is None and reap(None) is None
+
+
+def test_log_tail_returns_complete_lines_only(tmp_path: Path) -> None:
+    run = RunDirectory.create(tmp_path, "p", {})
+    log = run.rank_log(0)
+    log.write_text("one\ntw")
+    tail = LogTail(run)
+    assert tail.read_new() == ["    r0 │ one"]
+    with open(log, "a") as f:
+        f.write("o\nprogress 10%\rprogress 100%\n")
+    assert tail.read_new() == ["    r0 │ two", "    r0 │ progress 100%"]
+    assert tail.read_new() == []
+
+
+def test_catalog_names_the_rank_behind_a_pid(tmp_path: Path) -> None:
+    fsdp2_cpu_run(tmp_path)
+    live = RunDirectory.create(
+        tmp_path, "zero3-linear", {"pid": os.getpid(), "pid_started": process_start_time(os.getpid())}
+    )
+    append(live.path, 1, Hello(pid=4242, world_size=2, rank=1, host="gpu-box", t=T0))
+    catalog = RunCatalog(tmp_path, read_only=True)
+    snap = catalog.poll()
+    assert snap is not None
+    assert [r.live for r in snap.rows] == [True, False]
+    assert snap.owners[4242].run_id == live.id and snap.owners[4242].rank == 1
+    assert catalog.poll() is None, "nothing changed"
+    assert {p.name for p in snap.presets} >= {"fsdp2-mlp"}
+
+
+def test_gpu_feed_keeps_history_and_says_when_there_is_no_driver() -> None:
+    feed = GpuFeed(source=h200_pair(ramp=True), host=RecordedHost(HOST))  # type: ignore[arg-type]
+    snaps = [feed.poll() for _ in range(3)]
+    last = snaps[-1]
+    assert last is not None and len(last.gpus) == 2 and len(last.history[0]) == 3
+    assert [p.visibility for p in last.processes] == ["not-visible", "not-visible"]
+    none = GpuFeed(host=RecordedHost(HOST), opener=lambda: (None, "no NVIDIA driver: NVML Shared Library Not Found"))  # type: ignore[arg-type]
+    snap = none.poll()
+    assert snap is not None and snap.gpus == () and snap.unavailable and "driver" in snap.unavailable
+
+
+def test_host_probe_never_raises_on_strange_pids() -> None:
+    probe = HostProbe()
+    rows = probe.describe(
+        [GpuProcessUse(0, os.getpid(), 2**30), GpuProcessUse(1, os.getpid(), 2**30), GpuProcessUse(0, 4_194_999, None)]
+    )
+    mine = next(r for r in rows if r.pid == os.getpid())
+    assert mine.visibility == "own" and mine.gpus == (0, 1) and mine.gpu_memory == 2**31
+    assert mine.host_rss and "python" in mine.command.lower() or "pytest" in mine.command
+    ghost = next(r for r in rows if r.pid == 4_194_999)
+    assert ghost.visibility == "not-visible" and ghost.command == ""
+    stranger = HostProbe(user="somebody-else")
+    assert stranger.describe([GpuProcessUse(0, os.getpid(), None)])[0].visibility == "other-user"
+    assert probe.host().memory_total > 0
+
+
+def test_samples_are_compared_at_the_precision_shown() -> None:
+    from shardtop.gpus import GpuProcessInfo, HostSample
+    from shardtop.tui.watch.gpu_feed import as_shown
+    from tests.tui.recorded import gpus_at
+
+    a = gpus_at([3 * 2**30, 3 * 2**30])
+    b = gpus_at([3 * 2**30 + 4096, 3 * 2**30 - 4096])
+    for g in b:
+        g.power_w = (g.power_w or 0) - 0.3
+    proc = GpuProcessInfo(1, (0,), 2**30, "own", "me", "python", 12.4, 2**29)
+    host = HostSample(cpu_percent=12.4, cores=4, memory_used=2**33, memory_total=2**35)
+    jitter = (
+        GpuProcessInfo(1, (0,), 2**30 + 100, "own", "me", "python", 11.6, 2**29 + 100),
+        HostSample(cpu_percent=11.8, cores=4, memory_used=2**33 + 4096, memory_total=2**35),
+    )
+    assert as_shown(a, [proc], host) == as_shown(b, [jitter[0]], jitter[1])
+    shown = as_shown(gpus_at([int(3.84 * 2**30)]), [], host)[0][0]
+    assert abs(shown.used - 3.84 * 2**30) <= 2 * 2**20
+
+
+def test_psutil_is_asked_once_a_second_unless_processes_change() -> None:
+    from tests.tui.recorded import RecordedGpus, gpus_at
+
+    class Counting(RecordedHost):
+        looks = 0
+
+        def describe(self, uses):  # type: ignore[no-untyped-def]
+            Counting.looks += 1
+            return super().describe(uses)
+
+    clock = Clock()
+    one, two = gpus_at([2**30]), gpus_at([2**30, 2**30])
+    feed = GpuFeed(source=RecordedGpus([one, one, one, two]), host=Counting(HOST), clock=clock)  # type: ignore[arg-type]
+    for _ in range(3):
+        feed.poll()
+        clock.now += 0.1
+    assert Counting.looks == 1, "three NVML samples within a second: one look through psutil"
+    feed.poll()
+    assert Counting.looks == 2, "a new process on a GPU is looked at at once"
+    clock.now += 1.0
+    feed.poll()
+    assert Counting.looks == 3

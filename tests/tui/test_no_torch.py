@@ -1,0 +1,38 @@
+"""The TUI process never imports torch, lightning or deepspeed — not even indirectly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = r"""
+import asyncio, importlib, json, pkgutil, sys, tempfile
+from pathlib import Path
+import shardtop.tui as tui
+for module in pkgutil.walk_packages(tui.__path__, "shardtop.tui."):
+    importlib.import_module(module.name)
+from shardtop.tui.app import ShardtopApp
+from tests.tui.recorded import zero3_oom_run
+
+async def main():
+    root = Path(tempfile.mkdtemp())
+    run = zero3_oom_run(root, n_layers=50, culprit=40)
+    for target in (None, str(run)):
+        app = ShardtopApp(root, run=target)
+        async with app.run_test(size=(100, 30)) as pilot:
+            for _ in range(20):
+                await pilot.pause(0.05)
+            await pilot.press("question_mark", "escape", "o")
+asyncio.run(main())
+print(json.dumps(sorted(n for n in ("torch", "lightning", "deepspeed", "pytorch_lightning") if n in sys.modules)))
+"""
+
+
+def test_tui_process_imports_no_training_library() -> None:
+    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []

@@ -1,0 +1,258 @@
+"""The run view driven by keys: opening, folding, search, OOM jump, details, help, report."""
+
+from __future__ import annotations
+
+import io
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from textual.widgets import Static, TabbedContent
+
+from shardtop.runs import RunDirectory
+from shardtop.tui.app import ShardtopApp
+from shardtop.tui.screens.help import HelpScreen
+from shardtop.tui.screens.report_view import ReportScreen
+from shardtop.tui.screens.run_view import RunScreen
+from shardtop.tui.shard_model import Fold
+from shardtop.tui.widgets.module_details import ModuleDetails
+from shardtop.tui.widgets.oom_panel import OomPanel
+from shardtop.tui.widgets.run_header import RunHeader
+from shardtop.tui.widgets.run_list import RunList
+from shardtop.tui.widgets.shard_tree import ShardTree
+from tests.tui.conftest import HOST, RecordedHost, copy_fixture_runs, h200_pair, wait_for
+
+ZERO3 = "20261129-122640-zero3-linear-0a0e"
+FSDP2 = "20261129-122640-fsdp2-mlp-1b2c"
+
+
+def app_for(root: Path, run: str | None = None, read_only: bool = False, size: str = "") -> ShardtopApp:
+    return ShardtopApp(
+        root,
+        run=run,
+        read_only=read_only,
+        gpu_source=h200_pair(),  # type: ignore[arg-type]
+        host_probe=RecordedHost(HOST),
+    )  # type: ignore[arg-type]
+
+
+def tree_of(app: ShardtopApp) -> ShardTree:
+    return app.screen.query_one(ShardTree)
+
+
+def selected_path(tree: ShardTree) -> str:
+    node = tree.selected
+    assert tree.model is not None and node is not None
+    return tree.model.paths[node] if isinstance(node, int) else f"fold:{tree.model.fold_label(node)}"
+
+
+def text_of(widget: Static) -> str:
+    """What a Static shows, as plain text (its content may be any Rich renderable)."""
+    console = Console(width=200, file=io.StringIO(), record=True, color_system=None)
+    console.print(widget.content)
+    return console.export_text()
+
+
+async def test_enter_on_a_run_opens_it(recorded_root: Path) -> None:
+    app = app_for(recorded_root)
+    async with app.run_test(size=(120, 40)) as pilot:
+        runs = app.screen.query_one(RunList)
+        await wait_for(pilot, lambda: runs.row_count == 2, what="the run list")
+        await pilot.press("down")
+        row = runs.selected()
+        assert row is not None and row.summary.id == FSDP2
+        await pilot.press("enter")
+        await wait_for(
+            pilot, lambda: isinstance(app.screen, RunScreen) and tree_of(app).model is not None, what="the run view"
+        )
+        assert app.screen.run_dir.id == FSDP2  # type: ignore[attr-defined]
+        header = app.screen.query_one(RunHeader).info
+        assert header is not None and header.status == "finished" and header.step == 3
+        await pilot.press("escape")
+        assert app.screen.query(RunList), "escape goes back to the home screen"
+
+
+async def test_fold_and_unfold_18000_style_siblings(recorded_root: Path) -> None:
+    app = app_for(recorded_root, run=ZERO3)
+    async with app.run_test(size=(160, 48)) as pilot:
+        tree = tree_of(app)
+        await wait_for(pilot, lambda: tree.model is not None, what="the tree")
+        await pilot.press("home")
+        assert [selected_path(tree)] == [""]
+        # the OOM opened the fold; close it from the culprit's line with ←, then the fold line itself
+        assert len(tree.lines) == 3 + 4000
+        await pilot.press("end", "left")
+        assert selected_path(tree) == "fold:0 … 3999"
+        await pilot.press("enter")
+        assert len(tree.lines) == 3, "the fold closed: model, net, 4000 × Linear"
+        await pilot.press("enter")
+        assert len(tree.lines) == 3 + 4000
+        await pilot.press("down")
+        assert selected_path(tree) == "net.0"
+        await pilot.press("left", "left")
+        assert selected_path(tree) == "fold:0 … 3999" and len(tree.lines) == 3
+        await pilot.press("left")
+        assert selected_path(tree) == "net"
+
+
+async def test_search_finds_and_steps_through_modules(recorded_root: Path) -> None:
+    app = app_for(recorded_root, run=ZERO3)
+    async with app.run_test(size=(160, 48)) as pilot:
+        tree = tree_of(app)
+        await wait_for(pilot, lambda: tree.model is not None, what="the tree")
+        await pilot.press("slash", *"net.12", "enter")
+        assert tree.match_count == 1 + 10 + 100, "net.12, net.120…129, net.1200…1299"
+        assert selected_path(tree) == "net.12"
+        assert tree.has_focus, "Enter hands the keys back to the tree"
+        await pilot.press("n")
+        assert selected_path(tree) == "net.120"
+        await pilot.press("N", "N")
+        assert selected_path(tree).startswith("net.12")
+        await pilot.press("slash", "escape")
+        assert tree.has_focus
+
+
+async def test_oom_opens_the_tree_at_the_culprit_and_o_jumps_back(recorded_root: Path) -> None:
+    app = app_for(recorded_root, run=ZERO3)
+    async with app.run_test(size=(160, 48)) as pilot:
+        tree = tree_of(app)
+        await wait_for(pilot, lambda: tree.model is not None, what="the tree")
+        await pilot.pause()
+        assert selected_path(tree) == "net.3406"
+        tabs = app.screen.query_one(TabbedContent)
+        assert tabs.active == "oom"
+        panel = app.screen.query_one(OomPanel)
+        assert panel.oom is not None and panel.oom.rank == 0
+        report = text_of(panel.query_one("#oom-text", Static))
+        for words in (
+            "OUT OF MEMORY",
+            "net.3406",
+            "DeepSpeedEngine._configure_distributed_model",
+            "1 MiB",
+            "GPU0",
+            "GPU1",
+            "rank 1 in net.3406",
+        ):
+            assert words in report, words
+        snapshot = app.screen.snapshot  # type: ignore[attr-defined]
+        explained = [f for f in snapshot.findings if f.severity == "error"]
+        assert explained and "Why" in report and explained[0].title in " ".join(report.split())
+        await pilot.press("home", "m")
+        assert selected_path(tree) == "" and tabs.active == "module"
+        await pilot.press("o")
+        assert selected_path(tree) == "net.3406" and tabs.active == "oom"
+        details = text_of(app.screen.query_one(ModuleDetails).query_one("#details-text", Static))
+        assert "net.3406" in details
+
+
+async def test_details_of_a_real_fsdp2_module(tmp_path: Path) -> None:
+    runs = copy_fixture_runs(tmp_path / "runs")
+    assert runs, "the recorded fixture runs are missing"
+    app = app_for(tmp_path / "runs", run=str(runs[0]))
+    async with app.run_test(size=(160, 48)) as pilot:
+        tree = tree_of(app)
+        await wait_for(pilot, lambda: tree.model is not None, what="the tree")
+        await pilot.press("slash", *"blocks.3.fc1", "enter")
+        assert selected_path(tree) == "model.blocks.3.fc1"
+        await pilot.pause()
+        details = app.screen.query_one(ModuleDetails)
+        words = text_of(details.query_one("#details-text", Static))
+        assert "model.blocks.3.fc1" in words and "sharded" in words and "fsdp2 unit" in words
+        model = tree.model
+        assert model is not None and model.ranks == (0, 1)
+        node = tree.selected
+        assert isinstance(node, int) and not isinstance(node, Fold)
+        cells = model.rank_cells(node)
+        assert {c.state for c in cells} == {"sharded"} and all(c.unit is not None for c in cells)
+        header = app.screen.query_one(RunHeader).info
+        assert header is not None and header.engine == "fsdp2" and "finished" in header.status
+
+
+async def test_narrow_terminal_switches_layout(recorded_root: Path) -> None:
+    app = app_for(recorded_root, run=ZERO3)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: tree_of(app).model is not None, what="the tree")
+        assert app.screen.has_class("-narrow")
+        await pilot.resize_terminal(160, 48)
+        await pilot.pause()
+        assert not app.screen.has_class("-narrow")
+
+
+async def test_help_lists_the_keys(recorded_root: Path) -> None:
+    app = app_for(recorded_root, run=ZERO3)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        words = " ".join(text_of(s) for s in app.screen.query(Static))
+        for key in ("Go to OOM", "Search", "Stop run", "✗ OOM"):
+            assert key in words, key
+        await pilot.press("escape")
+        assert isinstance(app.screen, RunScreen)
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+async def test_report_key_saves_markdown_unless_read_only(
+    recorded_root: Path, monkeypatch: pytest.MonkeyPatch, read_only: bool
+) -> None:
+    calls: list[tuple[str, str]] = []
+
+    def render_report(run: RunDirectory, fmt: str) -> str:
+        calls.append((run.id, fmt))
+        return f"# shardtop report: {run.id}\n"
+
+    monkeypatch.setitem(sys.modules, "shardtop.report", types.SimpleNamespace(render_report=render_report))
+    app = app_for(recorded_root, run=ZERO3, read_only=read_only)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("r")
+        await wait_for(pilot, lambda: isinstance(app.screen, ReportScreen), what="the report")
+        assert calls == [(ZERO3, "markdown")]
+        saved = recorded_root / ZERO3 / "report.md"
+        assert saved.exists() is not read_only
+        if not read_only:
+            assert saved.read_text().startswith("# shardtop report")
+
+
+async def test_report_key_without_the_report_module_says_so(
+    recorded_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "shardtop.report", None)  # import fails as if not written yet
+    said: list[str] = []
+
+    class Listening(ShardtopApp):
+        def notify(self, message: str, **kwargs: object) -> None:  # type: ignore[override]
+            said.append(message)
+            super().notify(message, **kwargs)  # type: ignore[arg-type]
+
+    app = Listening(recorded_root, run=ZERO3)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("r")
+        await wait_for(pilot, lambda: any(m.startswith("No report") for m in said), what="the notification")
+        assert isinstance(app.screen, RunScreen)
+        assert not (recorded_root / ZERO3 / "report.md").exists()
+
+
+async def test_mouse_click_opens_a_module_and_selects_a_line(recorded_root: Path) -> None:
+    app = app_for(recorded_root, run=FSDP2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        tree = tree_of(app)
+        await wait_for(pilot, lambda: tree.model is not None, what="the tree")
+        assert [selected_path(tree)] and len(tree.lines) == 3  # model, layers, head
+        # inside the border: row 0 is the column header, then model, layers; "▶" sits after the "├─" guide
+        await pilot.click(ShardTree, offset=(3, 3))
+        assert selected_path(tree) == "layers" and len(tree.lines) == 4, "layers opened: one fold of 8 Linear"
+        await pilot.click(ShardTree, offset=(10, 4))
+        assert selected_path(tree) == "fold:0 … 7"
+
+
+async def test_report_key_with_the_real_report(recorded_root: Path) -> None:
+    pytest.importorskip("shardtop.report")
+    app = app_for(recorded_root, run=ZERO3)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("r")
+        await wait_for(pilot, lambda: isinstance(app.screen, ReportScreen), timeout=20, what="the report")
+        saved = (recorded_root / ZERO3 / "report.md").read_text()
+        assert saved.startswith("# shardtop report") and "net.3406" in saved
+        await pilot.press("escape")
+        assert isinstance(app.screen, RunScreen)
