@@ -59,8 +59,9 @@ def run_rank(run_dir: Path, rank: int) -> int:
     try:
         from shardtop.runner.limits import apply_memory_limit
 
+        program = load_program(config["program"])  # its imports are not the run's memory
         apply_memory_limit(ctx)
-        load_program(config["program"])(ctx)
+        program(ctx)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     except BaseException:

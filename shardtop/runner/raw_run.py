@@ -34,8 +34,12 @@ def train(
     forward_loss: Callable[[Any], torch.Tensor],
     backward: Callable[[torch.Tensor], None],
     optimizer_step: Callable[[], None],
+    after_first_step: Callable[[], None] | None = None,
 ) -> None:
-    """The loop, with its phases and steps told to the probe; cycles over ``batches``."""
+    """The loop, with its phases and steps told to the probe; cycles over ``batches``.
+
+    ``after_first_step`` re-reads the shards once gradients and optimizer state exist.
+    """
     for index, batch in enumerate(itertools.cycle(batches), start=1):
         started = time.perf_counter()
         st.phase("forward", index)
@@ -45,6 +49,8 @@ def train(
         st.phase("optimizer")
         optimizer_step()
         st.step(index, loss=float(loss.detach().float().item()), seconds=time.perf_counter() - started)
+        if index == 1 and after_first_step is not None:
+            after_first_step()
         if index >= ctx.config["max_steps"]:
             break
 

@@ -148,4 +148,5 @@ def run_raw_fsdp1(ctx: RankContext, hand_wrapped: bool) -> None:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        train(ctx, loader, lambda b: nn.functional.cross_entropy(wrapped(b[0]).float(), b[1]), lambda l: l.backward(), step)
+        train(ctx, loader, lambda b: nn.functional.cross_entropy(wrapped(b[0]).float(), b[1]), lambda l: l.backward(),
+              step, lambda: st.attach(wrapped, optimizer=optimizer, stage="step"))

@@ -80,4 +80,5 @@ def run(ctx: RankContext) -> None:
             x, y = batch
             return nn.functional.cross_entropy(model(x).float(), y.to(second))
 
-        train(ctx, loader, loss, lambda l: l.backward(), step)
+        train(ctx, loader, loss, lambda l: l.backward(), step,
+              lambda: st.attach(model, optimizer=optimizer, stage="step"))

@@ -97,4 +97,5 @@ def run_raw(ctx: RankContext, fixed: bool) -> None:
             lambda b: nn.functional.mse_loss(engine(b[0]), b[1]),
             engine.backward,
             engine.step,
+            lambda: st.attach(engine, optimizer=optimizer, stage="step"),
         )
