@@ -15,6 +15,7 @@ from typing import Any
 
 from shardtop.events import EventWriter, Exit, Hello, Phase, Shards, Step, Tree, event_file
 from shardtop.probe.names import module_names
+from shardtop.runs import RunDirectory
 
 
 class Probe:
@@ -176,6 +177,17 @@ class Probe:
             )
             message = "".join(traceback.format_exception_only(type(error), error)).strip()[:2000]
         self.writer.write(Exit(code=code, status=status, error=message))
+        self._record_exit_of_external_run(code, status)
+
+    def _record_exit_of_external_run(self, code: int, status: str) -> None:
+        """A script's run has no supervisor to write ``exit.json``: its ranks do.
+
+        A failing rank writes it at once; rank 0 writes success. The first
+        record wins, so a rank that failed before rank 0 finished is what stays.
+        """
+        run = RunDirectory(self.run_dir)
+        if (code != 0 or self.rank == 0) and run.read_meta().get("external"):
+            run.write_exit(code, reason=f"rank {self.rank}: {status}")
 
     def close(self) -> None:
         if self._sampler is not None:
