@@ -1,15 +1,9 @@
-"""Rules that turn a run's shard tree, memory and OOM into plain-language findings.
-
-Pure Python over a ``RunState``: the TUI, ``shardtop report`` and tests all
-call ``diagnose(state)``.  Each finding has a stable ``code``.
-"""
+"""``Finding``: one diagnosis, in the user's words, with the numbers behind it."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-from shardtop.run_state import RunState
 
 
 @dataclass(frozen=True)
@@ -30,6 +24,12 @@ class Finding:
     evidence: Mapping[str, int | float | str] = field(default_factory=dict)
 
 
-def diagnose(state: RunState) -> list[Finding]:
-    """Every finding the run's events support, most severe first."""
-    return []
+SEVERITIES = ("error", "warning", "info")
+"""Most severe first: ``error`` explains a failure (an OOM), ``warning`` wastes memory or
+risks the training, ``info`` is worth knowing."""
+
+
+def severity_key(finding: Finding) -> tuple[int, int]:
+    """Sort key: severity, then the larger saving first."""
+    rank = SEVERITIES.index(finding.severity) if finding.severity in SEVERITIES else len(SEVERITIES)
+    return rank, -(finding.saving_bytes or 0)

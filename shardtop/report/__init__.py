@@ -1,0 +1,37 @@
+"""``shardtop report``: a run's post-mortem as text, Markdown (for an issue) or JSON.
+
+``render_report(run, fmt)`` reads the run's events (``events.read_all``),
+folds them (``run_state.fold``), asks ``diagnose`` for findings, and prints
+the run, the OOM, the findings, per-rank totals and the folded shard tree.
+No torch, no textual: the folding is ``shardtop.tui.shard_model``'s, which is
+pure Python.
+
+- ``gather.py``: everything the report says, read once
+- ``tree_summary.py``: which tree lines a report shows
+- ``blocks.py`` + ``document.py``: the text and Markdown layouts
+- ``json_report.py``: the JSON (schema in ``docs/report-json.md``)
+"""
+
+from __future__ import annotations
+
+from shardtop.report.blocks import report_blocks
+from shardtop.report.document import to_markdown, to_text
+from shardtop.report.gather import ReportData, gather
+from shardtop.report.json_report import REPORT_SCHEMA_VERSION, report_dict, to_json
+from shardtop.runs import RunDirectory
+
+FORMATS = ("text", "markdown", "json")
+
+
+def render_report(run: RunDirectory, fmt: str = "text") -> str:
+    """The report of ``run`` in ``fmt``: ``text``, ``markdown`` or ``json``."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown report format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    data = gather(run)
+    if fmt == "json":
+        return to_json(data)
+    blocks = report_blocks(data)
+    return to_markdown(blocks) if fmt == "markdown" else to_text(blocks)
+
+
+__all__ = ["FORMATS", "REPORT_SCHEMA_VERSION", "ReportData", "gather", "render_report", "report_dict"]

@@ -1,0 +1,592 @@
+"""The diagnosis: every rule on a real CPU run that shows it and on one that does not,
+read back through ``shardtop report --format json``; the GPU-only evidence (NVML, the
+allocator) on event streams shaped like the probe's; and the small pure pieces.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardtop.diagnose import RULES, Finding, diagnose, severity_key
+from shardtop.diagnose.facts import (
+    RunFacts,
+    covering_rows,
+    find_block,
+    list_names,
+    subtree_sums,
+)
+from shardtop.diagnose.memory import OPTIM_STATE_RATIO
+from shardtop.diagnose.placement import (
+    IMBALANCE_RATIO,
+    MEMORY_IMBALANCE_MIN_BYTES,
+    _uneven,
+)
+from shardtop.events import (
+    Event,
+    GpuMemory,
+    Hello,
+    Memory,
+    Oom,
+    Shards,
+    Tree,
+    Unit,
+    read_all,
+    tree_paths,
+)
+from shardtop.run_state import RunState, fold
+from tests.diagnose_scripts.real_runs import codes, report_json, runs_base, story
+from tests.tui.recorded import zero3_oom_run
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+# -- real runs, through the CLI ------------------------------------------------------------------
+
+EXPECTED: dict[str, list[str]] = {
+    "fsdp-not-sharding": ["fsdp-manual-wrap-ignored", "precision-mismatch", "cpu-offload-not-applied"],
+    "fsdp-auto-wrap": [],
+    "zero3-linear": ["zero3-not-partitioned-at-init", "optimizer-state-dominates"],
+    "zero3-linear-fixed": ["optimizer-state-dominates"],
+    "fsdp2-mlp": ["optimizer-state-dominates"],
+    "ddp-baseline": [],
+    "manual-placement": [],
+    "zero3-one-rank-capped": ["oom", "zero3-single-rank"],
+    "fsdp1-no-wrap-policy": ["fsdp-single-unit"],
+    "fsdp2-default-mesh": ["fsdp2-no-data-parallel"],
+    "pipeline-split": ["placement-imbalance"],
+    "zero3-built-whole": ["zero3-not-partitioned-at-init"],
+}
+"""Exactly the findings of each real run, in order: each rule appears on a run that shows it
+and is absent from the runs that do not."""
+
+RULE_CASES = {
+    "fsdp-single-unit": ("fsdp1-no-wrap-policy", ["fsdp-auto-wrap", "fsdp-not-sharding"]),
+    "fsdp-manual-wrap-ignored": ("fsdp-not-sharding", ["fsdp-auto-wrap", "fsdp1-no-wrap-policy"]),
+    "zero3-not-partitioned-at-init": ("zero3-built-whole", ["zero3-linear-fixed"]),
+    "fsdp2-no-data-parallel": ("fsdp2-default-mesh", ["fsdp2-mlp"]),
+    "precision-mismatch": ("fsdp-not-sharding", ["fsdp-auto-wrap"]),
+    "placement-imbalance": ("pipeline-split", ["ddp-baseline", "manual-placement", "fsdp-not-sharding"]),
+    "optimizer-state-dominates": ("fsdp2-mlp", ["ddp-baseline", "fsdp-auto-wrap"]),
+    "zero3-single-rank": ("zero3-one-rank-capped", ["zero3-linear"]),
+    "oom": ("zero3-one-rank-capped", ["zero3-built-whole"]),
+    "cpu-offload-not-applied": ("fsdp-not-sharding", ["fsdp-auto-wrap"]),
+}
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """``shardtop report --format json`` of a real run, by story name (each run made once)."""
+    base = runs_base(tmp_path_factory)
+    cache: dict[str, dict[str, Any]] = {}
+
+    def get(name: str) -> dict[str, Any]:
+        if name not in cache:
+            cache[name] = report_json(story(base, name))
+        return cache[name]
+
+    return get
+
+
+def finding(report: dict[str, Any], code: str) -> dict[str, Any]:
+    found = [f for f in report["findings"] if f["code"] == code]
+    assert len(found) == 1, (code, codes(report))
+    return found[0]
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_each_real_run_shows_exactly_its_findings(reports: Any, name: str) -> None:
+    report = reports(name)
+    assert codes(report) == EXPECTED[name], (name, [(f["code"], f["title"]) for f in report["findings"]])
+    severities = [f["severity"] for f in report["findings"]]
+    assert severities == sorted(severities, key=["error", "warning", "info"].index)
+
+
+@pytest.mark.parametrize("code", list(RULE_CASES))
+def test_each_rule_has_a_run_showing_it_and_runs_that_do_not(reports: Any, code: str) -> None:
+    shows, clean = RULE_CASES[code]
+    assert code in codes(reports(shows))
+    for name in clean:
+        assert code not in codes(reports(name)), name
+
+
+def test_every_rule_is_covered_by_a_real_run() -> None:
+    rule_codes = {
+        "zero3_not_partitioned_at_init": "zero3-not-partitioned-at-init",
+        "fsdp_manual_wrap_ignored": "fsdp-manual-wrap-ignored",
+        "fsdp_single_unit": "fsdp-single-unit",
+        "fsdp2_no_data_parallel": "fsdp2-no-data-parallel",
+        "single_rank": "zero3-single-rank",
+        "placement_imbalance": "placement-imbalance",
+        "precision_mismatch": "precision-mismatch",
+        "optimizer_state_dominates": "optimizer-state-dominates",
+        "cpu_offload_not_applied": "cpu-offload-not-applied",
+    }
+    assert {rule_codes[r.__name__] for r in RULES} | {"oom"} == set(RULE_CASES)
+
+
+def test_story_1_hand_wrapped_layers_are_outside_every_unit(reports: Any) -> None:
+    report = reports("fsdp-not-sharding")
+    f = finding(report, "fsdp-manual-wrap-ignored")
+    assert f["modules"] == ["conv1", "bn1", "conv2", "bn2", "conv_out", "out_layer"]
+    unmanaged = report["info"]["unmanaged_bytes"]
+    assert f["evidence"]["unmanaged_bytes"] == unmanaged > 0
+    assert f["evidence"]["fsdp_units"] == 4 and f["evidence"]["unmanaged_devices"] == "cpu"
+    assert f["saving_bytes"] == unmanaged // 2
+    conv2 = next(m for m in report["modules"] if m["path"] == "conv2")
+    assert [(r["bytes"], r["state"]) for r in conv2["ranks"]] == [(conv2["bytes"], "unsharded")] * 2
+    assert "configure_sharded_model" in f["detail"] and "whole" in f["detail"]
+    assert "Delete configure_sharded_model" in f["fix"] and "ModuleWrapPolicy({TransformerBlock})" in f["fix"]
+    p = finding(report, "precision-mismatch")
+    assert p["evidence"] == {"param_dtype": "float16", "precision": "32-true", "loss_scaling": 0}
+    assert 'precision="16-mixed"' in p["fix"] and "bf16" in p["fix"]
+    assert finding(report, "cpu-offload-not-applied")["severity"] == "info"
+
+
+def test_fsdp_without_a_policy_names_the_repeated_block(reports: Any) -> None:
+    report = reports("fsdp1-no-wrap-policy")
+    f = finding(report, "fsdp-single-unit")
+    ev = f["evidence"]
+    assert (ev["block_type"], ev["block_count"], ev["fsdp_units"]) == ("Block", 6, 1)
+    assert ev["unit_bytes"] == ev["model_bytes"] == report["model"]["bytes"]
+    assert f["saving_bytes"] == ev["unit_bytes"] - ev["largest_block_bytes"] > 0
+    assert f["modules"] == [""]
+    assert "ModuleWrapPolicy({Block})" in f["fix"]
+
+
+def test_story_2_whole_model_at_init_with_and_without_an_oom(reports: Any) -> None:
+    plain = reports("zero3-linear")
+    f = finding(plain, "zero3-not-partitioned-at-init")
+    model = plain["model"]["bytes"]
+    assert f["severity"] == "warning" and f["saving_bytes"] == model // 2
+    assert f["evidence"]["whole_at_setup_ranks"] == 2 and f["evidence"]["setup_bytes_per_rank"] == model
+    assert "pipeline" in f["detail"] and "splits every tensor" in f["detail"]
+    assert "deepspeed.zero.Init" in f["fix"]
+
+    crashed = reports("zero3-built-whole")
+    f = finding(crashed, "zero3-not-partitioned-at-init")
+    assert f["severity"] == "error"
+    assert f["evidence"]["engine_step"] == "DeepSpeedEngine._configure_distributed_model"
+    assert f["modules"] == [crashed["oom"]["module"]] == ["net.0"]
+    assert crashed["oom"]["requested_bytes"] == 3072 * 3072 * 2  # one layer's bf16 copy
+    # explained: no separate "oom" finding
+    assert "oom" not in codes(crashed)
+
+
+def test_fsdp2_default_mesh_shards_nothing(reports: Any) -> None:
+    report = reports("fsdp2-default-mesh")
+    f = finding(report, "fsdp2-no-data-parallel")
+    assert (f["evidence"]["mesh_shape"], f["evidence"]["data_parallel_size"]) == ("1x2", 1)
+    assert "ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)" in f["fix"]
+    held = [r["param_bytes"] for r in report["ranks"]]
+    assert held == [report["model"]["bytes"]] * 2 and f["saving_bytes"] == held[0] // 2
+
+
+def test_hand_split_pipeline_is_uneven(reports: Any) -> None:
+    report = reports("pipeline-split")
+    f = finding(report, "placement-imbalance")
+    ev = f["evidence"]
+    assert (ev["kind"], ev["heavy"], ev["light"]) == ("ranks", "rank 0", "rank 1")
+    assert ev["ratio"] >= IMBALANCE_RATIO
+    assert [ev["heavy_bytes"], ev["light_bytes"]] == [r["param_bytes"] for r in report["ranks"]]
+    assert f["modules"] == ["embed", "layers.0", "layers.1"]
+    assert "Split by bytes" in f["fix"]
+
+
+def test_adam_state_outweighs_sharded_parameters_and_gradients(reports: Any) -> None:
+    f = finding(reports("fsdp2-mlp"), "optimizer-state-dominates")
+    ev = f["evidence"]
+    assert f["severity"] == "info" and ev["sharded"] == 1
+    assert ev["optimizer_bytes"] >= OPTIM_STATE_RATIO * (ev["param_bytes"] + ev["grad_bytes"])
+
+
+def test_one_rank_zero3_and_its_unexplained_oom(reports: Any) -> None:
+    report = reports("zero3-one-rank-capped")
+    single = finding(report, "zero3-single-rank")
+    assert single["severity"] == "warning" and single["saving_bytes"] == report["model"]["bytes"] // 2
+    oom = finding(report, "oom")
+    assert oom["severity"] == "error"
+    assert oom["evidence"]["engine_step"] == "DeepSpeedEngine._configure_zero_optimizer"
+    assert oom["evidence"]["requested_bytes"] == report["oom"]["requested_bytes"] == 2_000_000_000
+    assert "reduce_bucket_size" in oom["fix"]
+
+
+# -- recorded runs: the presets on one H200, story 2 on 6 CPU ranks (tests/fixtures/runs) ---------------
+
+FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+
+RECORDED: dict[tuple[str, str], list[str]] = {
+    ("h200", "zero3-linear"): ["zero3-single-rank"],
+    ("h200", "zero3-linear-fixed"): ["zero3-single-rank"],
+    ("h200", "fsdp-not-sharding"): ["fsdp-single-rank", "fsdp-manual-wrap-ignored", "precision-mismatch"],
+    ("h200", "fsdp-auto-wrap"): ["fsdp-single-rank"],
+    ("h200", "ddp-baseline"): [],
+    ("h200", "manual-placement"): [],
+    ("h200", "fsdp2-mlp"): ["fsdp-single-rank", "optimizer-state-dominates"],
+    ("cpu-6ranks", "zero3-linear"): ["zero3-not-partitioned-at-init", "optimizer-state-dominates"],
+    ("cpu-6ranks", "zero3-linear-fixed"): ["optimizer-state-dominates"],
+}
+
+
+def recorded(machine: str, preset: str) -> RunState:
+    found = [
+        p
+        for p in (FIXTURES / machine).glob(f"*-{preset}-*")
+        if re.fullmatch(rf"\d{{8}}-\d{{6}}-{preset}-[0-9a-f]{{4}}", p.name)
+    ]
+    if len(found) != 1:
+        pytest.skip(f"no recorded {preset} run under {FIXTURES / machine}")
+    events, skipped = read_all(found[0] / "events")
+    return fold(events, sum(skipped.values()))
+
+
+@pytest.mark.parametrize(("machine", "preset"), list(RECORDED))
+def test_recorded_runs_show_exactly_their_findings(machine: str, preset: str) -> None:
+    assert [f.code for f in diagnose(recorded(machine, preset))] == RECORDED[machine, preset]
+
+
+def test_story_2_on_one_h200_the_whole_model_does_not_fit_one_gpu() -> None:
+    (as_asked,) = diagnose(recorded("h200", "zero3-linear"))
+    assert as_asked.severity == "error" and as_asked.modules == ("model.net.15330",)
+    assert "DeepSpeedEngine._configure_distributed_model" in as_asked.detail
+    assert "is larger than the 15 GiB the rank may use" in as_asked.detail
+    (fixed,) = diagnose(recorded("h200", "zero3-linear-fixed"))
+    assert fixed.severity == "error" and "Init._partition_param" in fixed.detail
+    assert "2 or more GPUs" in fixed.fix
+
+
+def test_story_1_on_one_h200_units_offloaded_strays_on_the_gpu() -> None:
+    wrap = next(f for f in diagnose(recorded("h200", "fsdp-not-sharding")) if f.code == "fsdp-manual-wrap-ignored")
+    assert (wrap.evidence["unmanaged_devices"], wrap.evidence["unit_devices"]) == ("cuda:0", "cpu")
+    assert wrap.modules == ("conv1", "bn1", "conv2", "bn2", "conv_out", "out_layer")
+
+
+def test_story_2_on_six_cpu_ranks() -> None:
+    state = recorded("cpu-6ranks", "zero3-linear")
+    f = diagnose(state)[0]
+    model = RunFacts.of(state).full_bytes
+    assert f.code == "zero3-not-partitioned-at-init" and f.evidence["whole_at_setup_ranks"] == 6
+    assert f.saving_bytes == model * 5 // 6 and "1/6" in f.detail
+
+
+# -- GPU-only evidence, on event streams shaped like the probe's ---------------------------------------
+
+PIDS = (4_194_401, 4_194_402)
+
+
+def _stamp(event: Event, rank: int, host: str = "gpu-box") -> Event:
+    event.rank, event.host = rank, host
+    return event
+
+
+def story1_gpu_state(foreign_pid: bool = True, oom: bool = True) -> RunState:
+    """Story 1 on 2 GPUs: hand-wrapped stacks sharded on cuda, stray layers on cpu, GPU 0 full."""
+    blk = 100 * MiB
+    tree = Tree(
+        tree_id=0,
+        names=["", "conv1", "transformer_0", "0", "1", "transformer_1", "0", "1", "out_layer"],
+        parents=[-1, 0, 0, 2, 2, 0, 5, 5, 0],
+        types=[0, 1, 2, 3, 3, 2, 3, 3, 1],
+        type_names=["Seg", "Conv2d", "Sequential", "TransformerBlock"],
+        params=[0, 10_000_000, 0, blk // 4, blk // 4, 0, blk // 4, blk // 4, 100_000],
+        bytes=[0, 40_000_000, 0, blk, blk, 0, blk, blk, 400_000],
+    )
+    events: list[Event] = [_stamp(tree, 0)]
+    for rank in (0, 1):
+        events.append(
+            _stamp(
+                Hello(
+                    pid=PIDS[rank],
+                    world_size=2,
+                    local_rank=rank,
+                    device=f"cuda:{rank}",
+                    engine="fsdp1",
+                    strategy="FSDPStrategy",
+                ),
+                rank,
+            )
+        )
+        events.append(
+            _stamp(
+                Shards(
+                    tree_id=0,
+                    engine="fsdp1",
+                    stage="engine",
+                    devices=[f"cuda:{rank}", "cpu"],
+                    states=["sharded", "unsharded"],
+                    bytes=[0, 40_000_000, 0, blk // 2, blk // 2, 0, blk // 2, blk // 2, 400_000],
+                    device=[-1, 1, -1, 0, 0, -1, 0, 0, 1],
+                    state=[-1, 1, -1, 0, 0, -1, 0, 0, 1],
+                    unit=[-1, -1, 0, 0, 0, 1, 1, 1, -1],
+                    units=[
+                        Unit(module=2, kind="fsdp1", numel=blk // 2, local_numel=blk // 4, params=8),
+                        Unit(module=5, kind="fsdp1", numel=blk // 2, local_numel=blk // 4, params=8),
+                    ],
+                    info={
+                        "fsdp_units": 2,
+                        "root_wrapped": False,
+                        "unmanaged_bytes": 40_400_000,
+                        "param_dtype": "float16",
+                        "precision": "32-true",
+                        "loss_scaling": False,
+                        "driver": "Lightning FSDPStrategy",
+                    },
+                ),
+                rank,
+            )
+        )
+    gpus = [
+        GpuMemory(index=0, used=14 * GiB, total=16 * GiB, pids=list(PIDS) if foreign_pid else [PIDS[0]]),
+        GpuMemory(index=1, used=3 * MiB, total=16 * GiB, pids=[] if foreign_pid else [PIDS[1]]),
+    ]
+    events.append(_stamp(Memory(device="cuda:0", allocated=13 * GiB, peak=14 * GiB, gpus=gpus), 0))
+    if oom:
+        events.append(
+            _stamp(
+                Oom(
+                    phase="forward",
+                    step=1,
+                    module="transformer_1.0",
+                    module_type="TransformerBlock",
+                    attributed_by="forward-frame",
+                    requested_bytes=512 * MiB,
+                    device="cuda:0",
+                    allocated=15 * GiB,
+                    gpus=gpus,
+                ),
+                0,
+            )
+        )
+    return fold(events)
+
+
+def test_story_1_on_gpus_gpu_0_fills_and_rank_1_uses_it() -> None:
+    findings = diagnose(story1_gpu_state())
+    assert [f.code for f in findings] == ["placement-imbalance", "fsdp-manual-wrap-ignored", "precision-mismatch"]
+    place = findings[0]
+    assert place.severity == "error"  # the OOM struck the full GPU
+    assert place.evidence["kind"] == "gpus" and place.evidence["heavy"] == "GPU 0"
+    assert "rank 1 (pid 4194402)" in place.detail and "set_device" in place.fix
+    wrap = findings[1]
+    assert "on cpu, while the units' shards are on cuda:0" in wrap.detail
+    assert wrap.modules == ("conv1", "out_layer") and wrap.saving_bytes == 40_400_000 // 2
+    assert wrap.fix.startswith("Delete configure_sharded_model") and "Without Lightning" not in wrap.fix
+
+
+def test_gpu_imbalance_without_an_oom_is_a_warning_and_even_gpus_are_not_found() -> None:
+    (place,) = [f for f in diagnose(story1_gpu_state(oom=False)) if f.code == "placement-imbalance"]
+    assert place.severity == "warning"
+    assert "pid" in place.detail
+    even = story1_gpu_state(foreign_pid=False, oom=False)
+    gpus = (
+        GpuMemory(index=0, used=14 * GiB, total=16 * GiB, pids=[PIDS[0]]),
+        GpuMemory(index=1, used=13 * GiB, total=16 * GiB, pids=[PIDS[1]]),
+    )
+    even = replace(even, gpus={"gpu-box": gpus})
+    assert "placement-imbalance" not in [f.code for f in diagnose(even)]
+
+
+def test_story_2_recorded_on_gpus_is_explained_by_one_error(tmp_path: Path) -> None:
+    path = zero3_oom_run(tmp_path, n_layers=200, culprit=150)
+    state = fold(read_all(path / "events")[0])
+    findings = diagnose(state)
+    assert [f.code for f in findings] == ["zero3-not-partitioned-at-init"]
+    f = findings[0]
+    assert f.severity == "error" and f.title.startswith("DeepSpeed moved the whole model to every GPU")
+    assert f.modules == ("net.150",) and f.saving_bytes == RunFacts.of(state).full_bytes // 2
+    assert "configure_model()" in f.fix and "zero.Init" in f.fix  # driver unknown: both ways
+
+
+def test_allocator_peaks_far_apart_are_an_imbalance() -> None:
+    events: list[Event] = []
+    for rank, peak in ((0, 30 * GiB), (1, 6 * GiB)):
+        events.append(_stamp(Hello(pid=PIDS[rank], world_size=2, device=f"cuda:{rank}", engine="ddp"), rank))
+        events.append(_stamp(Memory(device=f"cuda:{rank}", allocated=peak // 2, peak=peak), rank))
+    (f,) = diagnose(fold(events))
+    assert (f.code, f.evidence["kind"], f.evidence["heavy"]) == ("placement-imbalance", "allocator", "rank 0")
+    assert f.saving_bytes == 30 * GiB - 18 * GiB
+
+
+def test_manual_placement_on_two_gpus_by_module_count() -> None:
+    tree = Tree(
+        tree_id=0,
+        names=["", "a", "b"],
+        parents=[-1, 0, 0],
+        types=[0, 1, 1],
+        type_names=["M", "Linear"],
+        params=[0, GiB // 4, MiB // 4],
+        bytes=[0, GiB, MiB],
+    )
+    shards = Shards(
+        tree_id=0,
+        engine="manual",
+        stage="engine",
+        devices=["cuda:0", "cuda:1"],
+        states=["unsharded"],
+        bytes=[0, GiB, MiB],
+        device=[-1, 0, 1],
+        state=[-1, 0, 0],
+        unit=[-1, -1, -1],
+    )
+    (f,) = diagnose(fold([_stamp(tree, 0), _stamp(Hello(pid=1, world_size=1, device="cuda:0"), 0), _stamp(shards, 0)]))
+    assert (f.code, f.evidence["kind"], f.evidence["heavy"], f.modules) == (
+        "placement-imbalance",
+        "devices",
+        "cuda:0",
+        ("a",),
+    )
+
+
+# -- pure pieces -------------------------------------------------------------------------------------
+
+
+def test_covering_rows_names_the_outermost_fully_selected_modules() -> None:
+    #        0
+    #      /   \
+    #     1     4
+    #    / \
+    #   2   3
+    parents = [-1, 0, 1, 1, 0]
+    has = [False, False, True, True, True]
+    assert covering_rows([False, True, True, True, False], has, parents) == [1]
+    assert covering_rows([False, False, True, False, True], has, parents) == [2, 4]
+    assert covering_rows([True] * 5, has, parents) == [0]
+    assert covering_rows([False] * 5, has, parents) == []
+
+
+def _tree(names: list[str], parents: list[int], types: list[str], nbytes: list[int]) -> Tree:
+    type_names = list(dict.fromkeys(types))
+    return Tree(
+        tree_id=0,
+        names=names,
+        parents=parents,
+        types=[type_names.index(t) for t in types],
+        type_names=type_names,
+        params=[b // 4 for b in nbytes],
+        bytes=nbytes,
+    )
+
+
+def test_find_block_prefers_the_repeated_parent_over_its_leaves() -> None:
+    # MLP: embed, 3 x Block(fc1, fc2), head: Linear outnumbers Block, but Block holds the model.
+    names = ["", "embed", "blocks", "0", "fc1", "fc2", "1", "fc1", "fc2", "2", "fc1", "fc2", "head"]
+    parents = [-1, 0, 0, 2, 3, 3, 2, 6, 6, 2, 9, 9, 0]
+    types = [
+        "MLP",
+        "Linear",
+        "ModuleList",
+        "Block",
+        "Linear",
+        "Linear",
+        "Block",
+        "Linear",
+        "Linear",
+        "Block",
+        "Linear",
+        "Linear",
+        "Linear",
+    ]
+    nbytes = [0, 100, 0, 0, 400, 400, 0, 400, 400, 0, 400, 400, 100]
+    tree = _tree(names, parents, types, nbytes)
+    block = find_block(tree, tree_paths(names, parents), subtree_sums(nbytes, parents))
+    assert block is not None
+    assert (block.type_name, block.count, block.largest_bytes, block.container) == ("Block", 3, 800, "blocks")
+
+
+def test_find_block_falls_back_to_the_repeated_leaf_and_to_none() -> None:
+    names, parents = ["", "net", "0", "1", "2"], [-1, 0, 1, 1, 1]
+    tree = _tree(names, parents, ["Stack", "Sequential", "Linear", "Linear", "Linear"], [0, 0, 10, 10, 10])
+    block = find_block(tree, tree_paths(names, parents), subtree_sums(tree.bytes, parents))
+    assert block is not None and (block.type_name, block.count, block.container) == ("Linear", 3, "net")
+    lone = _tree(["", "a"], [-1, 0], ["M", "Linear"], [0, 10])
+    assert find_block(lone, ["", "a"], [10, 10]) is None
+
+
+def test_uneven_needs_both_the_ratio_and_the_gap() -> None:
+    gap = MEMORY_IMBALANCE_MIN_BYTES
+    assert _uneven({"a": 3 * gap, "b": gap}, gap) == ("a", 3 * gap, "b", gap, 2 * gap)
+    assert _uneven({"a": int(1.9 * gap) + gap, "b": gap + gap // 2}, gap) is None  # under 2x
+    assert _uneven({"a": gap // 2, "b": 0}, gap) is None  # 2x but a small gap
+    assert _uneven({"a": gap}, gap) is None
+
+
+def test_list_names_stays_one_sentence() -> None:
+    assert list_names([""]) == "(root)"
+    assert list_names(["a", "b"]) == "a and b"
+    assert list_names(["a", "b", "c"]) == "a, b and c"
+    assert list_names([str(i) for i in range(9)], limit=3) == "0, 1, 2 and 6 more"
+
+
+def test_findings_sort_by_severity_then_saving() -> None:
+    f = [
+        Finding("a", "", "", "", "info", 10),
+        Finding("b", "", "", "", "warning", 1),
+        Finding("c", "", "", "", "warning", 5),
+        Finding("d", "", "", "", "error"),
+    ]
+    assert [x.code for x in sorted(f, key=severity_key)] == ["d", "c", "b", "a"]
+
+
+def test_no_events_no_findings_and_a_broken_rule_does_not_hide_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert diagnose(RunState()) == []
+    import shardtop.diagnose as d
+
+    def broken(facts: RunFacts) -> Finding | None:
+        raise KeyError("missing")
+
+    monkeypatch.setattr(d, "RULES", (broken, *d.RULES))
+    findings = d.diagnose(story1_gpu_state())
+    assert findings[-1].code == "diagnose-rule-failed" and "broken" in findings[-1].title
+    assert "placement-imbalance" in [f.code for f in findings]
+
+
+def test_engine_is_read_past_a_setup_snapshot() -> None:
+    tree = _tree(["", "a"], [-1, 0], ["M", "Linear"], [0, 40])
+    setup = Shards(
+        tree_id=0,
+        engine="plain",
+        stage="setup",
+        devices=["cpu"],
+        states=["unsharded"],
+        bytes=[0, 40],
+        device=[-1, 0],
+        state=[-1, 0],
+        unit=[-1, -1],
+    )
+    hello = Hello(pid=1, world_size=2, engine="zero3")
+    facts = RunFacts.of(fold([tree, hello, setup]))
+    assert facts.engine == "zero3"  # RunState.engine would say "plain" here
+    assert facts.ranks[0].shards is None and facts.ranks[0].setup is setup
+
+
+@pytest.mark.parametrize(
+    ("info", "fires"),
+    [
+        ({"param_dtype": "float16", "precision": "32-true", "loss_scaling": False}, True),
+        ({"param_dtype": "float16", "loss_scaling": False}, True),
+        ({"param_dtype": "float16", "precision": "16-mixed", "loss_scaling": True}, False),
+        ({"param_dtype": "bfloat16", "precision": "32-true", "loss_scaling": False}, False),
+        ({"param_dtype": "float16"}, False),  # raw FSDP: whether a scaler runs is not known
+    ],
+)
+def test_precision_mismatch_needs_fp16_and_no_scaler(info: dict[str, Any], fires: bool) -> None:
+    tree = _tree(["", "a"], [-1, 0], ["M", "Linear"], [0, 40])
+    shards = Shards(
+        tree_id=0,
+        engine="fsdp1",
+        stage="engine",
+        devices=["cpu"],
+        states=["sharded"],
+        bytes=[0, 20],
+        device=[-1, 0],
+        state=[-1, 0],
+        unit=[0, 0],
+        units=[Unit(module=0, kind="fsdp1", numel=10, local_numel=5)],
+        info={"root_wrapped": True, **info},
+    )
+    found = [f.code for f in diagnose(fold([tree, Hello(pid=1, world_size=2), shards]))]
+    assert ("precision-mismatch" in found) is fires
