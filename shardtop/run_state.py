@@ -79,12 +79,17 @@ class RunState:
 
     @property
     def engine(self) -> str:
-        for r in sorted(self.ranks.values(), key=lambda r: r.rank):
-            if r.shards is not None and r.shards.engine:
+        """The engine as the ranks hold the model; before it wrapped the model, what hello announced."""
+        ranks = sorted(self.ranks.values(), key=lambda r: r.rank)
+        for r in ranks:
+            if r.shards is not None and r.shards.engine and r.shards.stage != "setup":
                 return r.shards.engine
-        for r in self.ranks.values():
+        for r in ranks:
             if r.hello is not None and r.hello.engine:
                 return r.hello.engine
+        for r in ranks:
+            if r.shards is not None and r.shards.engine:
+                return r.shards.engine
         return ""
 
     @property

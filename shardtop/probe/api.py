@@ -126,9 +126,9 @@ def _device_of(target: Any) -> str:
     device = getattr(target, "device", None)
     if device is not None and not callable(device):
         return str(device)
-    for param in getattr(target, "parameters", lambda: [])():
-        return str(param.device)
-    return "cpu"
+    devices = [p.device for p in getattr(target, "parameters", lambda: [])()]
+    real = [d for d in devices if d.type != "meta"]  # a meta parameter stores nothing anywhere
+    return str(real[0]) if real else "cpu"
 
 
 def phase(name: str, step: int | None = None) -> None:

@@ -51,6 +51,10 @@ APPLY_FRAMES = frozenset({
 })
 """Code names of the frames that convert or move a module's tensors."""
 
+CASTING_STEPS = frozenset({"DeepSpeedEngine._configure_distributed_model"})
+"""Engine steps that move or cast parameters one by one: the parameter in hand is the culprit.
+Elsewhere (``_configure_zero_optimizer`` allocating its buckets) it is only the loop's last item."""
+
 INIT_FRAMES = frozenset({"_post_init_method"})
 """deepspeed.zero.Init's hook run as each module is constructed; its ``module`` is not in any tree yet."""
 
@@ -331,7 +335,9 @@ class Blame:
     attributed_by: str
 
 
-def blame_from_stack(frames: Sequence[StackFrame], names: dict[int, str]) -> tuple[Blame | None, list[str]]:
+def blame_from_stack(
+    frames: Sequence[StackFrame], names: dict[int, str], engine_step: str | None = None
+) -> tuple[Blame | None, list[str]]:
     """The module the stack names, and the paths of the modules called on it (outermost first).
 
     The innermost module call or conversion frame names it; failing that, the
@@ -347,7 +353,7 @@ def blame_from_stack(frames: Sequence[StackFrame], names: dict[int, str]) -> tup
         if path is not None:
             return Blame(path, _unwrapped_type(frames[culprit.index].module), culprit.attributed_by), unique_paths(paths)
     holder = next((f for f in reversed(frames) if f.params), None)
-    if holder is not None and _in_engine(holder.filename):
+    if holder is not None and _in_engine(holder.filename) and engine_step in CASTING_STEPS:
         for anchor in _unique(f.module for f in frames if f.module is not None):
             owner = next((m for m in anchor.modules() if any(p is holder.params[-1] for p in m.parameters(False))), None)
             path = resolve_paths([anchor, owner], names)[1] if owner is not None else None
@@ -382,7 +388,7 @@ def attribute(
     message = str((oom_path(exc) or [exc])[-1])
     frames = stack_of(exc)
     engine_step = pick_engine_step([(f.qualname, f.filename) for f in frames])
-    blame, module_stack = blame_from_stack(frames, names)
+    blame, module_stack = blame_from_stack(frames, names, engine_step)
     index = cuda_device_index(device)
     parsed = parse_requested_bytes(message)
     observation = take_observation(index, parsed)
