@@ -1,23 +1,25 @@
-"""Regenerate the screenshots (SVG and PNG) of shardtop's main views from recorded runs.
+"""Regenerate the screenshots (SVG and PNG) of shardtop's views from real recorded runs.
 
-    python screenshots/make_screenshots.py [--out screenshots]
+    python screenshots/make_screenshots.py [--out screenshots] [--only NAME ...]
 
-Runs recorded with the real probe (``tests/fixtures/runs/``, ``tests/tui/fixtures/runs/``)
-are used as they are; where CI cannot record one (a GPU OOM of story 2), the
-recorded-content builders of ``tests/tui/recorded.py`` stand in, and a real
-recording in ``tests/fixtures/runs/`` (a ``zero3-linear`` run with an OOM)
-replaces them once it exists.  NVML's and psutil's answers are recorded too.
+The runs are the recordings committed under ``tests/fixtures/runs/`` (``h200/``:
+every preset on one NVIDIA H200; ``cpu-6ranks/``: story 2 on 6 CPU processes)
+and ``tests/tui/fixtures/runs/``, diagnosed live.  NVML's answers are the samples
+recorded inside those runs; the 8-GPU machine is made of them (no 8-GPU machine
+was at hand; see ``tests/tui/recorded.py``).  ``home-live-nvml-*`` were taken on
+the H200 itself with real NVML and are not made here.
 
-PNGs need ``rsvg-convert`` (Debian: ``apt-get install librsvg2-bin``).  Textual's
-SVGs put spaces as no-break spaces at the start of text runs, which librsvg
-drops unless told to keep white space, so the copy handed to it says so.
+PNGs need ``rsvg-convert`` (Debian: ``apt-get install librsvg2-bin``).  The copy
+of each SVG handed to it keeps white space (Textual starts text runs with
+no-break spaces, which librsvg drops otherwise) and spaces the letters so that
+the local monospace font fills Textual's cells (DejaVu Sans Mono is 0.602 em
+wide, Textual's cell 0.61 em: columns drift by a cell over 80 otherwise).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import subprocess
@@ -31,23 +33,28 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from shardtop.events import read_all  # noqa: E402
 from shardtop.gpus import GpuUnavailable, HostSample  # noqa: E402
 from shardtop.tui.app import ShardtopApp  # noqa: E402
 from shardtop.tui.screens.home import HomeScreen  # noqa: E402
 from shardtop.tui.widgets.run_header import RunHeader  # noqa: E402
 from shardtop.tui.widgets.shard_tree import ShardTree  # noqa: E402
 from tests.tui.recorded import (  # noqa: E402
-    HOST,
-    RAMP_GIB,
+    ALL_RUNS,
+    EIGHT_GPU_HOST,
+    H200_HOST,
+    RecordedGpus,
     RecordedHost,
-    h200_pair,
+    copy_runs,
+    eight_h200_processes,
+    eight_h200s,
     h200_processes,
-    zero3_oom_run,
+    recorded_h200,
 )
+from tests.tui.waiting import settled, wait_for  # noqa: E402
 
-FIXTURES = (ROOT / "tests" / "fixtures" / "runs", ROOT / "tests" / "tui" / "fixtures" / "runs")
 LAPTOP = HostSample(cpu_percent=3.0, cores=8, memory_used=6 * 2**30, memory_total=31 * 2**30)
+LETTER_SPACING = "0.16px"
+"""(0.61 - 0.602) em at Textual's 20 px font: what DejaVu Sans Mono lacks per cell."""
 
 
 class NoDriver:
@@ -59,32 +66,23 @@ class NoDriver:
 class Shot:
     name: str
     size: tuple[int, int]
-    app: Callable[[Path], ShardtopApp]
+    app: Callable[[dict[str, Path]], ShardtopApp]
     ready: Callable[[Any], Awaitable[None]]
 
 
-async def until(pilot: Any, condition: Callable[[], object], timeout: float = 20.0) -> None:
-    waited = 0.0
-    while not condition():
-        if waited > timeout:
-            raise TimeoutError(f"screen not ready after {timeout}s")
-        await pilot.pause(0.05)
-        waited += 0.05
-
-
-def home_ready(samples: int) -> Callable[[Any], Awaitable[None]]:
-    """Ready once the GPU panel holds ``samples`` samples of history (the recorded ramp)."""
+def home_ready() -> Callable[[Any], Awaitable[None]]:
+    """Ready once the GPU panel has replayed every recorded sample (the sparklines show the ramp)."""
 
     def shown(app: Any) -> bool:
         screen = app.screen
         if not isinstance(screen, HomeScreen) or screen.runs is None or screen.gpus is None:
             return False
-        history = screen.gpus.history
-        return not samples or (bool(history) and len(history[0]) >= samples)
+        source = app.gpu_source
+        return not isinstance(source, RecordedGpus) or source.calls > len(source.samples)
 
     async def ready(pilot: Any) -> None:
-        await until(pilot, lambda: shown(pilot.app))
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: shown(pilot.app), timeout=20, what="the home screen")
+        await settled(pilot)
 
     return ready
 
@@ -92,88 +90,91 @@ def home_ready(samples: int) -> Callable[[Any], Awaitable[None]]:
 def run_ready(*keys: str) -> Callable[[Any], Awaitable[None]]:
     async def ready(pilot: Any) -> None:
         screen = pilot.app.screen
-        await until(
+        await wait_for(
             pilot,
             lambda: (
                 screen.query(ShardTree)
-                and screen.query_one(ShardTree).model is not None
                 and screen.query_one(RunHeader).info is not None
+                and screen.snapshot is not None  # type: ignore[attr-defined]
             ),
+            timeout=20,
+            what="the run view",
         )
+        await settled(pilot)
         await pilot.press(*keys)
-        await pilot.pause(0.3)
+        await settled(pilot)
 
     return ready
 
 
-def recorded_runs(root: Path) -> dict[str, Path]:
-    """The runs to show, by role: real recordings where there are any, else recorded-content builders."""
-    roles: dict[str, Path] = {}
-    for base in FIXTURES:
-        for meta in sorted(base.glob("*/run.json")):
-            run = meta.parent
-            preset = json.loads(meta.read_text()).get("preset", "")
-            target = root / run.name
-            if not target.exists():
-                shutil.copytree(run, target)
-            if preset == "fsdp2-mlp":
-                roles.setdefault("fsdp2", target)
-            if preset == "zero3-linear" and any(type(e).__name__ == "Oom" for e in read_all(run / "events")[0]):
-                roles.setdefault("oom", target)
-    if "oom" not in roles:
-        roles["oom"] = zero3_oom_run(root)
-    return roles
+def shots() -> list[Shot]:
+    def h200_home(runs: dict[str, Path]) -> ShardtopApp:
+        host = RecordedHost(H200_HOST, h200_processes())
+        return ShardtopApp(root_of(runs), refresh=0.05, gpu_source=recorded_h200(ramp=True), host_probe=host)  # type: ignore[arg-type]
 
+    def eight_gpus(runs: dict[str, Path]) -> ShardtopApp:
+        host = RecordedHost(EIGHT_GPU_HOST, eight_h200_processes())
+        return ShardtopApp(root_of(runs), refresh=0.05, gpu_source=eight_h200s(ramp=True), host_probe=host)  # type: ignore[arg-type]
 
-def shots(runs: dict[str, Path]) -> list[Shot]:
-    def gpu_app(root: Path, run: str | None = None) -> ShardtopApp:
-        return ShardtopApp(
-            root,
-            run=run,
-            refresh=0.05,
-            gpu_source=h200_pair(ramp=True),  # type: ignore[arg-type]
-            host_probe=RecordedHost(HOST, h200_processes()),
-        )  # type: ignore[arg-type]
+    def no_gpu(runs: dict[str, Path]) -> ShardtopApp:
+        return ShardtopApp(root_of(runs), refresh=0.05, gpu_source=NoDriver(), host_probe=RecordedHost(LAPTOP))  # type: ignore[arg-type]
 
-    out = [
-        Shot("home", (160, 48), gpu_app, home_ready(len(RAMP_GIB))),
-        Shot("home-80x24", (80, 24), gpu_app, home_ready(len(RAMP_GIB))),
+    def run_view(name: str) -> Callable[[dict[str, Path]], ShardtopApp]:
+        def make(runs: dict[str, Path]) -> ShardtopApp:
+            host = RecordedHost(H200_HOST)
+            return ShardtopApp(root_of(runs), run=str(runs[name]), gpu_source=recorded_h200(), host_probe=host)  # type: ignore[arg-type]
+
+        return make
+
+    wide = (160, 48)
+    return [
+        Shot("home", wide, h200_home, home_ready()),
+        Shot("home-80x24", (80, 24), h200_home, home_ready()),
+        Shot("home-no-gpu-80x24", (80, 24), no_gpu, home_ready()),
+        Shot("home-8gpus-160x48", wide, eight_gpus, home_ready()),
+        Shot("home-8gpus-80x24", (80, 24), eight_gpus, home_ready()),
+        Shot("story2-zero3-linear-h200", wide, run_view("h200/zero3-linear"), run_ready()),
+        Shot("story2-zero3-linear-fixed-h200", wide, run_view("h200/zero3-linear-fixed"), run_ready()),
         Shot(
-            "home-no-gpu-80x24",
-            (80, 24),
-            lambda root: ShardtopApp(root, refresh=0.05, gpu_source=NoDriver(), host_probe=RecordedHost(LAPTOP)),  # type: ignore[arg-type]
-            home_ready(0),
+            "story1-fsdp-not-sharding-h200",
+            wide,
+            run_view("h200/fsdp-not-sharding"),
+            run_ready("down", "m"),  # conv1: a layer in no FSDP unit, whole on cuda:0
         ),
-        Shot("run-oom", (160, 48), lambda root: gpu_app(root, str(runs["oom"])), run_ready()),
-        Shot("run-oom-80x24", (80, 24), lambda root: gpu_app(root, str(runs["oom"])), run_ready()),
         Shot(
-            "run-oom-search-80x24",
-            (80, 24),
-            lambda root: gpu_app(root, str(runs["oom"])),
-            run_ready("slash", *"net.12", "enter", "n"),
+            "story1-fsdp-auto-wrap-h200",
+            wide,
+            run_view("h200/fsdp-auto-wrap"),
+            run_ready("down", "down", "down", "down", "enter", "down", "enter", "m"),  # transformers1, its block 0
         ),
-        Shot("help", (100, 36), lambda root: gpu_app(root, str(runs["oom"])), run_ready("question_mark")),
+        Shot(
+            "story2-zero3-linear-6ranks-cpu",
+            wide,
+            run_view("cpu-6ranks/zero3-linear"),
+            run_ready("down", "down", "enter", "down", "f"),  # the 96 Linear unfolded, the findings
+        ),
+        Shot(
+            "story2-zero3-linear-fixed-6ranks-cpu",
+            wide,
+            run_view("cpu-6ranks/zero3-linear-fixed"),
+            run_ready("down", "down", "enter", "down", "f"),
+        ),
+        Shot("help", (100, 36), run_view("h200/zero3-linear"), run_ready("question_mark")),
+        Shot(
+            "run-fsdp2-cpu-80x24",
+            (80, 24),
+            run_view("cpu/fsdp2-mlp"),
+            run_ready("down", "down", "down", "enter", "m"),
+        ),
     ]
-    if "fsdp2" in runs:
-        out += [
-            Shot(
-                "run-fsdp2-cpu",
-                (160, 48),
-                lambda root: gpu_app(root, str(runs["fsdp2"])),
-                run_ready("down", "down", "enter", "down", "down", "m"),
-            ),
-            Shot(
-                "run-fsdp2-cpu-80x24",
-                (80, 24),
-                lambda root: gpu_app(root, str(runs["fsdp2"])),
-                run_ready("down", "down", "enter", "down", "m"),
-            ),
-        ]
-    return out
 
 
-async def take(shot: Shot, root: Path) -> str:
-    app = shot.app(root)
+def root_of(runs: dict[str, Path]) -> Path:
+    return next(iter(runs.values())).parent
+
+
+async def take(shot: Shot, runs: dict[str, Path]) -> str:
+    app = shot.app(runs)
     async with app.run_test(size=shot.size) as pilot:
         await shot.ready(pilot)
         return app.export_screenshot(title=f"shardtop — {shot.name}")
@@ -183,30 +184,33 @@ def to_png(svg: Path, png: Path) -> bool:
     tool = shutil.which("rsvg-convert")
     if tool is None:
         return False
-    with tempfile.NamedTemporaryFile("w", suffix=".svg", delete=False) as keep_spaces:
-        keep_spaces.write(svg.read_text().replace("<svg ", '<svg xml:space="preserve" ', 1))
+    text = svg.read_text().replace("<svg ", '<svg xml:space="preserve" ', 1)
+    opened = text.index(">", text.index("<svg")) + 1
+    text = text[:opened] + f"<style>text {{ letter-spacing: {LETTER_SPACING}; }}</style>" + text[opened:]
+    with tempfile.NamedTemporaryFile("w", suffix=".svg", delete=False) as for_librsvg:
+        for_librsvg.write(text)
     try:
-        subprocess.run([tool, keep_spaces.name, "-o", str(png)], check=True)
+        subprocess.run([tool, for_librsvg.name, "-o", str(png)], check=True)
     finally:
-        Path(keep_spaces.name).unlink()
+        Path(for_librsvg.name).unlink()
     return True
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    parser.add_argument("--only", nargs="*", default=None, help="names of the shots to take (default: all)")
     args = parser.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    chosen = [s for s in shots() if args.only is None or s.name in args.only]
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)  # the run view shows run directories relative to here: "runs/<id>"
-        root = Path(tmp) / "runs"
-        root.mkdir(mode=0o700)
-        runs = recorded_runs(root)
+        runs = copy_runs(Path(tmp) / "runs", *ALL_RUNS)
         pngs = True
-        for shot in shots(runs):
+        for shot in chosen:
             svg = out / f"{shot.name}.svg"
-            svg.write_text(asyncio.run(take(shot, root)))
+            svg.write_text(asyncio.run(take(shot, runs)))
             pngs = to_png(svg, out / f"{shot.name}.png") and pngs
             print(f"{svg.relative_to(ROOT) if svg.is_relative_to(ROOT) else svg}  {shot.size[0]}×{shot.size[1]}")
     if not pngs:

@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from shardtop.gpus import GpuSource, HostProbe
     from shardtop.tui.screens.home import HomeScreen
     from shardtop.tui.screens.run_view import RunScreen
-    from shardtop.tui.watch.run_feed import Diagnosis
 
 
 class ShardtopApp(App[int]):
@@ -47,14 +46,12 @@ class ShardtopApp(App[int]):
         gpu_source: GpuSource | None = None,
         host_probe: HostProbe | None = None,
         clock: Callable[[], float] = time.time,
-        findings: Diagnosis | None = None,
     ) -> None:
         """``run``: a run id or directory to open at once (None: the home screen).
 
         ``refresh``: seconds between screen updates; ``gpu_source`` and
         ``host_probe`` replace NVML and psutil (recorded samples in tests);
-        ``clock`` gives "now" for elapsed times (frozen in snapshot tests);
-        ``findings`` replaces ``diagnose`` (a recorded diagnosis in snapshot tests).
+        ``clock`` gives "now" for elapsed times (frozen in snapshot tests).
         """
         super().__init__()
         self.runs_root = Path(runs_root)
@@ -64,7 +61,6 @@ class ShardtopApp(App[int]):
         self.gpu_source = gpu_source
         self.host_probe = host_probe
         self.clock = clock
-        self.findings_of = findings
         if read_only:
             self.sub_title = "read-only"
 
@@ -98,8 +94,6 @@ class ShardtopApp(App[int]):
         from shardtop.tui.screens.run_view import ControlledRunScreen, RunScreen
 
         cls = RunScreen if self.read_only else ControlledRunScreen
-        if self.findings_of is not None:
-            return cls(run, self.refresh_s, self.read_only, self.clock, self.findings_of)
         return cls(run, refresh=self.refresh_s, read_only=self.read_only, clock=self.clock)
 
     def open_run(self, run: RunDirectory) -> None:

@@ -14,6 +14,7 @@ from functools import cached_property
 from types import MappingProxyType
 
 from shardtop.events import Shards, Tree, Unit, tree_paths
+from shardtop.tui.placement import Placement, decode, device_words, held_masks
 
 FOLD_MIN = 5
 """Fewer consecutive look-alike siblings than this stay separate rows (so q, k, v, o projections keep their names)."""
@@ -113,6 +114,10 @@ class ShardModel:
     shards: Mapping[int, Shards]
     unit_roots: Mapping[int, Unit] = field(default_factory=lambda: MappingProxyType({}))
     """Modules a sharding unit is rooted at (lowest rank's view)."""
+    held: tuple[int, ...] = ()
+    """Where each subtree's parameters are (lowest rank's view), as ``held_masks`` encodes it."""
+    devices: tuple[str, ...] = ()
+    """The device names ``held``'s device bits stand for (``device_words``)."""
 
     @classmethod
     def build(
@@ -134,9 +139,14 @@ class ShardModel:
         entries = {row: fold_children(row, k, tree.types, params_total, fold_min) for row, k in kids.items()}
         usable = {rank: s for rank, s in sorted(shards.items()) if s.tree_id == tree.tree_id and len(s.bytes) == n}
         unit_roots: dict[int, Unit] = {}
+        held: list[int] = []
+        devices: tuple[str, ...] = ()
         if usable:
-            for unit in usable[min(usable)].units:
+            lowest = usable[min(usable)]
+            for unit in lowest.units:
                 unit_roots.setdefault(unit.module, unit)
+            held = held_masks(lowest, parents, tree.params)
+            devices = device_words(lowest.devices, [s.devices for r, s in usable.items() if r != min(usable)])
         return cls(
             tree=tree,
             paths=tuple(paths) if paths is not None else tuple(tree_paths(tree.names, parents)),
@@ -149,6 +159,8 @@ class ShardModel:
             rank_bytes=MappingProxyType({rank: tuple(subtree_sums(s.bytes, parents)) for rank, s in usable.items()}),
             shards=MappingProxyType(usable),
             unit_roots=MappingProxyType(unit_roots),
+            held=tuple(held),
+            devices=devices,
         )
 
     # -- lookups ------------------------------------------------------------------
@@ -255,15 +267,14 @@ class ShardModel:
             cells.append(RankCell(rank, s.bytes[row], self.rank_bytes[rank][row], device, state, unit))
         return cells
 
-    def state_of(self, node: Node) -> str:
-        """How the lowest rank holds the node's own parameters (a fold: its first member)."""
-        row = self.members(node)[0] if isinstance(node, Fold) else node
-        if not self.ranks:
-            return ""
-        s = self.shards[self.ranks[0]]
-        if s.state[row] < 0 or s.state[row] >= len(s.states):
-            return ""
-        return s.states[s.state[row]]
+    def placement(self, node: Node) -> Placement:
+        """How and where the lowest rank holds the node's parameters, its descendants' included."""
+        if not self.held:
+            return Placement((), ())
+        mask = 0
+        for row in self.members(node) if isinstance(node, Fold) else (node,):
+            mask |= self.held[row]
+        return decode(mask, self.shards[self.ranks[0]].states, self.devices)
 
 
 def visible_lines(model: ShardModel, expanded: Collection[Node]) -> list[Line]:

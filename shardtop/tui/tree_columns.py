@@ -12,6 +12,17 @@ from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 
+NAME_MIN = 24
+"""Cells the module names keep before anything else gives way: ``│ │ ├─▶ transformers_out``."""
+PARAMS = 6
+"""``params`` and ``99.9M``: ``short_count`` is at most 5 cells."""
+RANK = 5
+"""``r0`` … ``r15`` and ``1.96G``: ``short_bytes`` is at most 5 cells for a size."""
+RANGE = 11
+"""``1.00M…3.50G``, the one column all ranks fold into when theirs do not fit."""
+LAYOUTS = ((16, 13, 10), (12, 13, 10), (12, 13, 0), (10, 13, 0), (10, 0, 0))
+"""(type, state, device) widths, widest first; the device goes before the state, the state before a rank."""
+
 
 @dataclass(frozen=True)
 class TreeColumns:
@@ -21,6 +32,7 @@ class TreeColumns:
     type: int
     params: int
     state: int
+    device: int
     rank: int
     ranks_shown: int
     """Rank columns drawn one per rank; 0 with ``range`` > 0: one min…max column."""
@@ -28,12 +40,29 @@ class TreeColumns:
 
 
 def tree_columns(width: int, nranks: int) -> TreeColumns:
-    """Widest layout that leaves the module names 24 cells; else ranks fold into min…max."""
-    for type_w, state_w in ((16, 12), (12, 12), (12, 0), (10, 0)):
-        name = width - (type_w + 1) - 8 - (state_w + 1 if state_w else 0) - nranks * 8
-        if name >= 24:
-            return TreeColumns(name, type_w, 7, state_w, 7, nranks, 0)
-    return TreeColumns(max(12, width - 11 - 8 - 16), 10, 7, 0, 7, 0, 15 if nranks else 0)
+    """Widest layout that leaves the module names ``NAME_MIN`` cells; else the ranks fold into min…max."""
+    for type_w, state_w, device_w in LAYOUTS:
+        name = width - _fixed(type_w, state_w, device_w) - nranks * (RANK + 1)
+        if name >= NAME_MIN:
+            return TreeColumns(name, type_w, PARAMS, state_w, device_w, RANK, nranks, 0)
+    range_w = RANGE + 1 if nranks else 0
+    for type_w, state_w, device_w in LAYOUTS:
+        name = width - _fixed(type_w, state_w, device_w) - range_w
+        if name >= NAME_MIN:
+            return TreeColumns(name, type_w, PARAMS, state_w, device_w, RANK, 0, RANGE if nranks else 0)
+    return TreeColumns(max(12, width - _fixed(10, 0, 0) - range_w), 10, PARAMS, 0, 0, RANK, 0, RANGE if nranks else 0)
+
+
+def _fixed(type_w: int, state_w: int, device_w: int) -> int:
+    """Cells of the columns after the name, each with the space before it."""
+    return (type_w + 1) + (PARAMS + 1) + (state_w + 1 if state_w else 0) + (device_w + 1 if device_w else 0)
+
+
+def cut(text: str, width: int) -> str:
+    """``text`` left-aligned in exactly ``width`` cells, ending in … when cut."""
+    if cell_len(text) <= width:
+        return text + " " * (width - cell_len(text))
+    return text[: max(0, width - 1)] + "…" if width > 0 else ""
 
 
 def fit(parts: Sequence[tuple[str, Style]], width: int, pad: Style) -> list[Segment]:
@@ -45,9 +74,9 @@ def fit(parts: Sequence[tuple[str, Style]], width: int, pad: Style) -> list[Segm
         if used + n > width:
             room = width - used
             if room > 0:
-                cut = text[: max(0, room - 1)]
-                out.append(Segment(cut + "…", style))
-                used += cell_len(cut) + 1
+                cut_text = text[: max(0, room - 1)]
+                out.append(Segment(cut_text + "…", style))
+                used += cell_len(cut_text) + 1
             break
         out.append(Segment(text, style))
         used += n

@@ -1,419 +1,87 @@
-"""Run directories with the content real runs write, at fixed times, for the TUI tests.
+"""Recorded runs and recorded hardware, for the TUI tests and the screenshots.
 
-Real recorded runs live in ``tests/fixtures/runs/``; these builders add what
-CI cannot record (a GPU OOM of story 2 on two H200s, a 100 000-module model)
-with the same event types, field for field, as the probe writes them.
-Timestamps, pids and hosts are fixed so that snapshots are deterministic.
+Runs are the real recordings committed under ``tests/fixtures/runs/``:
+``h200/`` (every preset on one NVIDIA H200, story 2 under a 15 GiB cap) and
+``cpu-6ranks/`` (story 2 on 6 gloo CPU processes), and under
+``tests/tui/fixtures/runs/`` (``fsdp2-mlp`` on 2 CPU processes).  They are
+named here ``machine/preset``: ``h200/zero3-linear``, ``cpu-6ranks/zero3-linear``,
+``cpu/fsdp2-mlp``.
+
+NVML's answers for the GPU panel are the samples the probe recorded inside those
+runs (the ``gpus`` of their Memory and Oom events).  The one thing made up is
+the machine with eight H200s (``eight_h200s``): no 8-GPU machine was at hand,
+so its GPUs are the recorded H200 sample with other figures.  psutil's answers
+are recorded as the host and the processes behind the GPU pids.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from shardtop.diagnose import Finding
-from shardtop.events import (
-    Event,
-    Exit,
-    GpuMemory,
-    Hello,
-    Memory,
-    Oom,
-    Phase,
-    Shards,
-    Step,
-    Tree,
-    Unit,
-    encode,
-    event_file,
-)
+import msgspec
+
+from shardtop.events import GpuMemory, Memory, Oom, read_all
 from shardtop.gpus import GpuProcessInfo, GpuProcessUse, HostSample
-from shardtop.run_state import RunState
+# built runs, importable from here for bench/, tests/test_report.py and tests/test_diagnose.py
+from tests.tui.built_runs import PIDS, T0, big_tree_run, fsdp2_cpu_run, zero3_oom_run  # noqa: F401
 
-T0 = 1795960000.0
-"""2026-11-29 13:46:40 UTC: every recorded run starts here."""
 GIB = 1024**3
-H200 = 150_754_820_096
-HOSTNAME = "gpu-box"
-PIDS = (4_194_401, 4_194_402)
-"""Above Linux's largest pid (2**22), so no live process ever has them."""
+MACHINES = {
+    "h200": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "h200",
+    "cpu-6ranks": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-6ranks",
+    "cpu": Path(__file__).resolve().parent / "fixtures" / "runs",
+}
+"""Where each machine's recordings are."""
+STORY2_OOM = "h200/zero3-linear"
+"""Story 2 as asked, on the H200: a real CUDA OOM in model.net.15330 under a 15 GiB cap."""
 
 
-def stamp(event: Event, rank: int, t: float, host: str = HOSTNAME) -> Event:
-    event.rank, event.host, event.t = rank, host, T0 + t
-    return event
+def recorded_run(name: str) -> Path:
+    """The committed run directory of ``machine/preset`` (``h200/zero3-linear``)."""
+    machine, _, preset = name.partition("/")
+    for meta in sorted(MACHINES[machine].glob("*/run.json")):
+        if json.loads(meta.read_text()).get("preset") == preset:
+            return meta.parent
+    raise LookupError(f"no recorded {preset} run under {MACHINES[machine]}")
 
 
-def write_run(
-    root: Path,
-    run_id: str,
-    preset: str,
-    config: dict[str, Any],
-    events: Sequence[Event],
-    exit: dict[str, Any] | None,
-    logs: dict[str, str] | None = None,
-) -> Path:
-    """A run directory as ``RunDirectory.create`` + the runner leave it."""
-    path = root / run_id
-    (path / "events").mkdir(parents=True, mode=0o700)
-    (path / "logs").mkdir(mode=0o700)
-    meta = {
-        "id": run_id,
-        "preset": preset,
-        "created": T0,
-        "host": HOSTNAME,
-        "user": "trainer",
-        "config": {"preset": preset, **config},
-        "command": ["shardtop", "launch", f"preset={preset}"],
-        "pid": 4_194_400,
-        "pgid": 4_194_400,
-        "pid_started": T0,
-    }
-    (path / "run.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
-    by_rank: dict[int, list[bytes]] = {}
-    for e in events:
-        by_rank.setdefault(e.rank, []).append(encode(e))
-    for rank, lines in by_rank.items():
-        event_file(path / "events", rank).write_bytes(b"".join(lines))
-    for name, text in (logs or {}).items():
-        target = path / "runner.log" if name == "runner" else path / "logs" / f"{name}.log"
-        target.write_text(text)
-    if exit is not None:
-        (path / "exit.json").write_text(json.dumps({"ended": T0 + 60, **exit}))
-    os.chmod(path, 0o700)
-    return path
+def copy_runs(dest: Path, *names: str) -> dict[str, Path]:
+    """Copies of the named recordings under ``dest`` (a test may write into a run directory)."""
+    dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+    out = {}
+    for name in names:
+        source = recorded_run(name)
+        target = dest / source.name
+        if not target.exists():
+            shutil.copytree(source, target)
+        out[name] = target
+    return out
 
 
-def linear_stack_tree(n_layers: int, tree_id: int = 0) -> Tree:
-    """Story 2's model: ``Tel`` holding ``net``, an ``nn.Sequential`` of ``Linear(512, 512)``."""
-    per = 512 * 512 + 512
-    return Tree(
-        tree_id=tree_id,
-        names=["", "net", *map(str, range(n_layers))],
-        parents=[-1, 0, *([1] * n_layers)],
-        types=[0, 1, *([2] * n_layers)],
-        type_names=["Tel", "Sequential", "Linear"],
-        params=[0, 0, *([per] * n_layers)],
-        bytes=[0, 0, *([per * 4] * n_layers)],
-    )
-
-
-def gpus_at(used: Sequence[int], pids: Sequence[int] = PIDS) -> list[GpuMemory]:
-    return [
-        GpuMemory(
-            index=i,
-            name="NVIDIA H200",
-            uuid=f"GPU-{i:04d}",
-            used=u,
-            total=H200,
-            util=97 if u > 2 * GIB else 0,
-            temperature=41 + i,
-            power_w=310.5 - 40 * i,
-            pids=[pids[i]],
-        )
-        for i, u in enumerate(used)
-    ]
-
-
-def zero3_oom_run(root: Path, n_layers: int = 4000, culprit: int = 3406) -> Path:
-    """Story 2 on 2 × H200 with a 3.5 GiB cap: the whole model moved to each GPU, OOM in ``net.<culprit>``."""
-    tree = linear_stack_tree(n_layers)
-    n = len(tree.names)
-    per_layer = tree.bytes[2]
-    limit = int(3.5 * GIB)
-    events: list[Event] = []
-    for rank in (0, 1):
-        events.append(
-            stamp(
-                Hello(
-                    pid=PIDS[rank],
-                    world_size=2,
-                    local_rank=rank,
-                    device=f"cuda:{rank}",
-                    engine="zero3",
-                    strategy="deepspeed_stage_3",
-                    program="zero3-linear",
-                    versions={"python": "3.12.3", "torch": "2.11.0", "lightning": "2.6.6", "deepspeed": "0.19.8"},
-                ),
-                rank,
-                1.0 + rank * 0.01,
-            )
-        )
-        events.append(stamp(Phase(phase="setup"), rank, 1.1))
-        if rank == 0:
-            events.append(stamp(tree, 0, 2.0))
-        events.append(
-            stamp(
-                Shards(
-                    tree_id=0,
-                    engine="plain",
-                    stage="setup",
-                    devices=["cpu"],
-                    states=["plain"],
-                    bytes=list(tree.bytes),
-                    device=[-1, -1, *([0] * n_layers)],
-                    state=[-1, -1, *([0] * n_layers)],
-                    unit=[-1] * n,
-                    info={"precision": "32-true", "zero_init": False},
-                ),
-                rank,
-                2.1,
-            )
-        )
-        for i, frac in enumerate((0.05, 0.3, 0.62, 0.91, 0.998)):
-            used = int(limit * frac)
-            events.append(
-                stamp(
-                    Memory(
-                        device=f"cuda:{rank}",
-                        allocated=used,
-                        reserved=used + 2 * 2**20,
-                        peak=used + 2 * 2**20,
-                        limit=limit,
-                        host_rss=3_100_000_000,
-                        gpus=gpus_at([used + 520 * 2**20] * 2) if rank == 0 else None,
-                    ),
-                    rank,
-                    3.0 + i,
-                )
-            )
-        at = per_layer * culprit
-        events.append(
-            stamp(
-                Oom(
-                    phase="setup",
-                    module=f"net.{culprit}",
-                    module_type="Linear",
-                    attributed_by="apply-frame",
-                    engine_step="DeepSpeedEngine._configure_distributed_model",
-                    module_stack=["", "net", f"net.{culprit}"],
-                    requested_bytes=512 * 512 * 4,
-                    device=f"cuda:{rank}",
-                    allocated=at,
-                    reserved=at + 2 * 2**20,
-                    limit=limit,
-                    total=H200,
-                    gpus=gpus_at([at + 520 * 2**20] * 2),
-                    message=f"CUDA out of memory. Tried to allocate 1.00 MiB. GPU {rank} has a total "
-                    "capacity of 140.40 GiB of which 136.4 GiB is free. Of the allocated memory "
-                    "3.49 GiB is allocated by PyTorch",
-                    traceback=[
-                        "deepspeed/runtime/engine.py:1234 in _configure_distributed_model",
-                        "torch/nn/modules/module.py:942 in _apply",
-                    ],
-                ),
-                rank,
-                8.2 + rank * 0.05,
-            )
-        )
-        events.append(
-            stamp(
-                Exit(code=1, status="oom", error="torch.OutOfMemoryError: CUDA out of memory."), rank, 8.4 + rank * 0.05
-            )
-        )
-    logs = {
-        "runner": "started 2 rank(s): 4194401, 4194402\nrank 0 failed (exit 1); stopping the others\n",
-        "rank-0": "[rank0] building Tel with 4000 Linear(512, 512)\n[rank0] deepspeed: stage 3\n"
-        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 MiB.\n",
-        "rank-1": "[rank1] building Tel with 4000 Linear(512, 512)\n"
-        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 MiB.\n",
-    }
-    return write_run(
-        root,
-        "20261129-122640-zero3-linear-0a0e",
-        "zero3-linear",
-        {
-            "program": "zero3-linear",
-            "engine": "zero3",
-            "accelerator": "cuda",
-            "devices": 2,
-            "world_size": 2,
-            "gpu_mem_limit": limit,
-            "model": {"n_layers": n_layers},
-        },
-        events,
-        {"code": 1, "signal": None, "reason": "rank 0 failed"},
-        logs,
-    )
-
-
-def fsdp2_cpu_run(root: Path, steps: int = 3, n_layers: int = 8, hidden: int = 1024) -> Path:
-    """``fsdp2-mlp`` on 2 CPU processes, finished: every Linear an FSDP2 unit, sharded in two."""
-    per = hidden * hidden + hidden
-    names = ["", "layers", *map(str, range(n_layers)), "head"]
-    parents = [-1, 0, *([1] * n_layers), 0]
-    tree = Tree(
-        tree_id=0,
-        names=names,
-        parents=parents,
-        types=[0, 1, *([2] * n_layers), 2],
-        type_names=["MLP", "ModuleList", "Linear"],
-        params=[0, 0, *([per] * n_layers), hidden * 10 + 10],
-        bytes=[0, 0, *([per * 4] * n_layers), (hidden * 10 + 10) * 4],
-    )
-    units = [
-        Unit(
-            module=0,
-            kind="fsdp2",
-            numel=hidden * 10 + 10,
-            local_numel=(hidden * 10 + 10) // 2,
-            strategy="FULL_SHARD",
-            dtype="float32",
-            params=2,
-        )
-    ]
-    units += [
-        Unit(
-            module=2 + i,
-            kind="fsdp2",
-            numel=per,
-            local_numel=per // 2,
-            strategy="FULL_SHARD",
-            dtype="float32",
-            params=2,
-        )
-        for i in range(n_layers)
-    ]
-    events: list[Event] = []
-    for rank in (0, 1):
-        events.append(
-            stamp(
-                Hello(
-                    pid=PIDS[rank],
-                    world_size=2,
-                    local_rank=rank,
-                    device="cpu",
-                    engine="fsdp2",
-                    strategy="ModelParallelStrategy",
-                    program="fsdp2-mlp",
-                    versions={"python": "3.11.7", "torch": "2.13.0+cpu", "lightning": "2.6.6"},
-                ),
-                rank,
-                0.5,
-                "laptop",
-            )
-        )
-        if rank == 0:
-            events.append(stamp(tree, 0, 1.0, "laptop"))
-        events.append(
-            stamp(
-                Shards(
-                    tree_id=0,
-                    engine="fsdp2",
-                    stage="engine",
-                    devices=["cpu"],
-                    states=["sharded"],
-                    bytes=[b // 2 for b in tree.bytes],
-                    device=[-1, -1, *([0] * n_layers), 0],
-                    state=[-1, -1, *([0] * n_layers), 0],
-                    unit=[-1, -1, *range(1, n_layers + 1), 0],
-                    units=units,
-                    info={"data_parallel": 2, "mesh": "dp=2"},
-                ),
-                rank,
-                1.2,
-                "laptop",
-            )
-        )
-        for step in range(1, steps + 1):
-            events.append(stamp(Phase(phase="forward", step=step), rank, 1.5 + step, "laptop"))
-            events.append(
-                stamp(Memory(device="cpu", host_rss=410_000_000 + step * 3_000_000), rank, 1.6 + step, "laptop")
-            )
-            events.append(stamp(Step(step=step, loss=2.5 / step, seconds=0.41), rank, 2.0 + step, "laptop"))
-        events.append(stamp(Exit(code=0, status="ok"), rank, 6.0, "laptop"))
-    logs = {
-        "runner": "started 2 rank(s): 4194401, 4194402\n",
-        "rank-0": "step 1 loss 2.5\nstep 2 loss 1.25\nstep 3 loss 0.833\n",
-    }
-    return write_run(
-        root,
-        "20261129-122640-fsdp2-mlp-1b2c",
-        "fsdp2-mlp",
-        {
-            "program": "fsdp2-mlp",
-            "engine": "fsdp2",
-            "accelerator": "cpu",
-            "devices": 2,
-            "world_size": 2,
-            "max_steps": steps,
-            "model": {"n_layers": n_layers, "hidden": hidden},
-        },
-        events,
-        {"code": 0, "signal": None, "reason": ""},
-        logs,
-    )
-
-
-def big_tree_run(root: Path, n_modules: int = 100_000, run_id: str = "20261129-122640-zero3-linear-big0") -> Path:
-    """A 100 000-module model (blocks of 4 Linear) on 2 ranks, ZeRO-3 partitioned."""
-    names, parents, types, params = [""], [-1], [0], [0]
-    blocks = (n_modules - 1) // 5
-    for b in range(blocks):
-        block = len(names)
-        names += [str(b), *(f"fc{j}" for j in range(4))]
-        parents += [0, *([block] * 4)]
-        types += [1, 2, 2, 2, 2]
-        params += [0, *([65_792] * 4)]
-    tree = Tree(
-        tree_id=0,
-        names=names,
-        parents=parents,
-        types=types,
-        type_names=["Sequential", "Block", "Linear"],
-        params=params,
-        bytes=[p * 2 for p in params],
-    )
-    n = len(names)
-    events: list[Event] = []
-    for rank in (0, 1):
-        events.append(
-            stamp(
-                Hello(
-                    pid=PIDS[rank],
-                    world_size=2,
-                    local_rank=rank,
-                    device=f"cuda:{rank}",
-                    engine="zero3",
-                    strategy="deepspeed_stage_3",
-                ),
-                rank,
-                0.5,
-            )
-        )
-        if rank == 0:
-            events.append(stamp(tree, 0, 1.0))
-        events.append(
-            stamp(
-                Shards(
-                    tree_id=0,
-                    engine="zero3",
-                    stage="engine",
-                    devices=[f"cuda:{rank}"],
-                    states=["partitioned"],
-                    bytes=[b // 2 for b in tree.bytes],
-                    device=[0 if p else -1 for p in params],
-                    state=[0 if p else -1 for p in params],
-                    unit=[-1] * n,
-                ),
-                rank,
-                1.5,
-            )
-        )
-    return write_run(
-        root,
-        run_id,
-        "zero3-linear",
-        {"program": "zero3-linear", "world_size": 2},
-        events,
-        {"code": 0, "signal": None, "reason": ""},
-    )
+ALL_RUNS = (
+    "h200/zero3-linear",
+    "h200/zero3-linear-fixed",
+    "h200/fsdp-not-sharding",
+    "h200/fsdp-auto-wrap",
+    "h200/ddp-baseline",
+    "h200/manual-placement",
+    "h200/fsdp2-mlp",
+    "cpu-6ranks/zero3-linear",
+    "cpu-6ranks/zero3-linear-fixed",
+    "cpu/fsdp2-mlp",
+)
 
 
 # -- recorded hardware ------------------------------------------------------------------
+
+
+def nvml_samples(name: str = STORY2_OOM) -> list[list[GpuMemory]]:
+    """What NVML said during a recorded run, in order: the ``gpus`` of its Memory and Oom events."""
+    events, _skipped = read_all(recorded_run(name) / "events")
+    return [list(e.gpus) for e in events if isinstance(e, Memory | Oom) and e.gpus]
 
 
 class RecordedGpus:
@@ -427,6 +95,12 @@ class RecordedGpus:
         sample = self.samples[min(self.calls, len(self.samples) - 1)]
         self.calls += 1
         return sample
+
+
+def recorded_h200(ramp: bool = False) -> RecordedGpus:
+    """The H200 as story 2's run saw it: at the OOM, or (``ramp``) every sample on the way there."""
+    samples = nvml_samples()
+    return RecordedGpus(samples if ramp else samples[-1:])
 
 
 class RecordedHost:
@@ -447,62 +121,84 @@ class RecordedHost:
         return out
 
 
-HOST = HostSample(cpu_percent=12.5, cores=64, memory_used=212 * GIB, memory_total=2003 * GIB)
-
-
-RAMP_GIB = (0.5, 0.5, 0.9, 1.2, 1.8, 2.4, 2.9, 3.1, 3.5, 3.84)
-"""Story 2's set-up as rank 0's NVML sampler saw each GPU fill (GiB used)."""
-
-
-def h200_pair(ramp: bool = False) -> RecordedGpus:
-    """Two H200s at the OOM (3.84 GiB used each); ``ramp``: the samples on the way there first."""
-    return RecordedGpus([gpus_at([int(u * GIB)] * 2) for u in (RAMP_GIB if ramp else RAMP_GIB[-1:])])
+H200_HOST = HostSample(cpu_percent=4.0, cores=16, memory_used=21 * GIB, memory_total=126 * GIB)
+"""The H200 machine the fixtures were recorded on (16 cores, 126 GiB), during story 2's set-up."""
 
 
 def h200_processes() -> dict[int, GpuProcessInfo]:
+    """psutil's view of story 2's rank on the H200: pid, GPU memory and RSS from the recording."""
+    last = nvml_samples()[-1][0]
+    pid = last.pids[0]
     return {
-        PIDS[0]: GpuProcessInfo(
-            PIDS[0],
-            (0,),
-            int(3.84 * GIB),
-            "own",
-            "trainer",
-            "python -m shardtop.runner /runs/zero3 --rank 0",
-            99.0,
-            3_100_000_000,
-        ),
-        PIDS[1]: GpuProcessInfo(PIDS[1], (1,), int(3.84 * GIB), "other-user", "alice", "", 97.0, 3_000_000_000),
+        pid: GpuProcessInfo(
+            pid, (0,), last.used, "own", "root", "python -m shardtop.runner.rank zero3-linear", 99.0, 20_601_397_248
+        )
     }
 
 
-# -- a recorded diagnosis -------------------------------------------------------------------
-# What shardtop.diagnose said about these runs on 2026-11-29, frozen so that the snapshot tests
-# show findings without moving each time a rule's wording is improved.  The pilot tests check
-# the live rules end to end.
+# -- eight H200s (story 2 asked about six GPUs; no 8-GPU machine was at hand) ----------------
 
-STORY2_FINDING = Finding(
-    code="zero3-not-partitioned-at-init",
-    title="DeepSpeed moved the whole model to every GPU before ZeRO-3 partitioned it",
-    detail="Before DeepSpeed partitioned anything, 2 of 2 ranks held the whole model: 3.91 GiB of parameters, "
-    "unpartitioned. DeepSpeedEngine._configure_distributed_model moves a model built outside deepspeed.zero.Init "
-    "to the GPU whole, on every rank, before ZeRO-3 partitions it. Rank 0 ran out of memory right there, "
-    "converting `net.3406` (Linear). ZeRO-3 does not put different layers on different GPUs: it splits every "
-    "tensor of every layer across all 2 ranks.",
-    fix="Build the layers in configure_model() instead of __init__: Lightning calls it inside "
-    "deepspeed.zero.Init, so each rank only ever allocates its 1/N.",
-    severity="error",
-    saving_bytes=2_101_248_000,
-    modules=("net.3406",),
-)
-OPTIMIZER_FINDING = Finding(
-    code="optimizer-state-dominates",
-    title="Optimizer state (136 MiB per rank) outweighs parameters and gradients",
-    detail="Rank 0 keeps 136 MiB of optimizer state: as much as its parameters and gradients together.",
-    fix="Offload it to CPU, or use a lighter optimizer.",
-    severity="info",
-    saving_bytes=71_389_288,
-)
+EIGHT_GPU_HOST = HostSample(cpu_percent=9.0, cores=192, memory_used=151 * GIB, memory_total=2015 * GIB)
+TRAINER_PIDS = tuple(range(4_194_401, 4_194_407))
+"""The six ranks of a training job; above Linux's largest pid (2**22), so no live process has them."""
+OTHER_USER_PID = 4_194_431
+BUSY_GIB = (14.2, 14.6, 14.9, 14.4, 15.1, 14.7)
+"""GPUs 0-5: one rank each, as story 2's six ranks would be with the model built whole."""
+IDLE_GIB = 0.55
+OTHER_USER_GIB = 38.2
 
 
-def recorded_diagnosis(state: RunState) -> list[Finding]:
-    return [STORY2_FINDING] if state.ooms else [OPTIMIZER_FINDING]
+def eight_h200s(ramp: bool = False) -> RecordedGpus:
+    """Eight H200s: 0-5 busy with one rank each, 6 idle, 7 used by another user.
+
+    Every GPU is the recorded H200 sample (name, total) with its own index, pids and
+    figures; ``ramp`` replays story 2's recorded fill, scaled to each GPU, for the sparklines.
+    """
+    recorded = nvml_samples("h200/zero3-linear-fixed")
+    base = recorded[-1][0]
+    fills = [s[0].used / base.used for s in recorded] if ramp else [1.0]
+    samples = []
+    for fill in fills:
+        gpus = [
+            msgspec.structs.replace(
+                base,
+                index=i,
+                uuid=f"GPU-8h200-{i}",
+                used=int(gib * GIB * fill),
+                util=round(97 * fill) - i % 3,
+                temperature=58 + i,
+                power_w=610.0 - 11 * i,
+                pids=[TRAINER_PIDS[i]],
+            )
+            for i, gib in enumerate(BUSY_GIB)
+        ]
+        gpus.append(
+            msgspec.structs.replace(
+                base, index=6, uuid="GPU-8h200-6", used=int(IDLE_GIB * GIB), util=0, temperature=31, power_w=74.0, pids=[]
+            )
+        )
+        gpus.append(
+            msgspec.structs.replace(
+                base,
+                index=7,
+                uuid="GPU-8h200-7",
+                used=int(OTHER_USER_GIB * GIB),
+                util=64,
+                temperature=49,
+                power_w=402.0,
+                pids=[OTHER_USER_PID],
+            )
+        )
+        samples.append(gpus)
+    return RecordedGpus(samples)
+
+
+def eight_h200_processes() -> dict[int, GpuProcessInfo]:
+    """The six ranks (one user's ``train.py``) and another user's process psutil cannot read."""
+    command = "python train.py --devices 6 --strategy deepspeed_stage_3"
+    ranks = {
+        pid: GpuProcessInfo(pid, (i,), int(BUSY_GIB[i] * GIB) - 540 * 2**20, "own", "trainer", command, 99.0, 20 * GIB)
+        for i, pid in enumerate(TRAINER_PIDS)
+    }
+    other = GpuProcessInfo(OTHER_USER_PID, (7,), int((OTHER_USER_GIB - 0.5) * GIB), "other-user", "alice")
+    return {**ranks, OTHER_USER_PID: other}

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
+
 from shardtop.events import Hello, Oom, Step, encode, event_file
 from shardtop.gpus import GpuProcessUse, HostProbe
 from shardtop.runs import RunDirectory, process_start_time
@@ -15,8 +17,8 @@ from shardtop.tui.watch.gpu_feed import GpuFeed
 from shardtop.tui.watch.log_tail import LogTail
 from shardtop.tui.watch.run_catalog import RunCatalog
 from shardtop.tui.watch.run_feed import RunFeed, reap
-from tests.tui.conftest import HOST, RecordedHost, h200_pair
-from tests.tui.recorded import T0, fsdp2_cpu_run, zero3_oom_run
+from tests.tui.conftest import H200_HOST, RecordedHost, recorded_h200
+from tests.tui.recorded import RecordedGpus, copy_runs, eight_h200s, nvml_samples
 
 
 class Clock:
@@ -33,37 +35,50 @@ def append(run: Path, rank: int, event: object) -> None:
 
 
 def test_run_feed_posts_changes_urgent_ones_at_once(tmp_path: Path) -> None:
-    path = fsdp2_cpu_run(tmp_path)
-    (path / "exit.json").unlink()
+    path = copy_runs(tmp_path, "cpu/fsdp2-mlp")["cpu/fsdp2-mlp"]
+    (path / "exit.json").unlink()  # as if it were still running
     clock = Clock()
     feed = RunFeed(RunDirectory(path), refresh=1.0, clock=clock)
     first = feed.poll()
     assert first is not None and first.serial == 1
     assert first.model is not None and first.model.ranks == (0, 1)
     assert first.state.step == 3 and first.preset == "fsdp2-mlp"
-    assert any("step 3" in line for line in first.new_log)
+    assert any("max_steps=3" in line for line in first.new_log)
     assert feed.poll() is None, "nothing changed: no snapshot"
+    t = first.state.last_t
 
-    append(path, 0, Step(step=4, rank=0, t=T0 + 10))
+    append(path, 0, Step(step=4, rank=0, host="vm", t=t + 1))
     clock.now += 0.3
     assert feed.poll() is None, "a step waits for the refresh interval"
     clock.now += 1.0
     later = feed.poll()
     assert later is not None and later.state.step == 4 and later.model is first.model
 
-    append(path, 1, Oom(phase="forward", module="layers.3", rank=1, t=T0 + 11))
+    append(path, 1, Oom(phase="forward", module="model.blocks.3.fc1", rank=1, host="vm", t=t + 2))
     clock.now += 0.01
     urgent = feed.poll()
     assert urgent is not None, "an OOM is shown at once"
-    assert [o.module for o in urgent.state.ooms] == ["layers.3"]
+    assert [o.module for o in urgent.state.ooms] == ["model.blocks.3.fc1"]
 
 
 def test_run_feed_survives_a_torn_line_and_garbage(tmp_path: Path) -> None:
-    path = zero3_oom_run(tmp_path, n_layers=10, culprit=7)
+    path = copy_runs(tmp_path, "h200/zero3-linear-fixed")["h200/zero3-linear-fixed"]
     with open(event_file(path / "events", 0), "ab") as f:
         f.write(b'not json at all\n{"kind": "step", "step"')
     snap = RunFeed(RunDirectory(path)).poll()
     assert snap is not None and snap.state.skipped == 1 and snap.status.state == "failed"
+    assert snap.state.ooms and snap.model is None, "the OOM came before any module tree"
+
+
+def test_run_feed_says_when_the_diagnosis_fails(tmp_path: Path) -> None:
+    path = copy_runs(tmp_path, "h200/zero3-linear-fixed")["h200/zero3-linear-fixed"]
+
+    def broken(state: object) -> list[object]:
+        raise KeyError("rule")
+
+    snap = RunFeed(RunDirectory(path), findings=broken).poll()  # type: ignore[arg-type]
+    assert snap is not None and [f.code for f in snap.findings] == ["diagnose-failed"]
+    assert "KeyError" in snap.findings[0].detail
 
 
 def test_reap_collects_only_our_children() -> None:
@@ -90,11 +105,11 @@ def test_log_tail_returns_complete_lines_only(tmp_path: Path) -> None:
 
 
 def test_catalog_names_the_rank_behind_a_pid(tmp_path: Path) -> None:
-    fsdp2_cpu_run(tmp_path)
+    copy_runs(tmp_path, "cpu/fsdp2-mlp")
     live = RunDirectory.create(
         tmp_path, "zero3-linear", {"pid": os.getpid(), "pid_started": process_start_time(os.getpid())}
     )
-    append(live.path, 1, Hello(pid=4242, world_size=2, rank=1, host="gpu-box", t=T0))
+    append(live.path, 1, Hello(pid=4242, world_size=2, rank=1, host="gpu-box", t=time.time()))
     catalog = RunCatalog(tmp_path, read_only=True)
     snap = catalog.poll()
     assert snap is not None
@@ -105,12 +120,15 @@ def test_catalog_names_the_rank_behind_a_pid(tmp_path: Path) -> None:
 
 
 def test_gpu_feed_keeps_history_and_says_when_there_is_no_driver() -> None:
-    feed = GpuFeed(source=h200_pair(ramp=True), host=RecordedHost(HOST))  # type: ignore[arg-type]
-    snaps = [feed.poll() for _ in range(3)]
-    last = snaps[-1]
-    assert last is not None and len(last.gpus) == 2 and len(last.history[0]) == 3
-    assert [p.visibility for p in last.processes] == ["not-visible", "not-visible"]
-    none = GpuFeed(host=RecordedHost(HOST), opener=lambda: (None, "no NVIDIA driver: NVML Shared Library Not Found"))  # type: ignore[arg-type]
+    recorded = recorded_h200(ramp=True)
+    feed = GpuFeed(source=recorded, host=RecordedHost(H200_HOST))  # type: ignore[arg-type]
+    snaps = [feed.poll() for _ in recorded.samples]
+    snap = [s for s in snaps if s is not None][-1]
+    assert snap is not None and len(snap.gpus) == 1 and snap.gpus[0].name == "NVIDIA H200"
+    assert len(snap.history[0]) == len(recorded.samples), "every sample on the way to story 2's OOM"
+    assert [p.visibility for p in snap.processes] == ["not-visible"], "psutil was not told about pid 644"
+    opener = lambda: (None, "no NVIDIA driver: NVML Shared Library Not Found")  # noqa: E731
+    none = GpuFeed(host=RecordedHost(H200_HOST), opener=opener)  # type: ignore[arg-type]
     snap = none.poll()
     assert snap is not None and snap.gpus == () and snap.unavailable and "driver" in snap.unavailable
 
@@ -133,26 +151,21 @@ def test_host_probe_never_raises_on_strange_pids() -> None:
 def test_samples_are_compared_at_the_precision_shown() -> None:
     from shardtop.gpus import GpuProcessInfo, HostSample
     from shardtop.tui.watch.gpu_feed import as_shown
-    from tests.tui.recorded import gpus_at
 
-    a = gpus_at([3 * 2**30, 3 * 2**30])
-    b = gpus_at([3 * 2**30 + 4096, 3 * 2**30 - 4096])
-    for g in b:
-        g.power_w = (g.power_w or 0) - 0.3
+    recorded = nvml_samples()[-1]
+    jittered = [msgspec.structs.replace(g, used=g.used + 4096, power_w=(g.power_w or 0) - 0.3) for g in recorded]
     proc = GpuProcessInfo(1, (0,), 2**30, "own", "me", "python", 12.4, 2**29)
     host = HostSample(cpu_percent=12.4, cores=4, memory_used=2**33, memory_total=2**35)
     jitter = (
         GpuProcessInfo(1, (0,), 2**30 + 100, "own", "me", "python", 11.6, 2**29 + 100),
         HostSample(cpu_percent=11.8, cores=4, memory_used=2**33 + 4096, memory_total=2**35),
     )
-    assert as_shown(a, [proc], host) == as_shown(b, [jitter[0]], jitter[1])
-    shown = as_shown(gpus_at([int(3.84 * 2**30)]), [], host)[0][0]
-    assert abs(shown.used - 3.84 * 2**30) <= 2 * 2**20
+    assert as_shown(recorded, [proc], host) == as_shown(jittered, [jitter[0]], jitter[1])
+    shown = as_shown(recorded, [], host)[0][0]
+    assert abs(shown.used - recorded[0].used) <= 2 * 2**20
 
 
 def test_psutil_is_asked_once_a_second_unless_processes_change() -> None:
-    from tests.tui.recorded import RecordedGpus, gpus_at
-
     class Counting(RecordedHost):
         looks = 0
 
@@ -161,8 +174,9 @@ def test_psutil_is_asked_once_a_second_unless_processes_change() -> None:
             return super().describe(uses)
 
     clock = Clock()
-    one, two = gpus_at([2**30]), gpus_at([2**30, 2**30])
-    feed = GpuFeed(source=RecordedGpus([one, one, one, two]), host=Counting(HOST), clock=clock)  # type: ignore[arg-type]
+    eight = eight_h200s().samples[-1]
+    one, two = eight[:1], eight[:2]
+    feed = GpuFeed(source=RecordedGpus([one, one, one, two]), host=Counting(H200_HOST), clock=clock)  # type: ignore[arg-type]
     for _ in range(3):
         feed.poll()
         clock.now += 0.1

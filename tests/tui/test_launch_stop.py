@@ -16,7 +16,7 @@ from shardtop.tui.screens.launch_prompt import LaunchPrompt
 from shardtop.tui.screens.run_view import RunScreen
 from shardtop.tui.widgets.preset_list import PresetList
 from shardtop.tui.widgets.run_header import RunHeader
-from tests.tui.conftest import HOST, RecordedHost, h200_pair, wait_for
+from tests.tui.conftest import H200_HOST, RecordedHost, recorded_h200, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -34,7 +34,7 @@ def alive(pids: list[tuple[int, float | None]]) -> list[int]:
 
 async def test_launch_from_home_then_stop_with_confirmation(tmp_path: Path) -> None:
     root = tmp_path / "runs"
-    app = ShardtopApp(root, refresh=0.5, gpu_source=h200_pair(), host_probe=RecordedHost(HOST))  # type: ignore[arg-type]
+    app = ShardtopApp(root, refresh=0.5, gpu_source=recorded_h200(), host_probe=RecordedHost(H200_HOST))  # type: ignore[arg-type]
     run: RunDirectory | None = None
     try:
         async with app.run_test(size=(120, 40)) as pilot:

@@ -16,12 +16,12 @@ import shardtop.tui as tui
 for module in pkgutil.walk_packages(tui.__path__, "shardtop.tui."):
     importlib.import_module(module.name)
 from shardtop.tui.app import ShardtopApp
-from tests.tui.recorded import zero3_oom_run
+from tests.tui.recorded import copy_runs
 
 async def main():
     root = Path(tempfile.mkdtemp())
-    run = zero3_oom_run(root, n_layers=50, culprit=40)
-    for target in (None, str(run)):
+    runs = copy_runs(root, "h200/zero3-linear-fixed", "cpu-6ranks/zero3-linear")
+    for target in (None, *map(str, runs.values())):
         app = ShardtopApp(root, run=target)
         async with app.run_test(size=(100, 30)) as pilot:
             for _ in range(20):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+import msgspec
 import pytest
+from rich.console import Console
 from rich.style import Style
 
 from shardtop.config import ConfigError
@@ -14,44 +17,69 @@ from shardtop.gpus import GpuProcessInfo
 from shardtop.run_state import fold
 from shardtop.runs import RunDirectory
 from shardtop.tui.screens.launch_prompt import check_launch
-from shardtop.tui.tree_columns import fit, tree_columns
+from shardtop.tui.tree_columns import PARAMS, RANGE, RANK, cut, fit, tree_columns
 from shardtop.tui.watch.run_catalog import RankOwner
-from shardtop.tui.watch.run_feed import RunFeed
+from shardtop.tui.watch.run_feed import RunFeed, RunSnapshot
 from shardtop.tui.widgets.findings_list import concerning, findings_text
+from shardtop.tui.widgets.gpu_bar import gpu_line_parts
 from shardtop.tui.widgets.gpu_panel import owners_text
 from shardtop.tui.widgets.process_table import process_cells
-from shardtop.tui.widgets.rank_memory import device_index, rank_rows
+from shardtop.tui.widgets.oom_panel import culprit_words, no_module_words, oom_report, under_zero_init
+from shardtop.tui.widgets.rank_memory import device_index, memory_layout, rank_rows
 from shardtop.tui.widgets.run_header import header_info
-from tests.tui.recorded import PIDS, zero3_oom_run
+from tests.tui.recorded import TRAINER_PIDS, copy_runs, eight_h200s
+
+PIDS = TRAINER_PIDS[:2]
 
 
-def test_columns_keep_names_readable_and_fold_many_ranks() -> None:
-    wide = tree_columns(160, 2)
-    assert wide.ranks_shown == 2 and wide.state and wide.name >= 24
-    narrow = tree_columns(76, 2)
-    assert narrow.ranks_shown == 2 and narrow.name >= 24
-    six = tree_columns(76, 6)
-    assert six.ranks_shown == 0 and six.range > 0, "six ranks at 80 columns: one min…max column"
-    for cols, n in ((wide, 2), (narrow, 2)):
-        used = cols.name + cols.type + 1 + cols.params + 1 + (cols.state + 1 if cols.state else 0) + n * (cols.rank + 1)
-        assert used <= (160 if cols is wide else 76)
+def used_cells(cols: object, ranks: int) -> int:
+    c = cols
+    return (
+        c.name  # type: ignore[attr-defined]
+        + c.type + 1  # type: ignore[attr-defined]
+        + PARAMS + 1
+        + (c.state + 1 if c.state else 0)  # type: ignore[attr-defined]
+        + (c.device + 1 if c.device else 0)  # type: ignore[attr-defined]
+        + c.ranks_shown * (RANK + 1)  # type: ignore[attr-defined]
+        + (RANGE + 1 if c.range else 0)  # type: ignore[attr-defined]
+    )
 
 
-def test_fit_cuts_with_an_ellipsis_and_pads() -> None:
+@pytest.mark.parametrize(
+    ("width", "ranks", "state", "device", "shown"),
+    [
+        (94, 1, True, True, 1),  # 160 columns, the side panel beside the tree
+        (78, 1, True, True, 1),  # 80 columns, one rank: state and device stay
+        (78, 2, True, False, 2),  # two ranks: the device gives way first
+        (92, 6, True, False, 6),  # 160 columns, six ranks: a column each
+        (76, 6, True, False, 0),  # 80 columns with a scroll bar, six ranks: one min…max column
+    ],
+)
+def test_columns_keep_names_readable_then_fold_the_ranks(
+    width: int, ranks: int, state: bool, device: bool, shown: int
+) -> None:
+    cols = tree_columns(width, ranks)
+    assert cols.name >= 24 and bool(cols.state) is state and bool(cols.device) is device
+    assert cols.ranks_shown == shown and bool(cols.range) is (shown == 0)
+    assert used_cells(cols, ranks) == width
+
+
+def test_fit_and_cut_end_cut_text_with_an_ellipsis() -> None:
     plain = Style()
     assert "".join(s.text for s in fit([("abc", plain), ("defgh", plain)], 6, plain)) == "abcde…"
     assert "".join(s.text for s in fit([("ab", plain)], 4, plain)) == "ab  "
+    assert cut("SegmentationHandWrapped", 10) == "Segmentat…" and cut("Linear", 10) == "Linear    "
 
 
 def test_owners_and_process_cells_say_what_is_hidden() -> None:
-    owners = {PIDS[0]: RankOwner("20261129-122640-zero3-linear-0a0e", 0)}
-    assert owners_text([PIDS[0], 99], owners) == f"zero3-linear-0a0e r0 pid {PIDS[0]}, pid 99"
+    owners = {PIDS[0]: RankOwner("20261129-152050-zero3-linear-5c16", 0)}
+    assert owners_text([PIDS[0], 99], owners) == f"zero3-linear-5c16 r0 pid {PIDS[0]}, pid 99"
     ghost = process_cells(GpuProcessInfo(7, (0, 1), None, "not-visible"), {})
     assert ghost[2] == "0,1" and "not visible" in ghost[-1] and ghost[3] == "-"
     other = process_cells(GpuProcessInfo(8, (0,), 2**30, "other-user", "alice"), {})
     assert other[1] == "alice (other user)" and other[-1] == "(hidden: other user)"
     mine = process_cells(GpuProcessInfo(PIDS[0], (0,), 2**30, "own", "me", "python train.py", 99.4, 2**31), owners)
-    assert mine[4] == "99" and mine[6] == "zero3-linear-0a0e r0" and mine[-1] == "python train.py"
+    assert mine[4] == "99" and mine[6] == "zero3-linear-5c16 r0" and mine[-1] == "python train.py"
 
 
 def test_launch_check_resolves_or_says_what_is_wrong() -> None:
@@ -104,11 +132,75 @@ def test_rank_rows_match_nvml_by_pid_then_device() -> None:
     assert device_index("cuda:3") == 3 and device_index("cpu") is None
 
 
-def test_header_words_for_story_2(tmp_path: Path) -> None:
-    snap = RunFeed(RunDirectory(zero3_oom_run(tmp_path, n_layers=10, culprit=7))).poll()
+def story2_snapshot(tmp_path: Path, name: str = "h200/zero3-linear") -> RunSnapshot:
+    snap = RunFeed(RunDirectory(copy_runs(tmp_path, name)[name])).poll()
     assert snap is not None
+    return snap
+
+
+def test_header_words_for_story_2(tmp_path: Path) -> None:
+    snap = story2_snapshot(tmp_path)
     info = header_info(snap)
     assert (info.preset, info.engine, info.strategy) == ("zero3-linear", "zero3", "deepspeed_stage_3")
-    assert info.held == "held as plain at setup"
-    assert info.ranks == "2 ranks on gpu-box" and info.phase == "setup" and info.status == "failed (exit 1)"
-    assert info.ended is not None and info.started is not None and info.ended - info.started == 60
+    assert info.ranks == "1 rank on vm" and info.phase == "setup" and info.status == "failed (exit 1)"
+    assert info.ended is not None and info.started is not None and round(info.ended - info.started) == 76
+
+
+def test_the_memory_bar_ends_at_the_oom(tmp_path: Path) -> None:
+    """The last allocator sample said 14.1 GiB; the OOM, later, 15.0 GiB: the bar shows the OOM's."""
+    state = story2_snapshot(tmp_path).state
+    (row,) = rank_rows(state)
+    oom = state.ooms[0]
+    assert state.ranks[0].memory is not None and state.ranks[0].memory.allocated < oom.allocated  # type: ignore[operator]
+    assert (row.allocated, row.reserved, row.limit) == (oom.allocated, oom.reserved, oom.limit)
+    assert row.peak is not None and row.peak >= oom.reserved  # type: ignore[operator]
+    assert row.gpu is not None and row.gpu.used == oom.gpus[0].used, "NVML at the OOM"  # type: ignore[index]
+
+
+def test_memory_layout_by_width_and_ranks() -> None:
+    assert memory_layout(62, 6) == "wide"
+    assert [memory_layout(28, n) for n in (1, 2, 3, 4, 6)] == ["tall", "tall", "two-line", "two-line", "one-line"]
+
+
+def test_oom_words_without_a_module(tmp_path: Path) -> None:
+    """zero3-linear-fixed on the H200 ran out under zero.Init; the probe may name the type being built."""
+    recorded = story2_snapshot(tmp_path, "h200/zero3-linear-fixed").state.ooms[0]
+    assert recorded.module is None and under_zero_init(recorded)
+    assert culprit_words(recorded).plain == "not known: a module being built under deepspeed.zero.Init"
+    typed = msgspec.structs.replace(recorded, module_type="Linear", attributed_by="init-frame")
+    assert culprit_words(typed).plain == "not known: a Linear being built under deepspeed.zero.Init"
+    assert no_module_words(typed) == (
+        "The OOM names no module path: rank 0 ran out of memory in Init._partition_param, "
+        "with a Linear being built under deepspeed.zero.Init."
+    )
+    console = Console(width=100, record=True, file=io.StringIO(), color_system=None)
+    console.print(oom_report(typed, (), []))
+    words = " ".join(console.export_text().split())
+    assert "found by the type of the module being built under deepspeed.zero.Init" in words
+    phase_only = msgspec.structs.replace(recorded, engine_step=None, module_type=None, attributed_by="phase")
+    assert culprit_words(phase_only).plain == "not known"
+    assert no_module_words(phase_only).endswith("ran out of memory during setup.")
+
+
+def test_story1_tree_says_units_offloaded_on_cpu_and_stray_layers_whole_on_cuda(tmp_path: Path) -> None:
+    model = story2_snapshot(tmp_path, "h200/fsdp-not-sharding").model
+    assert model is not None
+    units = {model.paths[m] for m in model.unit_roots}
+    assert units == {"transformers1", "transformer_0", "transformer_1", "transformers_out"}
+    for path in units:
+        placed = model.placement(model.row_of(path))  # type: ignore[arg-type]
+        assert (placed.state, placed.device) == ("offloaded", "cpu"), path
+    for path in ("conv1", "bn1", "conv2", "bn2", "conv_out", "out_layer"):
+        placed = model.placement(model.row_of(path))  # type: ignore[arg-type]
+        assert (placed.state, placed.device) == ("unsharded", "cuda:0"), path
+    root = model.placement(0)
+    assert (root.state, root.device) == ("mixed", "cpu+cuda:0")
+    assert model.placement(model.row_of("relu")).state == "", "no parameters: nothing to say"  # type: ignore[arg-type]
+
+
+def test_gpu_lines_stay_one_line_with_long_names() -> None:
+    """At 80 columns a GPU's name is cut to 8 cells, so eight GPUs are eight lines."""
+    long = msgspec.structs.replace(eight_h200s().samples[-1][0], name="NVIDIA H200 NVL 141GB HBM3e")
+    narrow, wide = gpu_line_parts(long, 76), gpu_line_parts(long, 156)
+    assert narrow["name"] == "H200 NV…" and len(wide["name"]) == 14 and wide["name"].endswith("…")
+    assert narrow["memory"] == " 14.2/140G" and narrow["util"] == " 97%"

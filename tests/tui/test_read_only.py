@@ -10,7 +10,8 @@ from shardtop.tui.screens.home import ControlledHomeScreen, HomeScreen
 from shardtop.tui.screens.run_view import ControlledRunScreen, RunScreen
 from shardtop.tui.widgets.preset_list import PresetList
 from shardtop.tui.widgets.shard_tree import ShardTree
-from tests.tui.conftest import HOST, RecordedHost, h200_pair, wait_for
+from tests.tui.conftest import H200_HOST, RecordedHost, recorded_h200, wait_for
+from tests.tui.recorded import recorded_run
 
 CHANGING_ACTIONS = {"stop", "launch"}
 
@@ -24,7 +25,7 @@ def palette_titles(app: ShardtopApp) -> list[str]:
 
 
 async def test_read_only_home_has_no_launch_or_stop(recorded_root: Path) -> None:
-    app = ShardtopApp(recorded_root, read_only=True, gpu_source=h200_pair(), host_probe=RecordedHost(HOST))  # type: ignore[arg-type]
+    app = ShardtopApp(recorded_root, read_only=True, gpu_source=recorded_h200(), host_probe=RecordedHost(H200_HOST))  # type: ignore[arg-type]
     async with app.run_test(size=(120, 40)) as pilot:
         presets = app.screen.query_one(PresetList)
         await wait_for(pilot, lambda: presets.option_count > 0, what="the presets")
@@ -40,7 +41,7 @@ async def test_read_only_home_has_no_launch_or_stop(recorded_root: Path) -> None
 
 
 async def test_read_only_run_view_has_no_stop(recorded_root: Path) -> None:
-    app = ShardtopApp(recorded_root, run="zero3-linear-0a0e", read_only=True)
+    app = ShardtopApp(recorded_root, run=recorded_run("h200/zero3-linear").name, read_only=True)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(
             pilot,
@@ -55,7 +56,7 @@ async def test_read_only_run_view_has_no_stop(recorded_root: Path) -> None:
 
 
 async def test_without_read_only_the_actions_are_there(recorded_root: Path) -> None:
-    app = ShardtopApp(recorded_root, gpu_source=h200_pair(), host_probe=RecordedHost(HOST))  # type: ignore[arg-type]
+    app = ShardtopApp(recorded_root, gpu_source=recorded_h200(), host_probe=RecordedHost(H200_HOST))  # type: ignore[arg-type]
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         assert type(app.screen) is ControlledHomeScreen and CHANGING_ACTIONS <= actions(app)

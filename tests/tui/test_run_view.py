@@ -19,23 +19,29 @@ from shardtop.tui.screens.run_view import RunScreen
 from shardtop.tui.shard_model import Fold
 from shardtop.tui.widgets.module_details import ModuleDetails
 from shardtop.tui.widgets.oom_panel import OomPanel
+from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.run_header import RunHeader
 from shardtop.tui.widgets.run_list import RunList
 from shardtop.tui.widgets.shard_tree import ShardTree
-from tests.tui.conftest import HOST, RecordedHost, copy_fixture_runs, h200_pair, wait_for
+from tests.tui.conftest import H200_HOST, RecordedHost, recorded_h200, wait_for
+from tests.tui.recorded import recorded_run
 
-ZERO3 = "20261129-122640-zero3-linear-0a0e"
-FSDP2 = "20261129-122640-fsdp2-mlp-1b2c"
+ZERO3 = recorded_run("h200/zero3-linear").name
+"""Story 2 on the H200: 18 000 Linear, a real CUDA OOM in model.net.15330."""
+ZERO3_FIXED = recorded_run("h200/zero3-linear-fixed").name
+"""Story 2 fixed, on one H200: a real OOM under deepspeed.zero.Init, before any module tree."""
+FSDP2 = recorded_run("cpu/fsdp2-mlp").name
+CULPRIT = "model.net.15330"
 
 
-def app_for(root: Path, run: str | None = None, read_only: bool = False, size: str = "") -> ShardtopApp:
+def app_for(root: Path, run: str | None = None, read_only: bool = False) -> ShardtopApp:
     return ShardtopApp(
         root,
         run=run,
         read_only=read_only,
-        gpu_source=h200_pair(),  # type: ignore[arg-type]
-        host_probe=RecordedHost(HOST),
-    )  # type: ignore[arg-type]
+        gpu_source=recorded_h200(),  # type: ignore[arg-type]
+        host_probe=RecordedHost(H200_HOST),  # type: ignore[arg-type]
+    )
 
 
 def tree_of(app: ShardtopApp) -> ShardTree:
@@ -59,42 +65,44 @@ async def test_enter_on_a_run_opens_it(recorded_root: Path) -> None:
     app = app_for(recorded_root)
     async with app.run_test(size=(120, 40)) as pilot:
         runs = app.screen.query_one(RunList)
-        await wait_for(pilot, lambda: runs.row_count == 2, what="the run list")
+        await wait_for(pilot, lambda: runs.row_count == 3, what="the run list")
+        assert runs.selected() is not None and runs.selected().summary.id == ZERO3_FIXED, "newest first"  # type: ignore[union-attr]
         await pilot.press("down")
         row = runs.selected()
-        assert row is not None and row.summary.id == FSDP2
+        assert row is not None and row.summary.id == ZERO3
         await pilot.press("enter")
         await wait_for(
             pilot, lambda: isinstance(app.screen, RunScreen) and tree_of(app).model is not None, what="the run view"
         )
-        assert app.screen.run_dir.id == FSDP2  # type: ignore[attr-defined]
+        assert app.screen.run_dir.id == ZERO3  # type: ignore[attr-defined]
         header = app.screen.query_one(RunHeader).info
-        assert header is not None and header.status == "finished" and header.step == 3
+        assert header is not None and header.status == "failed (exit 1)" and header.phase == "setup"
         await pilot.press("escape")
         assert app.screen.query(RunList), "escape goes back to the home screen"
 
 
-async def test_fold_and_unfold_18000_style_siblings(recorded_root: Path) -> None:
+async def test_fold_and_unfold_18000_siblings(recorded_root: Path) -> None:
     app = app_for(recorded_root, run=ZERO3)
     async with app.run_test(size=(160, 48)) as pilot:
         tree = tree_of(app)
         await wait_for(pilot, lambda: tree.model is not None, what="the tree")
         await pilot.press("home")
         assert [selected_path(tree)] == [""]
-        # the OOM opened the fold; close it from the culprit's line with ←, then the fold line itself
-        assert len(tree.lines) == 3 + 4000
+        # the OOM opened the fold; close it from the last Linear with ←, then the fold line itself
+        assert len(tree.lines) == 4 + 18000, "model, model, net, the fold, and its 18000 Linear"
         await pilot.press("end", "left")
-        assert selected_path(tree) == "fold:0 … 3999"
+        assert selected_path(tree) == "fold:0 … 17999"
         await pilot.press("enter")
-        assert len(tree.lines) == 3, "the fold closed: model, net, 4000 × Linear"
+        assert len(tree.lines) == 4, "the fold closed"
         await pilot.press("enter")
-        assert len(tree.lines) == 3 + 4000
+        assert len(tree.lines) == 4 + 18000
         await pilot.press("down")
-        assert selected_path(tree) == "net.0"
+        assert selected_path(tree) == "model.net.0"
         await pilot.press("left", "left")
-        assert selected_path(tree) == "fold:0 … 3999" and len(tree.lines) == 3
+        assert selected_path(tree) == "fold:0 … 17999" and len(tree.lines) == 4
         await pilot.press("left")
-        assert selected_path(tree) == "net"
+        assert selected_path(tree) == "model.net"
+        assert tree.border_title == "Shard tree · model.net", "the title says where the cursor is"
 
 
 async def test_search_finds_and_steps_through_modules(recorded_root: Path) -> None:
@@ -103,13 +111,13 @@ async def test_search_finds_and_steps_through_modules(recorded_root: Path) -> No
         tree = tree_of(app)
         await wait_for(pilot, lambda: tree.model is not None, what="the tree")
         await pilot.press("slash", *"net.12", "enter")
-        assert tree.match_count == 1 + 10 + 100, "net.12, net.120…129, net.1200…1299"
-        assert selected_path(tree) == "net.12"
+        assert tree.match_count == 1 + 10 + 100 + 1000, "net.12, net.120…129, net.1200…1299, net.12000…12999"
+        assert selected_path(tree) == "model.net.12"
         assert tree.has_focus, "Enter hands the keys back to the tree"
         await pilot.press("n")
-        assert selected_path(tree) == "net.120"
+        assert selected_path(tree) == "model.net.120"
         await pilot.press("N", "N")
-        assert selected_path(tree).startswith("net.12")
+        assert selected_path(tree).startswith("model.net.12")
         await pilot.press("slash", "escape")
         assert tree.has_focus
 
@@ -120,7 +128,7 @@ async def test_oom_opens_the_tree_at_the_culprit_and_o_jumps_back(recorded_root:
         tree = tree_of(app)
         await wait_for(pilot, lambda: tree.model is not None, what="the tree")
         await pilot.pause()
-        assert selected_path(tree) == "net.3406"
+        assert selected_path(tree) == CULPRIT
         tabs = app.screen.query_one(TabbedContent)
         assert tabs.active == "oom"
         panel = app.screen.query_one(OomPanel)
@@ -128,29 +136,55 @@ async def test_oom_opens_the_tree_at_the_culprit_and_o_jumps_back(recorded_root:
         report = text_of(panel.query_one("#oom-text", Static))
         for words in (
             "OUT OF MEMORY",
-            "net.3406",
+            f"{CULPRIT} (Linear)",
             "DeepSpeedEngine._configure_distributed_model",
-            "1 MiB",
+            "2 MiB",
             "GPU0",
-            "GPU1",
-            "rank 1 in net.3406",
+            "CUDA out of memory. Tried to allocate 2.00 MiB",
         ):
             assert words in report, words
         snapshot = app.screen.snapshot  # type: ignore[attr-defined]
         explained = [f for f in snapshot.findings if f.severity == "error"]
         assert explained and "Why" in report and explained[0].title in " ".join(report.split())
+        ranks = app.screen.query_one(RankMemory)
+        assert ranks.rows[0].oom and ranks.rows[0].allocated == panel.oom.allocated, "the bar ends at the OOM"
         await pilot.press("home", "m")
         assert selected_path(tree) == "" and tabs.active == "module"
         await pilot.press("o")
-        assert selected_path(tree) == "net.3406" and tabs.active == "oom"
+        assert selected_path(tree) == CULPRIT and tabs.active == "oom"
         details = text_of(app.screen.query_one(ModuleDetails).query_one("#details-text", Static))
-        assert "net.3406" in details
+        assert CULPRIT in details and "✗ OOM" in details
 
 
-async def test_details_of_a_real_fsdp2_module(tmp_path: Path) -> None:
-    runs = copy_fixture_runs(tmp_path / "runs")
-    assert runs, "the recorded fixture runs are missing"
-    app = app_for(tmp_path / "runs", run=str(runs[0]))
+async def test_an_oom_under_zero_init_says_what_was_built_without_a_tree(recorded_root: Path) -> None:
+    said: list[str] = []
+
+    class Listening(ShardtopApp):
+        def notify(self, message: str, **kwargs: object) -> None:  # type: ignore[override]
+            said.append(message)
+            super().notify(message, **kwargs)  # type: ignore[arg-type]
+
+    host = RecordedHost(H200_HOST)
+    app = Listening(recorded_root, run=ZERO3_FIXED, gpu_source=recorded_h200(), host_probe=host)  # type: ignore[arg-type]
+    async with app.run_test(size=(160, 48)) as pilot:
+        screen = app.screen
+        await wait_for(pilot, lambda: getattr(screen, "snapshot", None) is not None, what="the run")
+        await pilot.pause()
+        tree = tree_of(app)
+        assert tree.model is None and screen.has_class("-treeless"), "no tree: the OOM gets the room"
+        assert "deepspeed.zero.Init" in tree.empty_words
+        tabs = screen.query_one(TabbedContent)
+        assert tabs.active == "oom"
+        report = " ".join(text_of(screen.query_one(OomPanel).query_one("#oom-text", Static)).split())
+        assert "module not known: a module being built under deepspeed.zero.Init" in report
+        assert "engine step Init._partition_param" in report
+        await pilot.press("m", "o")
+        assert tabs.active == "oom"
+        assert any("names no module path" in m and "Init._partition_param" in m for m in said), said
+
+
+async def test_details_of_a_real_fsdp2_module(recorded_root: Path) -> None:
+    app = app_for(recorded_root, run=FSDP2)
     async with app.run_test(size=(160, 48)) as pilot:
         tree = tree_of(app)
         await wait_for(pilot, lambda: tree.model is not None, what="the tree")
@@ -238,11 +272,11 @@ async def test_mouse_click_opens_a_module_and_selects_a_line(recorded_root: Path
     async with app.run_test(size=(120, 40)) as pilot:
         tree = tree_of(app)
         await wait_for(pilot, lambda: tree.model is not None, what="the tree")
-        assert [selected_path(tree)] and len(tree.lines) == 3  # model, layers, head
-        # inside the border: row 0 is the column header, then model, layers; "▶" sits after the "├─" guide
-        await pilot.click(ShardTree, offset=(3, 3))
-        assert selected_path(tree) == "layers" and len(tree.lines) == 4, "layers opened: one fold of 8 Linear"
-        await pilot.click(ShardTree, offset=(10, 4))
+        assert len(tree.lines) == 5, "the model, its one child, and that child's embed, blocks, head"
+        # offsets count the border: content row 0 is the column header, then the lines; "▶" after the "  ├─" guide
+        await pilot.click(ShardTree, offset=(5, 5))
+        assert selected_path(tree) == "model.blocks" and len(tree.lines) == 6, "blocks opened: one fold of 8 Block"
+        await pilot.click(ShardTree, offset=(12, 6))
         assert selected_path(tree) == "fold:0 … 7"
 
 
@@ -253,6 +287,6 @@ async def test_report_key_with_the_real_report(recorded_root: Path) -> None:
         await pilot.press("r")
         await wait_for(pilot, lambda: isinstance(app.screen, ReportScreen), timeout=20, what="the report")
         saved = (recorded_root / ZERO3 / "report.md").read_text()
-        assert saved.startswith("# shardtop report") and "net.3406" in saved
+        assert saved.startswith("# shardtop report") and "net.15330" in saved
         await pilot.press("escape")
         assert isinstance(app.screen, RunScreen)

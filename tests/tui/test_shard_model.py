@@ -17,7 +17,28 @@ from shardtop.tui.shard_model import (
     translate_expanded,
     visible_lines,
 )
-from tests.tui.recorded import linear_stack_tree
+from shardtop.events import read_all
+from shardtop.run_state import fold
+from tests.tui.recorded import recorded_run
+
+
+def recorded_model(name: str) -> ShardModel:
+    """The shard model of a recorded run, as the run view builds it."""
+    events, _skipped = read_all(recorded_run(name) / "events")
+    state = fold(events)
+    assert state.tree is not None
+    shards = {r.rank: r.shards for r in state.ranks.values() if r.shards is not None}
+    return ShardModel.build(state.tree, shards, paths=state.paths)
+
+
+def story2() -> ShardModel:
+    """Story 2 on the H200: 18 000 Linear(512, 512) in model.net, held whole on cpu at set-up."""
+    return recorded_model("h200/zero3-linear")
+
+
+def six_ranks() -> ShardModel:
+    """Story 2 on 6 CPU ranks: 96 Linear in net, each partitioned over the 6 ranks."""
+    return recorded_model("cpu-6ranks/zero3-linear")
 
 
 def shards_for(tree: Tree, rank: int, divide: int = 1) -> Shards:
@@ -35,11 +56,6 @@ def shards_for(tree: Tree, rank: int, divide: int = 1) -> Shards:
         units=[Unit(module=1, kind="zero3", numel=100, local_numel=50)],
         rank=rank,
     )
-
-
-def story2(n_layers: int = 18000) -> ShardModel:
-    tree = linear_stack_tree(n_layers)
-    return ShardModel.build(tree, {0: shards_for(tree, 0, 2), 1: shards_for(tree, 1, 2)})
 
 
 def test_subtree_sums_follow_parents() -> None:
@@ -61,24 +77,26 @@ def test_story2_folds_18000_linear_into_one_line() -> None:
     lines = visible_lines(model, default_expanded(model))
     assert [model.paths[ln.node] if isinstance(ln.node, int) else model.fold_label(ln.node) for ln in lines] == [
         "",
-        "net",
+        "model",
+        "model.net",
         "0 … 17999",
     ]
-    fold = lines[2].node
+    fold = lines[3].node
     assert isinstance(fold, Fold) and fold.count == 18000
     per = 512 * 512 + 512
     assert model.node_params(fold) == 18000 * per
-    assert model.node_bytes(fold, 0) == 18000 * per * 4 // 2
-    assert model.node_bytes(0, 1) == model.node_bytes(fold, 1)
+    assert model.node_bytes(fold, 0) == 18000 * per * 4, "one rank, fp32, whole"
+    assert model.node_bytes(0, 0) == model.node_bytes(fold, 0)
     opened = visible_lines(model, default_expanded(model) | {fold})
-    assert len(opened) == 3 + 18000
-    assert opened[3].guide == "    ├─" and opened[-1].guide == "    └─"
+    assert len(opened) == 4 + 18000
+    assert opened[4].guide == "      ├─" and opened[-1].guide == "      └─"
 
 
 def test_lines_below_and_subtree_end_splice_like_a_rebuild() -> None:
-    model = story2(10)
+    model = six_ranks()
     expanded = default_expanded(model)
     lines = visible_lines(model, expanded)
+    assert len(lines) == 3, "model, net, 96 × Linear"
     expanded.add(lines[2].node)
     opened_fold = visible_lines(model, expanded)[2]
     spliced = lines[:2] + [opened_fold] + lines_below(model, opened_fold, expanded)
@@ -90,35 +108,39 @@ def test_lines_below_and_subtree_end_splice_like_a_rebuild() -> None:
 
 def test_reveal_opens_ancestors_and_the_fold_holding_the_module() -> None:
     model = story2()
-    row = model.row_of("net.1234")
+    row = model.row_of("model.net.15330")
     assert row is not None
     opened = model.reveal(row)
     fold = model.fold_containing(row)
-    assert fold is not None and fold in opened and 0 in opened and 1 in opened
+    assert fold is not None and fold in opened and {0, 1, 2} <= set(opened)
     lines = visible_lines(model, set(opened))
     assert any(line.node == row for line in lines)
-    assert oom_marks(model, "net.1234") == frozenset([row, 0, 1, fold])
+    assert oom_marks(model, "model.net.15330") == frozenset([row, 0, 1, 2, fold])
     assert oom_marks(model, "no.such.module") == frozenset()
 
 
 def test_search_is_case_insensitive_on_paths() -> None:
-    model = story2(30)
+    model = six_ranks()
     assert [model.paths[r] for r in model.search("NET.2")] == ["net.2", *(f"net.{i}" for i in range(20, 30))]
     assert model.search("  ") == []
 
 
-def test_rank_cells_and_units() -> None:
-    model = story2(8)
+def test_rank_cells_and_units_of_six_ranks() -> None:
+    model = six_ranks()
+    assert model.ranks == (0, 1, 2, 3, 4, 5)
     row = model.row_of("net.3")
     assert row is not None
     cells = model.rank_cells(row)
-    assert [(c.rank, c.device, c.state) for c in cells] == [(0, "cuda:0", "partitioned"), (1, "cuda:1", "partitioned")]
-    assert cells[0].own_bytes == (512 * 512 + 512) * 4 // 2
-    assert 1 in model.unit_roots
+    assert [(c.rank, c.device, c.state) for c in cells] == [(r, "cpu", "sharded") for r in range(6)]
+    full = model.node_full_bytes(row)
+    assert all(abs(c.own_bytes - full / 6) < full / 1000 for c in cells), "1/6 each, give or take padding"
+    assert 0 in model.unit_roots and model.unit_roots[0].kind == "zero3"
+    placed = model.placement(0)
+    assert (placed.state, placed.device) == ("sharded", "cpu")
 
 
 def test_shards_of_another_tree_or_length_are_ignored() -> None:
-    tree = linear_stack_tree(5)
+    tree = story2().tree
     stale = shards_for(tree, 1)
     stale.tree_id = 7
     short = shards_for(tree, 2)
@@ -127,13 +149,23 @@ def test_shards_of_another_tree_or_length_are_ignored() -> None:
     assert model.ranks == (0,)
 
 
+def test_ranks_on_their_own_gpu_hold_a_module_on_cuda() -> None:
+    tree = six_ranks().tree
+    model = ShardModel.build(tree, {0: shards_for(tree, 0), 1: shards_for(tree, 1)})
+    assert model.placement(0).device == "cuda", "cuda:0 on rank 0, cuda:1 on rank 1"
+    alone = ShardModel.build(tree, {0: shards_for(tree, 0)})
+    assert alone.placement(0).device == "cuda:0"
+
+
 def test_expanded_survives_a_new_tree_by_path() -> None:
-    old = story2(10)
+    old = six_ranks()
     fold = old.fold_containing(old.row_of("net.4") or 0)
     assert fold is not None
-    bigger = story2(12)
-    kept = translate_expanded(old, bigger, {0, 1, fold})
-    assert kept == {0, 1, bigger.fold_containing(bigger.row_of("net.4") or 0)}
+    new = recorded_model("cpu-6ranks/zero3-linear-fixed")  # the same model, another run: other Tree objects
+    assert new.tree is not old.tree
+    kept = translate_expanded(old, new, {0, 1, fold})
+    assert kept == {0, new.row_of("net"), new.fold_containing(new.row_of("net.4") or 0)}
+    assert translate_expanded(old, story2(), {1}) == set(), "net is model.net there: not the same module"
 
 
 def test_100k_modules_build_and_show_fast() -> None:

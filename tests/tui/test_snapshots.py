@@ -1,10 +1,13 @@
-"""What the user sees, at 80×24 (SSH) and 160×48, replaying recorded runs.
+"""What the user sees, at 80×24 (SSH) and 160×48, replaying real recorded runs.
 
-Deterministic: recorded NVML and psutil answers, finished runs (their elapsed
-time ends with them), one GPU sample (a refresh longer than the test), UTC,
-and paths shown relative to the working directory.  Update after a deliberate
-change with ``pytest tests/tui/test_snapshots.py --snapshot-update`` and look
-at the report before committing.
+The runs are the H200 and 6-rank CPU recordings (``tests/fixtures/runs/``), read
+and diagnosed live, as a user would see them.  Deterministic: the recordings are
+fixed data; NVML's and psutil's answers are recorded; the runs are finished (their
+elapsed time ends with them); one GPU sample (a refresh longer than the test);
+the clock, the time zone (UTC) and the working directory (paths are shown
+relative to it) are frozen.  Update after a deliberate change with
+``pytest tests/tui/test_snapshots.py --snapshot-update`` and look at the report
+before committing.
 """
 
 from __future__ import annotations
@@ -20,8 +23,17 @@ from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.home import HomeScreen
 from shardtop.tui.widgets.run_header import RunHeader
 from shardtop.tui.widgets.shard_tree import ShardTree
-from tests.tui.conftest import HOST, RecordedHost, copy_fixture_runs, h200_pair, h200_processes, wait_for
-from tests.tui.recorded import recorded_diagnosis
+from tests.tui.conftest import settled, wait_for
+from tests.tui.recorded import (
+    ALL_RUNS,
+    EIGHT_GPU_HOST,
+    H200_HOST,
+    RecordedHost,
+    copy_runs,
+    eight_h200_processes,
+    eight_h200s,
+    recorded_h200,
+)
 
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 48), id="160x48")]
 HOUR = 3600.0
@@ -29,20 +41,18 @@ HOUR = 3600.0
 
 
 def frozen_clock() -> float:
-    return 1795960000.0 + 600
+    return 1795966800.0
 
 
-def app(root: Path, run: str | None = None, gpus: bool = True) -> ShardtopApp:
-    host = RecordedHost(HOST, h200_processes() if gpus else {})
+def run_app(root: Path, run: Path) -> ShardtopApp:
     return ShardtopApp(
         root,
-        run=run,
+        run=str(run),
         refresh=HOUR,
-        findings=recorded_diagnosis,
-        gpu_source=h200_pair() if gpus else None,  # type: ignore[arg-type]
-        host_probe=host,
+        gpu_source=recorded_h200(),  # type: ignore[arg-type]
+        host_probe=RecordedHost(H200_HOST),  # type: ignore[arg-type]
         clock=frozen_clock,
-    )  # type: ignore[arg-type]
+    )
 
 
 def home_ready() -> Callable[[Any], Any]:
@@ -53,6 +63,7 @@ def home_ready() -> Callable[[Any], Any]:
             lambda: isinstance(screen, HomeScreen) and screen.gpus is not None and screen.runs is not None,
             what="the home screen's first data",
         )
+        await settled(pilot)
 
     return run_before
 
@@ -63,13 +74,14 @@ def run_ready(*keys: str) -> Callable[[Any], Any]:
             pilot,
             lambda: (
                 pilot.app.screen.query(ShardTree)
-                and pilot.app.screen.query_one(ShardTree).model is not None
                 and pilot.app.screen.query_one(RunHeader).info is not None
+                and pilot.app.screen.snapshot is not None
             ),
             what="the run view",
         )
+        await settled(pilot)
         await pilot.press(*keys)
-        await pilot.pause()
+        await settled(pilot)
 
     return run_before
 
@@ -80,9 +92,25 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+@pytest.fixture
+def every_run(in_tmp: Path) -> Path:
+    """A runs root with every recording: the run list of the home view."""
+    root = in_tmp / "runs"
+    copy_runs(root, *ALL_RUNS)
+    return root
+
+
 @pytest.mark.parametrize("size", SIZES)
-def test_home_with_gpus(snap_compare: Any, recorded_root: Path, in_tmp: Path, size: tuple[int, int]) -> None:
-    assert snap_compare(app(recorded_root), terminal_size=size, run_before=home_ready())
+def test_home_with_eight_gpus(snap_compare: Any, every_run: Path, size: tuple[int, int]) -> None:
+    """Six H200s busy with one rank each, one idle, one another user's: one line each, also at 80×24."""
+    app = ShardtopApp(
+        every_run,
+        refresh=HOUR,
+        gpu_source=eight_h200s(),  # type: ignore[arg-type]
+        host_probe=RecordedHost(EIGHT_GPU_HOST, eight_h200_processes()),  # type: ignore[arg-type]
+        clock=frozen_clock,
+    )
+    assert snap_compare(app, terminal_size=size, run_before=home_ready())
 
 
 class NoDriver:
@@ -93,10 +121,10 @@ class NoDriver:
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_home_without_a_driver(snap_compare: Any, recorded_root: Path, in_tmp: Path, size: tuple[int, int]) -> None:
+def test_home_without_a_driver(snap_compare: Any, every_run: Path, size: tuple[int, int]) -> None:
     host = RecordedHost(HostSample(cpu_percent=3.0, cores=8, memory_used=6 * 2**30, memory_total=31 * 2**30))
     laptop = ShardtopApp(
-        recorded_root,
+        every_run,
         refresh=HOUR,
         gpu_source=NoDriver(),
         host_probe=host,  # type: ignore[arg-type]
@@ -106,31 +134,52 @@ def test_home_without_a_driver(snap_compare: Any, recorded_root: Path, in_tmp: P
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_run_view_at_the_oom(snap_compare: Any, recorded_root: Path, in_tmp: Path, size: tuple[int, int]) -> None:
-    assert snap_compare(app(recorded_root, run="zero3-linear-0a0e"), terminal_size=size, run_before=run_ready())
+def test_run_view_at_the_oom(snap_compare: Any, in_tmp: Path, size: tuple[int, int]) -> None:
+    """Story 2 on the H200: the tree opened at model.net.15330, the OOM tab with the live diagnosis."""
+    runs = copy_runs(in_tmp / "runs", "h200/zero3-linear")
+    app = run_app(in_tmp / "runs", runs["h200/zero3-linear"])
+    assert snap_compare(app, terminal_size=size, run_before=run_ready())
+
+
+def test_run_view_at_the_oom_without_colour(snap_compare: Any, in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NO_COLOR: the OOM still reads as ✗ OOM, the bars as █ ▒ ░, the statuses as words."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    runs = copy_runs(in_tmp / "runs", "h200/zero3-linear")
+    app = run_app(in_tmp / "runs", runs["h200/zero3-linear"])
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_ready())
+
+
+def test_run_view_search_and_log(snap_compare: Any, in_tmp: Path) -> None:
+    runs = copy_runs(in_tmp / "runs", "h200/zero3-linear")
+    app = run_app(in_tmp / "runs", runs["h200/zero3-linear"])
+    keys = ("slash", *"net.12", "enter", "n", "l")
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_ready(*keys))
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_run_view_of_a_real_fsdp2_run(snap_compare: Any, in_tmp: Path, size: tuple[int, int]) -> None:
-    runs = copy_fixture_runs(in_tmp / "runs")
-    assert snap_compare(
-        app(in_tmp / "runs", run=str(runs[0])),
-        terminal_size=size,
-        run_before=run_ready("down", "down", "enter", "down", "m"),
-    )
+def test_run_view_of_an_oom_under_zero_init(snap_compare: Any, in_tmp: Path, size: tuple[int, int]) -> None:
+    """Story 2 fixed, on one H200: no module tree ever came, the OOM names no module, the findings say why."""
+    runs = copy_runs(in_tmp / "runs", "h200/zero3-linear-fixed")
+    app = run_app(in_tmp / "runs", runs["h200/zero3-linear-fixed"])
+    assert snap_compare(app, terminal_size=size, run_before=run_ready())
 
 
-def test_run_view_search_and_open_fold(snap_compare: Any, recorded_root: Path, in_tmp: Path) -> None:
-    assert snap_compare(
-        app(recorded_root, run="zero3-linear-0a0e"),
-        terminal_size=(80, 24),
-        run_before=run_ready("slash", *"net.12", "enter", "n", "l"),
-    )
+@pytest.mark.parametrize("size", SIZES)
+def test_run_view_of_six_ranks(snap_compare: Any, in_tmp: Path, size: tuple[int, int]) -> None:
+    """Story 2 on 6 CPU ranks: a column and a memory bar per rank, or the columns folded at 80×24."""
+    runs = copy_runs(in_tmp / "runs", "cpu-6ranks/zero3-linear")
+    app = run_app(in_tmp / "runs", runs["cpu-6ranks/zero3-linear"])
+    assert snap_compare(app, terminal_size=size, run_before=run_ready("down", "down", "enter", "down"))
 
 
-def test_run_view_at_the_oom_without_colour(
-    snap_compare: Any, recorded_root: Path, in_tmp: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """NO_COLOR: the OOM still reads as ✗ OOM, the bars as █ ▒ ░, the statuses as words."""
-    monkeypatch.setenv("NO_COLOR", "1")
-    assert snap_compare(app(recorded_root, run="zero3-linear-0a0e"), terminal_size=(80, 24), run_before=run_ready())
+def test_run_view_of_fsdp_not_sharding(snap_compare: Any, in_tmp: Path) -> None:
+    """Story 1 on the H200: the four hand-wrapped units offloaded on cpu, the stray layers whole on cuda:0."""
+    runs = copy_runs(in_tmp / "runs", "h200/fsdp-not-sharding")
+    app = run_app(in_tmp / "runs", runs["h200/fsdp-not-sharding"])
+    assert snap_compare(app, terminal_size=(160, 48), run_before=run_ready("down", "m"))
+
+
+def test_run_view_of_a_real_fsdp2_run(snap_compare: Any, in_tmp: Path) -> None:
+    runs = copy_runs(in_tmp / "runs", "cpu/fsdp2-mlp")
+    app = run_app(in_tmp / "runs", runs["cpu/fsdp2-mlp"])
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_ready("down", "down", "down", "enter", "m"))

@@ -37,6 +37,8 @@ from shardtop.tui.widgets.process_table import ProcessTable
 from shardtop.tui.widgets.run_list import RunList
 
 NARROW_WIDTH = 100
+SHORT_HEIGHT = 32
+"""Below this many lines the process table and the run list give up lines to the GPUs (8 GPUs at 80×24)."""
 RUNS_EVERY = 2.0
 """Seconds between looks at the runs directory (GPUs follow the refresh setting)."""
 
@@ -112,6 +114,7 @@ class HomeScreen(Screen[None]):
 
     def on_resize(self, event: object) -> None:
         self.set_class(self.size.width < NARROW_WIDTH, "-narrow")
+        self.set_class(self.size.height < SHORT_HEIGHT, "-short")
 
     def action_focus_panel(self, widget_id: str) -> None:
         self.query_one(f"#{widget_id}").focus()

@@ -22,6 +22,7 @@ from textual.widgets import Footer, Input, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
 from shardtop.diagnose import diagnose
+from shardtop.events import Oom
 from shardtop.runs import RunDirectory
 from shardtop.tui.screens.confirm import ConfirmScreen
 from shardtop.tui.screens.report_view import ReportScreen, render_markdown, save_report
@@ -30,7 +31,7 @@ from shardtop.tui.watch.run_feed import Diagnosis, RunFeed, RunSnapshot
 from shardtop.tui.widgets.findings_list import FindingsList
 from shardtop.tui.widgets.log_pane import LogPane
 from shardtop.tui.widgets.module_details import ModuleDetails
-from shardtop.tui.widgets.oom_panel import OomPanel
+from shardtop.tui.widgets.oom_panel import OomPanel, no_module_words, under_zero_init
 from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.run_header import RunHeader
 from shardtop.tui.widgets.search_bar import SearchBar
@@ -41,6 +42,27 @@ NARROW_WIDTH = 120
 EVENT_TICK = 0.25
 """How often new events are looked for; what is urgent (an OOM) is shown at once."""
 STOP_GRACE = 10.0
+
+
+def first_oom(snap: RunSnapshot) -> Oom | None:
+    """The OOM that came first: the others often follow from it (a collective waiting on the dead rank)."""
+    ooms = snap.state.ooms
+    return min(ooms, key=lambda o: o.t) if ooms else None
+
+
+def empty_tree_words(snap: RunSnapshot) -> str:
+    """What the tree says while there is none: waiting, or why there never will be."""
+    oom = first_oom(snap)
+    if oom is not None and under_zero_init(oom):
+        return (
+            f"No module tree: rank {oom.rank} ran out of memory while deepspeed.zero.Init was building the model. "
+            "The OOM tab says what was being built."
+        )
+    if oom is not None:
+        return f"No module tree: rank {oom.rank} ran out of memory before the model was read. See the OOM tab."
+    if not snap.live:
+        return "No module tree: the run ended before its model was built."
+    return "No module tree yet: the ranks send it once the model is built."
 
 
 def oom_module(snap: RunSnapshot) -> str | None:
@@ -148,6 +170,9 @@ class RunScreen(Screen[None]):
         with self.app.batch_update():
             self.query_one(RunHeader).show(snap)
             self.query_one(RankMemory).show(snap.state)
+            tree.empty_words = empty_tree_words(snap)
+            # a run that ended before its model existed never gets a tree: give its space to the OOM
+            self.set_class(snap.model is None and not snap.live, "-treeless")
             tree.set_model(snap.model, oom_path)
             self.query_one(OomPanel).show(snap.state.ooms, snap.findings)
             self.query_one(FindingsList).show(snap.findings)
@@ -170,7 +195,8 @@ class RunScreen(Screen[None]):
     def _show_details(self, node: Node | None) -> None:
         snap = self.snapshot
         if snap is not None:
-            self.query_one(ModuleDetails).show(snap.model, node, snap.findings, oom_module(snap))
+            details = self.query_one(ModuleDetails)
+            details.show(snap.model, node, snap.findings, oom_module(snap), empty=empty_tree_words(snap))
 
     # -- actions -------------------------------------------------------------------
 
@@ -192,9 +218,9 @@ class RunScreen(Screen[None]):
         if tree.jump_to_oom():
             self.query_one(TabbedContent).active = "oom"
             tree.focus()
-        elif self.snapshot is not None and self.snapshot.state.ooms:
+        elif self.snapshot is not None and (oom := first_oom(self.snapshot)) is not None:
             self.query_one(TabbedContent).active = "oom"
-            self.notify("The OOM names no module (only the phase is known); see the OOM tab.")
+            self.notify(no_module_words(oom))
         else:
             self.notify("No rank of this run has run out of memory.")
 

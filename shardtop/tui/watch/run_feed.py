@@ -24,7 +24,7 @@ from shardtop.tui.shard_model import ShardModel
 from shardtop.tui.watch.log_tail import LogTail
 
 Diagnosis = Callable[[RunState], Sequence[Finding]]
-"""``diagnose``, or (in snapshot tests) a recorded diagnosis, so wording changes there do not move pictures here."""
+"""``diagnose``, or a stand-in where a test needs the diagnosis to fail."""
 
 DIAGNOSE_EVERY = 5.0
 """Seconds between diagnoses while only memory and steps change (structure changes diagnose at once)."""

@@ -65,6 +65,8 @@ class GpuBar(Widget):
     """Memory over time as drawn (16 cells); compared as drawn, so a longer history alone repaints nothing."""
     owners: reactive[str] = reactive("")
     """Which run/rank/pid is on this GPU, in words."""
+    owner_room: reactive[int] = reactive(0)
+    """Cells the panel keeps for the owners on every line (the longest), so that bars and figures line up."""
 
     def render(self) -> Text:
         gpu = self.gpu
@@ -77,7 +79,7 @@ class GpuBar(Widget):
         frac = fraction(gpu.used, gpu.total)
         wide = width >= 100
         fixed = 3 + len(parts["name"]) + 1 + len(parts["memory"]) + 2 + 5 + (6 + 7 + 22 if wide else 0)
-        owner_width = max(0, min(40, width - fixed - 12)) if self.owners else 0
+        owner_width = max(0, min(40, self.owner_room, width - fixed - 12))
         bar_width = max(8, min(48, width - fixed - owner_width - 2))
         filled, empty = bar(frac, bar_width)
         used_style = self.get_component_rich_style("gpu-bar--high" if frac >= HIGH else "gpu-bar--used")

@@ -55,6 +55,8 @@ class GpuPanel(Vertical):
             self._notice.remove()
             self._notice = None
         seen = set()
+        words = {gpu.index: owners_text(gpu.pids, owners) for gpu in snapshot.gpus}
+        room = max((len(w) for w in words.values()), default=0)
         for gpu in snapshot.gpus:
             key = f"gpu-{gpu.index}"
             seen.add(key)
@@ -66,7 +68,8 @@ class GpuPanel(Vertical):
                 self.mount(gpu_bar)
             gpu_bar.gpu = gpu
             gpu_bar.spark = memory_spark(snapshot.history.get(gpu.index, ()), gpu.total)
-            gpu_bar.owners = owners_text(gpu.pids, owners)
+            gpu_bar.owners = words[gpu.index]
+            gpu_bar.owner_room = room
         for gpu_bar in self.query(GpuBar):
             if gpu_bar.id not in seen:
                 gpu_bar.remove()

@@ -37,7 +37,7 @@ def details_text(model: ShardModel, node: Node, findings: tuple[Finding, ...], o
     """The details pane's content for ``node``."""
     grid = Table.grid(padding=(0, 1))
     grid.add_column(style="bold", no_wrap=True)
-    grid.add_column()
+    grid.add_column(overflow="fold")  # code in a fix (`FSDPStrategy(auto_wrap_policy=...)`) breaks, never vanishes
     if isinstance(node, Fold):
         members = model.members(node)
         first = members[0]
@@ -60,13 +60,23 @@ def details_text(model: ShardModel, node: Node, findings: tuple[Finding, ...], o
         f"{params:,} ({format_bytes(full)} unsharded)"
         + (f"; {own:,} its own" if own is not None and own != params else ""),
     )
-    if model.ranks:
-        per_rank = Table("rank", "holds", "own", "device", "state", box=None, padding=(0, 1), show_edge=False)
+    placed = model.placement(node)
+    if placed.states and (isinstance(node, Fold) or own != params):
+        where = f"{', '.join(placed.states)} on {', '.join(placed.devices)}"
+        grid.add_row("held", where + (f" (rank {model.ranks[0]})" if len(model.ranks) > 1 else ""))
+    if model.ranks and (isinstance(node, Fold) or not own):
+        # a container: what each rank holds of it is all there is to say per rank
+        held = [f"r{r} {short_bytes(model.node_bytes(node, r))}" for r in model.ranks]
+        grid.add_row("per rank", " · ".join(held))
+        seen = {unit_words(cell.unit, model) for cell in model.rank_cells(row)}
+        words = seen.pop() if len(seen) == 1 else "differs between ranks"
+        grid.add_row("unit", words if words != "-" else Text("in no sharding unit", style="italic"))
+    elif model.ranks:
+        per_rank = Table("rank", "holds", "device", "state", box=None, padding=(0, 1), show_edge=False)
         units: dict[str, list[str]] = {}
         for cell in model.rank_cells(row):
-            held = model.node_bytes(node, cell.rank)
-            own_bytes = "-" if isinstance(node, Fold) else short_bytes(cell.own_bytes)
-            per_rank.add_row(f"r{cell.rank}", short_bytes(held), own_bytes, cell.device or "-", cell.state or "-")
+            held_here = short_bytes(model.node_bytes(node, cell.rank))
+            per_rank.add_row(f"r{cell.rank}", held_here, cell.device or "-", cell.state or "-")
             units.setdefault(unit_words(cell.unit, model), []).append(f"r{cell.rank}")
         grid.add_row("per rank", per_rank)
         for words, ranks in units.items():
@@ -94,10 +104,16 @@ class ModuleDetails(VerticalScroll):
         yield Static("Select a module in the shard tree.", id="details-text")
 
     def show(
-        self, model: ShardModel | None, node: Node | None, findings: tuple[Finding, ...], oom_path: str | None
+        self,
+        model: ShardModel | None,
+        node: Node | None,
+        findings: tuple[Finding, ...],
+        oom_path: str | None,
+        empty: str = "No module tree yet: the ranks send it once the model is built.",
     ) -> None:
+        """``empty``: what to say without a tree (a run that failed before its model existed says why)."""
         body = self.query_one("#details-text", Static)
         if model is None or node is None:
-            body.update("No module tree yet: the ranks send it once the model is built.")
+            body.update(empty)
             return
         body.update(details_text(model, node, findings, oom_path))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -14,13 +16,51 @@ from shardtop.events import GpuMemory, Oom
 from shardtop.tui.format import bar, format_bytes, fraction, short_bytes
 from shardtop.tui.widgets.findings_list import finding_text
 
+MESSAGE_CHARS = 300
+"""The CUDA error's first line, cut at a word: the figures come first, the advice about the allocator after."""
 ATTRIBUTION_WORDS = {
     "forward-frame": "named by the forward() frame on the stack",
     "apply-frame": "named by the Module._apply frame (the model was being moved)",
+    "init-frame": "the type of the module being built under deepspeed.zero.Init (it had no path yet)",
     "tracker": "named by the module tracker (backward)",
     "engine-step": "only the engine step is known",
     "phase": "only the phase is known",
 }
+
+
+def under_zero_init(oom: Oom) -> bool:
+    """The rank ran out while deepspeed.zero.Init was partitioning a module as it was built."""
+    return oom.attributed_by == "init-frame" or (oom.engine_step or "").startswith("Init.")
+
+
+def unnamed_culprit(oom: Oom) -> str:
+    """What is known of a module the OOM cannot name: ``a Linear being built under deepspeed.zero.Init``."""
+    built = f"a {oom.module_type}" if oom.module_type else "a module"
+    if under_zero_init(oom):
+        return f"{built} being built under deepspeed.zero.Init"
+    return built if oom.module_type else ""
+
+
+def culprit_words(oom: Oom) -> Text:
+    """The module the OOM names, or, without one, what is known about it: its type, zero.Init."""
+    if oom.module is not None:
+        return Text.assemble(
+            (oom.module or "(the whole model)", "bold"), f" ({oom.module_type})" if oom.module_type else ""
+        )
+    words = Text("not known", style="italic")
+    known = unnamed_culprit(oom)
+    if known:
+        words.append(f": {known}", style="")
+    return words
+
+
+def no_module_words(oom: Oom) -> str:
+    """Why ``o`` cannot go to the OOM in the tree, and what is known instead."""
+    where = f" in {oom.engine_step}" if oom.engine_step else f" during {oom.phase}"
+    known = unnamed_culprit(oom)
+    return f"The OOM names no module path: rank {oom.rank} ran out of memory{where}" + (
+        f", with {known}." if known else "."
+    )
 
 
 def gpu_table(gpus: list[GpuMemory], width: int = 16) -> Table:
@@ -37,6 +77,12 @@ def gpu_table(gpus: list[GpuMemory], width: int = 16) -> Table:
     return table
 
 
+def trimmed(text: Text) -> Text:
+    """``text`` without its closing newline: the section titles bring their own blank line."""
+    text.rstrip()
+    return text
+
+
 def oom_report(oom: Oom, findings: tuple[Finding, ...], others: list[Oom]) -> RenderableType:
     """The OOM panel's content: what failed, why (the findings that explain it), then the evidence."""
     head = Text()
@@ -46,16 +92,8 @@ def oom_report(oom: Oom, findings: tuple[Finding, ...], others: list[Oom]) -> Re
     head.append(f", {oom.device}, during {oom.phase}" + (f" (step {oom.step})" if oom.step else ""))
     facts = Table.grid(padding=(0, 1))
     facts.add_column(style="bold", no_wrap=True)
-    facts.add_column()
-    if oom.module is not None:
-        facts.add_row(
-            "module",
-            Text.assemble(
-                (oom.module or "(the whole model)", "bold"), f" ({oom.module_type})" if oom.module_type else ""
-            ),
-        )
-    else:
-        facts.add_row("module", Text("not known", style="italic"))
+    facts.add_column(overflow="fold")
+    facts.add_row("module", culprit_words(oom))
     facts.add_row("found by", ATTRIBUTION_WORDS.get(oom.attributed_by, oom.attributed_by))
     if oom.engine_step:
         facts.add_row("engine step", oom.engine_step)
@@ -75,7 +113,8 @@ def oom_report(oom: Oom, findings: tuple[Finding, ...], others: list[Oom]) -> Re
     if oom.gpus:
         facts.add_row("GPUs then", gpu_table(oom.gpus))
     if oom.message:
-        facts.add_row("error", Text(oom.message.strip().splitlines()[0][:300], style="italic"))
+        first_line = oom.message.strip().splitlines()[0]
+        facts.add_row("error", Text(textwrap.shorten(first_line, MESSAGE_CHARS, placeholder=" …"), style="italic"))
     if others:
         facts.add_row("also", ", ".join(f"rank {o.rank} in {o.module or o.phase}" for o in others))
     # the explanation first: what to change is what the user came for; the evidence follows
@@ -83,10 +122,10 @@ def oom_report(oom: Oom, findings: tuple[Finding, ...], others: list[Oom]) -> Re
     other = [f for f in findings if f.severity != "error"]
     parts: list[RenderableType] = [head]
     if why:
-        parts += [Text("\nWhy", style="bold underline"), *(finding_text(f) for f in why)]
+        parts += [Text("\nWhy", style="bold underline"), *(trimmed(finding_text(f)) for f in why)]
     parts += [Text("\nWhat happened", style="bold underline"), facts]
     if other:
-        parts += [Text("\nAlso found", style="bold underline"), *(finding_text(f) for f in other)]
+        parts += [Text("\nAlso found", style="bold underline"), *(trimmed(finding_text(f)) for f in other)]
     return Group(*parts)
 
 

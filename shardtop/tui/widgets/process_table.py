@@ -70,4 +70,5 @@ class ProcessTable(DataTable[str]):
                         self.update_cell(key, name, new)
                     except CellDoesNotExist:  # pragma: no cover - columns are fixed
                         pass
-        self.border_subtitle = "" if processes else "none"
+        count = len(processes)
+        self.border_subtitle = f"{count} process{'es' if count != 1 else ''}" if processes else "none"

@@ -47,19 +47,35 @@ def gpu_of(rs: RankState, gpus: tuple[GpuMemory, ...]) -> GpuMemory | None:
     return next((g for g in gpus if g.index == index), None)
 
 
+def held(rs: RankState) -> tuple[int | None, int | None, int | None]:
+    """Allocated, reserved and peak bytes: the latest sample's, or the OOM's if it came later.
+
+    The allocator is sampled a few times a second; the OOM reports what the rank
+    held at the moment it failed, which is the figure the bar must end on (full).
+    """
+    m, oom = rs.memory, rs.oom
+    allocated, reserved, peak = (m.allocated, m.reserved, m.peak) if m else (None, None, None)
+    if oom is not None and oom.allocated is not None and (m is None or oom.t >= m.t):
+        allocated = oom.allocated
+        reserved = oom.reserved if oom.reserved is not None else reserved
+        peak = max(p for p in (peak, oom.reserved, oom.allocated) if p is not None)
+    return allocated, reserved, peak
+
+
 def rank_rows(state: RunState) -> tuple[RankMemoryRow, ...]:
     rows = []
     for rs in sorted(state.ranks.values(), key=lambda r: r.rank):
         m = rs.memory
         gpus = state.gpus.get(rs.host, ())
+        allocated, reserved, peak = held(rs)
         rows.append(
             RankMemoryRow(
                 rank=rs.rank,
                 device=rs.device or "?",
                 pid=rs.pid,
-                allocated=m.allocated if m else None,
-                reserved=m.reserved if m else None,
-                peak=m.peak if m else None,
+                allocated=allocated,
+                reserved=reserved,
+                peak=peak,
                 limit=(m.limit if m else None) or (rs.oom.limit if rs.oom else None),
                 host_rss=m.host_rss if m else 0,
                 gpu=gpu_of(rs, gpus),
@@ -69,6 +85,17 @@ def rank_rows(state: RunState) -> tuple[RankMemoryRow, ...]:
             )
         )
     return tuple(rows)
+
+
+def memory_layout(width: int, ranks: int) -> str:
+    """How many lines a rank gets: wide (3-4, with words), tall (4, narrow), two-line, or one-line.
+
+    Narrow, the panel has 8 lines: one or two ranks get the figures and the NVML
+    bar too, up to four ranks a bar each, more ranks one line each.
+    """
+    if width >= 44:
+        return "wide"
+    return "tall" if ranks <= 2 else "two-line" if ranks <= 4 else "one-line"
 
 
 class RankMemory(Widget):
@@ -106,19 +133,21 @@ class RankMemory(Widget):
         if not self.rows:
             return Text("waiting for the ranks…", style=self.get_component_rich_style("rank-memory--muted"))
         width = self.size.width or 40
-        layout = "wide" if width >= 44 else "two-line" if len(self.rows) <= 4 else "one-line"
+        layout = memory_layout(width, len(self.rows))
         out = Text(no_wrap=True, overflow="ellipsis")
         top = max((r.peak or r.reserved or r.allocated or r.host_rss or 0) for r in self.rows) or 1
-        for i, row in enumerate(self.rows):
+        labels = [self._label(row, layout) for row in self.rows]
+        label_width = max(label.cell_len for label in labels)
+        for i, (row, label) in enumerate(zip(self.rows, labels, strict=True)):
             if i:
                 out.append("\n")
-            self._render_row(out, row, width, layout, top)
+            self._render_row(out, row, label, label_width, width, layout, top)
         return out
 
-    def _render_row(self, out: Text, row: RankMemoryRow, width: int, layout: str, top: int) -> None:
-        """wide: label, allocator bar and figures, NVML bar; two-line: label + figures, bar; one-line: all in one."""
+    def _label(self, row: RankMemoryRow, layout: str) -> Text:
+        """``r0 cuda:0 pid 644 ✗ OOM`` (wide) or ``r0 ✗ OOM``: which rank, and how it ended, in words."""
         style = self.get_component_rich_style
-        start = len(out.plain)
+        out = Text()
         out.append(f"r{row.rank}", style("rank-memory--label"))
         if layout == "wide":
             out.append(f" {row.device}" + (f" pid {row.pid}" if row.pid else ""), style("rank-memory--muted"))
@@ -128,37 +157,50 @@ class RankMemory(Widget):
             out.append(f" ✗ {row.exit}", style("rank-memory--oom"))
         elif row.exit == "ok":
             out.append(" ✓", style("rank-memory--muted"))
+        return out
+
+    def _render_row(
+        self, out: Text, row: RankMemoryRow, label: Text, label_width: int, width: int, layout: str, top: int
+    ) -> None:
+        """One rank's lines in ``layout`` (``memory_layout``); one-line labels padded to ``label_width``."""
+        out.append_text(label)
         if row.allocated is not None:
             whole = row.limit or (row.gpu.total if row.gpu else None) or row.peak or row.reserved or 1
             figures = f"{short_bytes(row.allocated)}/{short_bytes(whole)}"
         else:
             whole, figures = top, f"rss {short_bytes(row.host_rss)}"
-        if layout == "one-line":
-            out.append(" ")
-            self._bar(out, row, whole, top, max(4, width - (len(out.plain) - start) - len(figures) - 2))
+        if layout == "one-line" or (layout == "wide" and row.allocated is None):
+            # a CPU rank has one figure (its RSS): label, history and figure fit one line even when wide
+            out.append(" " * (label_width - label.cell_len + 1))
+            self._bar(out, row, whole, top, max(4, min(40, width - label_width - len(figures) - 2)))
             out.append(" " + figures)
             return
-        if layout == "two-line":
+        if layout in ("two-line", "tall"):
             out.append("  " + figures + "\n ")
             self._bar(out, row, whole, top, max(4, width - 2))
+            if layout == "tall" and row.allocated is not None:
+                out.append(f"\n resv {short_bytes(row.reserved)} · peak {short_bytes(row.peak)}")
+            if layout == "tall" and row.gpu is not None:
+                self._nvml(out, row.gpu, max(4, width - 19), " ", "")
             return
         out.append("\n  ")
         self._bar(out, row, whole, top, max(6, min(40, width - 4)))
-        if row.allocated is not None:
-            of = f"{short_bytes(row.limit)} limit" if row.limit else short_bytes(whole)
-            out.append(
-                f"\n  alloc {short_bytes(row.allocated)} · resv {short_bytes(row.reserved)}"
-                f" · peak {short_bytes(row.peak)} of {of}"
-            )
-        else:
-            out.append(f" {figures}")
+        of = f"{short_bytes(row.limit)} limit" if row.limit else short_bytes(whole)
+        out.append(
+            f"\n  alloc {short_bytes(row.allocated)} · resv {short_bytes(row.reserved)}"
+            f" · peak {short_bytes(row.peak)} of {of}"
+        )
         if row.gpu is not None:
-            g = row.gpu
-            filled, empty = bar(fraction(g.used, g.total), max(6, min(40, width - 26)))
-            out.append(f"\n  GPU{g.index} ", style("rank-memory--nvml"))
-            out.append(filled, style("rank-memory--nvml"))
-            out.append(empty, style("rank-memory--free"))
-            out.append(f" {short_bytes(g.used)}/{short_bytes(g.total)} NVML")
+            self._nvml(out, row.gpu, max(6, min(40, width - 26)), "  ", " NVML")
+
+    def _nvml(self, out: Text, g: GpuMemory, width: int, indent: str, suffix: str) -> None:
+        """What NVML saw on the rank's GPU: the allocator's figures plus the CUDA context and everyone else."""
+        style = self.get_component_rich_style
+        filled, empty = bar(fraction(g.used, g.total), width)
+        out.append(f"\n{indent}GPU{g.index} ", style("rank-memory--nvml"))
+        out.append(filled, style("rank-memory--nvml"))
+        out.append(empty, style("rank-memory--free"))
+        out.append(f" {short_bytes(g.used)}/{short_bytes(g.total)}{suffix}")
 
     def _bar(self, out: Text, row: RankMemoryRow, whole: int, top: int, width: int) -> None:
         """Allocated █ within reserved ▒ within the limit ░; CPU ranks: their RSS history."""

@@ -10,6 +10,7 @@ visible.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 from rich.cells import cell_len
@@ -36,9 +37,24 @@ from shardtop.tui.shard_model import (
     translate_expanded,
     visible_lines,
 )
-from shardtop.tui.tree_columns import TreeColumns, fit, tree_columns
+from shardtop.tui.tree_columns import TreeColumns, cut, fit, tree_columns
 
 OOM_WORDS = "✗ OOM"
+TITLE = "Shard tree"
+ON_CURSOR_PLAIN = frozenset({"shard-tree--fold", "shard-tree--device", "shard-tree--guides"})
+"""Colours that would sink into the cursor's background: the cursor line draws these plain."""
+
+
+def breadcrumb(model: ShardModel | None, node: Node | None) -> str:
+    """The tree's title: where the selected line is, since 18 000 siblings can push its parents off screen."""
+    if model is None or node is None:
+        return TITLE
+    if isinstance(node, Fold):
+        parent = model.paths[node.parent]
+        where = f"{parent}.{{{model.fold_label(node)}}}" if parent else f"{{{model.fold_label(node)}}}"
+    else:
+        where = model.paths[node]
+    return f"{TITLE} · {where}" if where else TITLE
 
 
 class ShardTree(ScrollView, can_focus=True):
@@ -65,6 +81,7 @@ class ShardTree(ScrollView, can_focus=True):
         "shard-tree--fold",
         "shard-tree--type",
         "shard-tree--unit",
+        "shard-tree--device",
         "shard-tree--oom",
         "shard-tree--oom-path",
         "shard-tree--match",
@@ -79,6 +96,8 @@ class ShardTree(ScrollView, can_focus=True):
 
     cursor: reactive[int] = reactive(0, repaint=False)
     """Index of the selected line among the visible lines."""
+    empty_words: reactive[str] = reactive("No module tree yet: the ranks send it once the model is built.")
+    """What the tree says while it has no model (a run that failed before its model existed says why)."""
 
     class Highlighted(Message):
         """The cursor is on another module (or fold)."""
@@ -104,7 +123,7 @@ class ShardTree(ScrollView, can_focus=True):
         self._matches: list[int] = []
         self._match_rows: frozenset[int] = frozenset()
         self._match_pos = -1
-        self.border_title = "Shard tree"
+        self.border_title = TITLE
 
     # -- what it shows -----------------------------------------------------------
 
@@ -286,6 +305,7 @@ class ShardTree(ScrollView, can_focus=True):
         self.scroll_to(y=max(0, target), animate=False)
 
     def _announce(self) -> None:
+        self.border_title = breadcrumb(self.model, self.selected)
         self.post_message(self.Highlighted(self, self.selected))
 
     # -- mouse -----------------------------------------------------------------
@@ -315,7 +335,7 @@ class ShardTree(ScrollView, can_focus=True):
             return self._cached(("header", self._generation, width), lambda: self._header(width))
         index = round(self.scroll_y) + y - 1
         if index >= len(self._lines):
-            return Strip.blank(width, self.rich_style)
+            return self._empty_line(y, width)
         selected = index == self.cursor
         return self._cached(
             (index, self._generation, width, selected, self.has_focus),
@@ -337,12 +357,22 @@ class ShardTree(ScrollView, can_focus=True):
         cells = ["module".ljust(cols.name), " ", "type".ljust(cols.type), " ", "params".rjust(cols.params)]
         if cols.state:
             cells += [" ", "state".ljust(cols.state)]
+        if cols.device:
+            cells += [" ", "device".ljust(cols.device)]
         ranks = self.model.ranks if self.model else ()
         for rank in ranks[: cols.ranks_shown]:
             cells += [" ", f"r{rank}".rjust(cols.rank)]
         if cols.range:
             cells += [" ", "per rank".rjust(cols.range)]
         return Strip(fit([("".join(cells), style)], width, style))
+
+    def _empty_line(self, y: int, width: int) -> Strip:
+        """Without a model the lines under the header say why, wrapped; else they are blank."""
+        words = textwrap.wrap(self.empty_words, max(10, width - 2)) if self.model is None else []
+        if not 1 <= y <= len(words):
+            return Strip.blank(width, self.rich_style)
+        style = self.rich_style + self.get_component_rich_style("shard-tree--type")
+        return Strip(fit([(f" {words[y - 1]}", style)], width, self.rich_style))
 
     def _row(self, line: Line, width: int, selected: bool) -> Strip:
         model = self.model
@@ -352,6 +382,8 @@ class ShardTree(ScrollView, can_focus=True):
             base = base + self.get_component_rich_style("shard-tree--cursor", partial=True)
 
         def cs(name: str) -> Style:
+            if selected and name in ON_CURSOR_PLAIN:
+                return Style()
             return self.get_component_rich_style(name, partial=True)
 
         node = line.node
@@ -365,6 +397,7 @@ class ShardTree(ScrollView, can_focus=True):
             )
             type_name = model.type_of(first)
         else:
+            first = node
             label_style = base + cs("shard-tree--match") if node in self._match_rows else base
             name.append((model.name_of(node), label_style))
             type_name = model.type_of(node)
@@ -378,23 +411,22 @@ class ShardTree(ScrollView, can_focus=True):
         segments = fit(name, cols.name, base)
         cells = [
             (" ", base),
-            (type_name.ljust(cols.type)[: cols.type], base + cs("shard-tree--type")),
+            (cut(type_name, cols.type), base + cs("shard-tree--type")),
             (" ", base),
             (short_count(model.node_params(node)).rjust(cols.params), base),
         ]
-        if cols.state:
-            first_row = model.members(node)[0] if isinstance(node, Fold) else node
-            unit = "◆ " if first_row in model.unit_roots else ""
-            cells += [
-                (" ", base),
-                ((unit + model.state_of(node)).ljust(cols.state)[: cols.state], base + cs("shard-tree--unit")),
-            ]
+        if cols.state or cols.device:
+            placed = model.placement(node)
+            if cols.state:
+                unit = "◆ " if first in model.unit_roots else ""
+                cells += [(" ", base), (cut(unit + placed.state, cols.state), base + cs("shard-tree--unit"))]
+            if cols.device:
+                cells += [(" ", base), (cut(placed.device, cols.device), base + cs("shard-tree--device"))]
         per_rank = [model.node_bytes(node, r) for r in model.ranks]
         for value in per_rank[: cols.ranks_shown]:
             cells += [(" ", base), (short_bytes(value).rjust(cols.rank), base)]
         if cols.range and per_rank:
-            low, high = min(per_rank), max(per_rank)
-            text = short_bytes(low) if low == high else f"{short_bytes(low)}…{short_bytes(high)}"
-            cells += [(" ", base), (text.rjust(cols.range), base)]
+            low, high = short_bytes(min(per_rank)), short_bytes(max(per_rank))
+            cells += [(" ", base), ((low if low == high else f"{low}…{high}").rjust(cols.range), base)]
         segments += fit(cells, max(0, width - cols.name), base)
         return Strip(segments, width)
