@@ -55,7 +55,7 @@ EXPECTED: dict[str, list[str]] = {
     "fsdp2-mlp": ["optimizer-state-dominates"],
     "ddp-baseline": [],
     "manual-placement": [],
-    "zero3-one-rank-capped": ["oom", "zero3-single-rank"],
+    "zero3-one-rank-capped": ["oom", "zero3-not-partitioned-at-init", "zero3-single-rank"],
     "fsdp1-no-wrap-policy": ["fsdp-single-unit"],
     "fsdp2-default-mesh": ["fsdp2-no-data-parallel"],
     "pipeline-split": ["placement-imbalance"],
@@ -220,7 +220,7 @@ def test_one_rank_zero3_and_its_unexplained_oom(reports: Any) -> None:
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
 
 RECORDED: dict[tuple[str, str], list[str]] = {
-    ("h200", "zero3-linear"): ["zero3-single-rank"],
+    ("h200", "zero3-linear"): ["zero3-not-partitioned-at-init", "zero3-single-rank"],
     ("h200", "zero3-linear-fixed"): ["zero3-single-rank"],
     ("h200", "fsdp-not-sharding"): ["fsdp-single-rank", "fsdp-manual-wrap-ignored", "precision-mismatch"],
     ("h200", "fsdp-auto-wrap"): ["fsdp-single-rank"],
@@ -250,10 +250,13 @@ def test_recorded_runs_show_exactly_their_findings(machine: str, preset: str) ->
 
 
 def test_story_2_on_one_h200_the_whole_model_does_not_fit_one_gpu() -> None:
-    (as_asked,) = diagnose(recorded("h200", "zero3-linear"))
-    assert as_asked.severity == "error" and as_asked.modules == ("model.net.15330",)
-    assert "DeepSpeedEngine._configure_distributed_model" in as_asked.detail
-    assert "is larger than the 15 GiB the rank may use" in as_asked.detail
+    moved, single = diagnose(recorded("h200", "zero3-linear"))
+    # The story's answer first: moved whole before partitioning; then why one GPU cannot help.
+    assert moved.code == "zero3-not-partitioned-at-init" and moved.severity == "error"
+    assert moved.modules == ("model.net.15330",) and "configure_model()" in moved.fix
+    assert "in DeepSpeedEngine._configure_distributed_model, converting `model.net.15330`" in moved.detail
+    assert single.code == "zero3-single-rank" and single.severity == "error"
+    assert "is larger than the 15 GiB the rank may use" in single.detail
     (fixed,) = diagnose(recorded("h200", "zero3-linear-fixed"))
     assert fixed.severity == "error" and "Init._partition_param" in fixed.detail
     assert "2 or more GPUs" in fixed.fix

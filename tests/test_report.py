@@ -118,7 +118,8 @@ def test_markdown_report_of_a_recorded_h200_oom() -> None:
     assert "| GPU 0 | NVIDIA H200 | 16.7 GiB | 140 GiB | rank 0 |" in out  # NVML at the OOM
     assert re.search(r"\| 0 \| \S+ \| cuda:0 \| setup \| 17.6 GiB \| - \| - \| 15 GiB \| 16.7 GiB / 140 GiB \|", out)
     assert "`    └─model.net.0 … model.net.17999` | 18000 × Linear |" in out and "✗ OOM in model.net.15330" in out
-    assert "### 1. ✗ error: DeepSpeed ZeRO-3 on one rank shards nothing" in out
+    assert "### 1. ✗ error: DeepSpeed moved the whole model to every GPU before ZeRO-3 partitioned it" in out
+    assert "### 2. ✗ error: DeepSpeed ZeRO-3 on one rank shards nothing" in out
     table_rows_are_whole(out)
 
 

@@ -113,7 +113,7 @@ def _whole_at_setup(f: RunFacts, setup: Shards | None) -> int:
 
 def zero3_not_partitioned_at_init(f: RunFacts) -> Finding | None:
     """The whole model materialised on every rank before ZeRO-3 partitioned it (story 2)."""
-    if f.engine != "zero3" or f.world_size < 2 or not f.full_bytes:
+    if f.engine != "zero3" or not f.full_bytes:
         return None
     whole = {r.rank: _whole_at_setup(f, r.setup) for r in f.ranks}
     whole = {rank: b for rank, b in whole.items() if b}
@@ -127,7 +127,8 @@ def zero3_not_partitioned_at_init(f: RunFacts) -> Finding | None:
     held = max(whole.values()) if whole else f.full_bytes
     detail = (
         (
-            f"Before DeepSpeed partitioned anything, {len(whole)} of {n} ranks held the whole model: "
+            f"Before DeepSpeed partitioned anything, {f'{len(whole)} of {n} ranks' if n > 1 else 'the rank'} "
+            "held the whole model: "
             f"{fmt(held)} of parameters ({f.full_params:,} values), unpartitioned"
             + (f", on {', '.join(devices)}" if devices else "")
             + ". "
@@ -142,11 +143,16 @@ def zero3_not_partitioned_at_init(f: RunFacts) -> Finding | None:
         if on_gpus
         else "casts it to fp16/bf16 (on GPUs: moves it to the GPU)"
     )
+    needs = (
+        f"although training only needs 1/{n} of it ({fmt(f.full_bytes // n)})"
+        if n > 1
+        else "although on N GPUs each would only ever need 1/N of it (on this one GPU, 1/N is all of it: "
+        "see zero3-single-rank)"
+    )
     detail += (
         "A model built outside deepspeed.zero.Init exists whole on every rank, and "
         f"DeepSpeedEngine._configure_distributed_model {what} whole, on every rank, before ZeRO-3 partitions it: "
-        f"set-up needs the whole model per {device} ({fmt(f.full_bytes)}) although training only needs 1/{n} of it "
-        f"({fmt(f.full_bytes // n)})."
+        f"set-up needs the whole model per {device} ({fmt(f.full_bytes)}) {needs}."
     )
     oom = moving[0] if moving else None
     if oom is not None:
@@ -160,7 +166,8 @@ def zero3_not_partitioned_at_init(f: RunFacts) -> Finding | None:
     detail += (
         " ZeRO-3 does not put different layers on different GPUs — that would be pipeline parallelism, and "
         "Lightning's Trainer has no pipeline_parallel_size. It splits every tensor of every layer across all "
-        f"{n} ranks: once partitioned, each rank holds 1/{n} of each layer."
+        + (f"{n} ranks: once partitioned, each rank holds 1/{n} of each layer." if n > 1
+           else "N ranks: once partitioned, each rank holds 1/N of each layer.")
     )
     lightning_fix = (
         "Build the layers in configure_model() instead of __init__: Lightning calls it inside "
@@ -184,10 +191,11 @@ def zero3_not_partitioned_at_init(f: RunFacts) -> Finding | None:
         detail=detail,
         fix=fix,
         severity="error" if oom is not None else "warning",
-        saving_bytes=f.full_bytes * (n - 1) // n,
+        saving_bytes=f.full_bytes * (max(n, 2) - 1) // max(n, 2),  # on one GPU: what a second would save
         modules=(oom.module,) if oom is not None and oom.module else (),
         evidence={
             "world_size": n,
+            "saving_with_ranks": max(n, 2),
             "model_bytes": f.full_bytes,
             "whole_at_setup_ranks": len(whole),
             "setup_bytes_per_rank": held,

@@ -204,3 +204,12 @@ def test_gpu_lines_stay_one_line_with_long_names() -> None:
     narrow, wide = gpu_line_parts(long, 76), gpu_line_parts(long, 156)
     assert narrow["name"] == "H200 NV…" and len(wide["name"]) == 14 and wide["name"].endswith("…")
     assert narrow["memory"] == " 14.2/140G" and narrow["util"] == " 97%"
+
+
+def test_code_spans_lose_their_backticks_and_stand_out() -> None:
+    from shardtop.tui.widgets.findings_list import with_code_spans
+
+    text = with_code_spans("converting `model.net.15330` (Linear) under `zero.Init`")
+    assert text.plain == "converting model.net.15330 (Linear) under zero.Init"
+    bold = [text.plain[s.start:s.end] for s in text.spans if s.style == "bold"]
+    assert bold == ["model.net.15330", "zero.Init"]

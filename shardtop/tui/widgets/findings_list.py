@@ -15,6 +15,14 @@ SEVERITY_MARKS = {"error": "✗ error", "warning": "! warning", "info": "i info"
 """Words beside the colour, so severity reads without it."""
 
 
+def with_code_spans(markdown: str) -> Text:
+    """Findings are written for Markdown: here a `code span` loses its backticks and is set in bold."""
+    text = Text()
+    for i, part in enumerate(markdown.split("`")):
+        text.append(part, "bold" if i % 2 else "")
+    return text
+
+
 def finding_text(finding: Finding) -> Text:
     """One finding: severity, title, what happened, what to change, the saving."""
     style = {"error": "bold", "warning": "bold", "info": ""}.get(finding.severity, "")
@@ -23,10 +31,10 @@ def finding_text(finding: Finding) -> Text:
     text.append(finding.title, "bold")
     text.append(f"  [{finding.code}]\n", "dim")
     if finding.detail:
-        text.append(finding.detail.strip() + "\n")
+        text.append_text(with_code_spans(finding.detail.strip() + "\n"))
     if finding.fix:
         text.append("fix: ", "bold")
-        text.append(finding.fix.strip() + "\n")
+        text.append_text(with_code_spans(finding.fix.strip() + "\n"))
     if finding.saving_bytes:
         text.append(f"saves ≈ {format_bytes(finding.saving_bytes)} per rank\n", "italic")
     if finding.modules:
