@@ -135,6 +135,8 @@ def shots() -> list[Shot]:
         Shot("home-8gpus-80x24", (80, 24), eight_gpus, home_ready()),
         Shot("story2-zero3-linear-h200", wide, run_view("h200/zero3-linear"), run_ready()),
         Shot("story2-zero3-linear-fixed-h200", wide, run_view("h200/zero3-linear-fixed"), run_ready()),
+        Shot("story2-zero3-linear-2gpus-h200", wide, run_view("h200x2/zero3-linear"), run_ready()),
+        Shot("story2-zero3-linear-fixed-2gpus-h200", wide, run_view("h200x2/zero3-linear-fixed"), run_ready()),
         Shot(
             "story1-fsdp-not-sharding-h200",
             wide,

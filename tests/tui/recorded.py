@@ -31,6 +31,7 @@ from tests.tui.built_runs import PIDS, T0, big_tree_run, fsdp2_cpu_run, zero3_oo
 GIB = 1024**3
 MACHINES = {
     "h200": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "h200",
+    "h200x2": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "h200x2",
     "cpu-6ranks": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-6ranks",
     "cpu": Path(__file__).resolve().parent / "fixtures" / "runs",
 }
@@ -69,6 +70,8 @@ ALL_RUNS = (
     "h200/ddp-baseline",
     "h200/manual-placement",
     "h200/fsdp2-mlp",
+    "h200x2/zero3-linear",
+    "h200x2/zero3-linear-fixed",
     "cpu-6ranks/zero3-linear",
     "cpu-6ranks/zero3-linear-fixed",
     "cpu/fsdp2-mlp",

@@ -141,6 +141,14 @@ def test_run_view_at_the_oom(snap_compare: Any, in_tmp: Path, size: tuple[int, i
     assert snap_compare(app, terminal_size=size, run_before=run_ready())
 
 
+@pytest.mark.parametrize("size", SIZES)
+def test_run_view_of_story_2_on_two_h200s(snap_compare: Any, in_tmp: Path, size: tuple[int, int]) -> None:
+    """Two real ranks, both OOM moving the whole model; both memory bars at the 15 GiB cap."""
+    runs = copy_runs(in_tmp / "runs", "h200x2/zero3-linear")
+    app = run_app(in_tmp / "runs", runs["h200x2/zero3-linear"])
+    assert snap_compare(app, terminal_size=size, run_before=run_ready())
+
+
 def test_run_view_at_the_oom_without_colour(snap_compare: Any, in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """NO_COLOR: the OOM still reads as ✗ OOM, the bars as █ ▒ ░, the statuses as words."""
     monkeypatch.setenv("NO_COLOR", "1")

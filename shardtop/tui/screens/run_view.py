@@ -61,8 +61,11 @@ def empty_tree_words(snap: RunSnapshot) -> str:
     if oom is not None:
         return f"No module tree: rank {oom.rank} ran out of memory before the model was read. See the OOM tab."
     if not snap.live:
-        return "No module tree: the run ended before its model was built."
-    return "No module tree yet: the ranks send it once the model is built."
+        return (
+            "No module tree: the run ended before the probe read the model (it reads it before the engine "
+            "set-up if the model exists then, and once the engine has wrapped it)."
+        )
+    return "No module tree yet: the ranks send it once the engine has wrapped the model."
 
 
 def oom_module(snap: RunSnapshot) -> str | None:
