@@ -164,11 +164,12 @@ def test_memory_layout_by_width_and_ranks() -> None:
 
 def test_oom_words_without_a_module(tmp_path: Path) -> None:
     """zero3-linear-fixed on the H200 ran out under zero.Init; the probe may name the type being built."""
-    recorded = story2_snapshot(tmp_path, "h200/zero3-linear-fixed").state.ooms[0]
-    assert recorded.module is None and under_zero_init(recorded)
-    assert culprit_words(recorded).plain == "not known: a module being built under deepspeed.zero.Init"
-    typed = msgspec.structs.replace(recorded, module_type="Linear", attributed_by="init-frame")
+    typed = story2_snapshot(tmp_path, "h200/zero3-linear-fixed").state.ooms[0]
+    assert typed.module is None and under_zero_init(typed)
+    assert (typed.module_type, typed.attributed_by) == ("Linear", "init-frame")
     assert culprit_words(typed).plain == "not known: a Linear being built under deepspeed.zero.Init"
+    untyped = msgspec.structs.replace(typed, module_type=None, attributed_by="engine-step")
+    assert culprit_words(untyped).plain == "not known: a module being built under deepspeed.zero.Init"
     assert no_module_words(typed) == (
         "The OOM names no module path: rank 0 ran out of memory in Init._partition_param, "
         "with a Linear being built under deepspeed.zero.Init."
@@ -177,7 +178,7 @@ def test_oom_words_without_a_module(tmp_path: Path) -> None:
     console.print(oom_report(typed, (), []))
     words = " ".join(console.export_text().split())
     assert "found by the type of the module being built under deepspeed.zero.Init" in words
-    phase_only = msgspec.structs.replace(recorded, engine_step=None, module_type=None, attributed_by="phase")
+    phase_only = msgspec.structs.replace(typed, engine_step=None, module_type=None, attributed_by="phase")
     assert culprit_words(phase_only).plain == "not known"
     assert no_module_words(phase_only).endswith("ran out of memory during setup.")
 
