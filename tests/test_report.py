@@ -20,7 +20,7 @@ from shardtop.report.document import Details, Facts, Heading, Para, Table, to_ma
 from shardtop.report.json_report import REPORT_SCHEMA_VERSION
 from shardtop.report.tree_summary import TREE_MAX_ROWS, summarize_tree
 from shardtop.runs import RunDirectory
-from shardtop.tui.shard_model import ShardModel
+from shardtop.shard_model import ShardModel
 from tests.conftest import shardtop
 from tests.diagnose_scripts.real_runs import RealRun, runs_base, story
 from tests.tui.recorded import big_tree_run

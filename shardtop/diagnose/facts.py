@@ -15,6 +15,7 @@ from functools import cached_property
 from shardtop.config import format_bytes
 from shardtop.events import Memory, Oom, Scalar, Shards, Tree
 from shardtop.run_state import RankState, RunState
+from shardtop.shard_model import subtree_sums
 
 SHARDED_ENGINES = frozenset({"fsdp1", "fsdp2", "zero3"})
 """Engines that split parameters across ranks."""
@@ -57,16 +58,6 @@ def list_names(names: Sequence[str], limit: int = 6) -> str:
 
 def fmt(n: int | float | None) -> str:
     return format_bytes(n)
-
-
-def subtree_sums(values: Sequence[int], parents: Sequence[int]) -> list[int]:
-    """Each row's value plus its descendants' (rows are in pre-order: parents first)."""
-    out = list(values)
-    for i in range(len(out) - 1, 0, -1):
-        p = parents[i]
-        if p >= 0:
-            out[p] += out[i]
-    return out
 
 
 def covering_rows(selected: Sequence[bool], has_params: Sequence[bool], parents: Sequence[int]) -> list[int]:

@@ -3,7 +3,7 @@
 ``render_report(run, fmt)`` reads the run's events (``events.read_all``),
 folds them (``run_state.fold``), asks ``diagnose`` for findings, and prints
 the run, the OOM, the findings, per-rank totals and the folded shard tree.
-No torch, no textual: the folding is ``shardtop.tui.shard_model``'s, which is
+No torch, no textual: the folding is ``shardtop.shard_model``'s, which is
 pure Python.
 
 - ``gather.py``: everything the report says, read once

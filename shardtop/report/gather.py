@@ -12,7 +12,7 @@ from shardtop.events import GpuMemory, Oom, read_all
 from shardtop.report.tree_summary import build_model
 from shardtop.run_state import RunState, fold
 from shardtop.runs import RunDirectory, RunStatus
-from shardtop.tui.shard_model import ShardModel
+from shardtop.shard_model import ShardModel
 
 
 @dataclass(frozen=True)

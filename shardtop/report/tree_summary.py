@@ -1,6 +1,6 @@
 """The shard tree, summarised for a report: top levels, repeated siblings folded.
 
-Folding is the TUI's (``shardtop.tui.shard_model``: pure Python, no Textual);
+Folding is the TUI's (``shardtop.shard_model``: pure Python, no Textual);
 this module only chooses what is open — a few levels, plus the way to the OOM's
 module — and turns each visible line into a row of numbers and words.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from shardtop.diagnose.facts import ROOT_LABEL
 from shardtop.run_state import RunState
-from shardtop.tui.shard_model import Fold, Line, Node, ShardModel, visible_lines
+from shardtop.shard_model import Fold, Line, Node, ShardModel, visible_lines
 
 TREE_DEPTH = 2
 """Levels open from the root: the root and its children, so ``model → net → 18000 × Linear``

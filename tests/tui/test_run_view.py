@@ -16,7 +16,7 @@ from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.help import HelpScreen
 from shardtop.tui.screens.report_view import ReportScreen
 from shardtop.tui.screens.run_view import RunScreen
-from shardtop.tui.shard_model import Fold
+from shardtop.shard_model import Fold
 from shardtop.tui.widgets.module_details import ModuleDetails
 from shardtop.tui.widgets.oom_panel import OomPanel
 from shardtop.tui.widgets.rank_memory import RankMemory

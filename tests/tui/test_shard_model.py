@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from shardtop.events import Shards, Tree, Unit
-from shardtop.tui.shard_model import (
+from shardtop.shard_model import (
     Fold,
     ShardModel,
     default_expanded,

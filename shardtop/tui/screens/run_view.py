@@ -26,7 +26,7 @@ from shardtop.events import Oom
 from shardtop.runs import RunDirectory
 from shardtop.tui.screens.confirm import ConfirmScreen
 from shardtop.tui.screens.report_view import ReportScreen, render_markdown, save_report
-from shardtop.tui.shard_model import Node
+from shardtop.shard_model import Node
 from shardtop.tui.watch.run_feed import Diagnosis, RunFeed, RunSnapshot
 from shardtop.tui.widgets.findings_list import FindingsList
 from shardtop.tui.widgets.log_pane import LogPane

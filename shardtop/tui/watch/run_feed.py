@@ -20,7 +20,7 @@ from shardtop.diagnose import Finding, diagnose
 from shardtop.events import EventReader
 from shardtop.run_state import RunState, RunStateBuilder
 from shardtop.runs import RunDirectory, RunStatus, process_start_time
-from shardtop.tui.shard_model import ShardModel
+from shardtop.shard_model import ShardModel
 from shardtop.tui.watch.log_tail import LogTail
 
 Diagnosis = Callable[[RunState], Sequence[Finding]]

@@ -11,7 +11,7 @@ from textual.widgets import Static
 from shardtop.diagnose import Finding
 from shardtop.events import Unit
 from shardtop.tui.format import format_bytes, short_bytes, short_count
-from shardtop.tui.shard_model import Fold, Node, ShardModel
+from shardtop.shard_model import Fold, Node, ShardModel
 from shardtop.tui.widgets.findings_list import concerning, finding_text
 
 

@@ -25,7 +25,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from shardtop.tui.format import short_bytes, short_count
-from shardtop.tui.shard_model import (
+from shardtop.shard_model import (
     Fold,
     Line,
     Node,

@@ -1,4 +1,4 @@
-"""The shard tree as the TUI shows it: subtree sums, folded siblings, visible lines.
+"""The shard tree as the TUI and the report show it: subtree sums, folded siblings, visible lines.
 
 Built once per tree/shards change in a worker thread (``ShardModel.build``),
 then only read.  ``visible_lines`` turns it and the set of opened nodes into
@@ -14,7 +14,7 @@ from functools import cached_property
 from types import MappingProxyType
 
 from shardtop.events import Shards, Tree, Unit, tree_paths
-from shardtop.tui.placement import Placement, decode, device_words, held_masks
+from shardtop.shard_placement import Placement, decode, device_words, held_masks
 
 FOLD_MIN = 5
 """Fewer consecutive look-alike siblings than this stay separate rows (so q, k, v, o projections keep their names)."""
