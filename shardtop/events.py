@@ -194,6 +194,17 @@ class Oom(Event, tag="oom"):
     traceback: list[str] = []
 
 
+ATTRIBUTED_BY_WORDS: dict[str, str] = {
+    "forward-frame": "named by the forward() frame on the stack",
+    "apply-frame": "named by a conversion of its parameters (Module._apply, or an engine looping over them)",
+    "init-frame": "the type of the module being built under deepspeed.zero.Init (it had no path yet)",
+    "tracker": "named by the module tracker (the module backward was in)",
+    "engine-step": "only the engine step is known",
+    "phase": "only the phase is known",
+}
+"""``Oom.attributed_by`` in words, for every screen and report that says how the culprit was found."""
+
+
 class Exit(Event, tag="exit"):
     """The rank is leaving."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from shardtop.diagnose.facts import RankFacts, RunFacts, fmt
 from shardtop.diagnose.finding import Finding
-from shardtop.events import Oom
+from shardtop.events import ATTRIBUTED_BY_WORDS, Oom
 
 OPTIM_STATE_RATIO = 0.95
 """Optimizer state "dominates" when it is at least as large as parameters + gradients
@@ -86,13 +86,6 @@ def optimizer_state_dominates(f: RunFacts) -> Finding | None:
     )
 
 
-ATTRIBUTION_WORDS = {
-    "forward-frame": "its forward() was running",
-    "apply-frame": "its parameters were being converted (Module._apply, or an engine looping over them)",
-    "tracker": "the module tracker saw it run last (backward)",
-    "engine-step": "only the engine step is known",
-    "phase": "only the phase is known",
-}
 
 REDUCE_BUCKET_BYTES = 500_000_000 * 4
 """DeepSpeed's default ``reduce_bucket_size`` (5e8 elements) in fp32."""
@@ -138,7 +131,7 @@ def oom_finding(f: RunFacts) -> Finding:
     detail = f"Rank {o.rank} ran out of memory on {o.device} during {o.phase}" + (f" (step {o.step})" if o.step else "")
     detail += where + (f" ({o.module_type})" if o.module and o.module_type else "")
     if o.module:
-        detail += f": named because {ATTRIBUTION_WORDS.get(o.attributed_by, o.attributed_by)}"
+        detail += f": {ATTRIBUTED_BY_WORDS.get(o.attributed_by, o.attributed_by)}"
     detail += "."
     if o.engine_step:
         detail += f" The engine was in {o.engine_step}."

@@ -7,7 +7,7 @@ import time
 from shardtop.config import format_bytes
 from shardtop.diagnose import Finding
 from shardtop.diagnose.facts import display_path
-from shardtop.events import GpuMemory, Oom
+from shardtop.events import ATTRIBUTED_BY_WORDS, GpuMemory, Oom
 from shardtop.report.document import Block, Bullets, Details, Facts, Heading, Para, Table
 from shardtop.report.gather import ReportData, allocator_peak, rank_gpu, rank_of_pid
 from shardtop.report.tree_summary import summarize_tree
@@ -18,13 +18,6 @@ MAX_RANK_COLUMNS = 8
 SEVERITY_WORDS = {"error": "✗ error", "warning": "! warning", "info": "i info"}
 """Words beside any colour, so a pasted report reads without it."""
 
-ATTRIBUTION_WORDS = {
-    "forward-frame": "the forward() frame on the stack",
-    "apply-frame": "a conversion of its parameters (Module._apply or an engine loop)",
-    "tracker": "the module tracker (backward)",
-    "engine-step": "the engine step only",
-    "phase": "the phase only",
-}
 
 
 def b(n: int | float | None) -> str:
@@ -118,9 +111,9 @@ def oom_section(data: ReportData) -> list[Block]:
         rows.append(("engine step", f"`{oom.engine_step}`"))
     if oom.module is not None:
         rows.append(("module", f"`{display_path(oom.module)}`" + (f" ({oom.module_type})" if oom.module_type else "")))
-        rows.append(("named by", ATTRIBUTION_WORDS.get(oom.attributed_by, oom.attributed_by)))
+        rows.append(("found by", ATTRIBUTED_BY_WORDS.get(oom.attributed_by, oom.attributed_by)))
     else:
-        rows.append(("module", "not known (" + ATTRIBUTION_WORDS.get(oom.attributed_by, oom.attributed_by) + ")"))
+        rows.append(("module", "not known (" + ATTRIBUTED_BY_WORDS.get(oom.attributed_by, oom.attributed_by) + ")"))
     if oom.module_stack:
         rows.append(("module stack", " → ".join(f"`{display_path(p)}`" for p in oom.module_stack[-6:])))
     rows.append(("requested", b(oom.requested_bytes)))

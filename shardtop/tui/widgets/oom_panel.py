@@ -12,20 +12,12 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from shardtop.diagnose import Finding
-from shardtop.events import GpuMemory, Oom
+from shardtop.events import ATTRIBUTED_BY_WORDS, GpuMemory, Oom
 from shardtop.tui.format import bar, format_bytes, fraction, short_bytes
 from shardtop.tui.widgets.findings_list import finding_text
 
 MESSAGE_CHARS = 300
 """The CUDA error's first line, cut at a word: the figures come first, the advice about the allocator after."""
-ATTRIBUTION_WORDS = {
-    "forward-frame": "named by the forward() frame on the stack",
-    "apply-frame": "named by the Module._apply frame (the model was being moved)",
-    "init-frame": "the type of the module being built under deepspeed.zero.Init (it had no path yet)",
-    "tracker": "named by the module tracker (backward)",
-    "engine-step": "only the engine step is known",
-    "phase": "only the phase is known",
-}
 
 
 def under_zero_init(oom: Oom) -> bool:
@@ -94,7 +86,7 @@ def oom_report(oom: Oom, findings: tuple[Finding, ...], others: list[Oom]) -> Re
     facts.add_column(style="bold", no_wrap=True)
     facts.add_column(overflow="fold")
     facts.add_row("module", culprit_words(oom))
-    facts.add_row("found by", ATTRIBUTION_WORDS.get(oom.attributed_by, oom.attributed_by))
+    facts.add_row("found by", ATTRIBUTED_BY_WORDS.get(oom.attributed_by, oom.attributed_by))
     if oom.engine_step:
         facts.add_row("engine step", oom.engine_step)
     if oom.requested_bytes is not None:
