@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from shardtop.config import ConfigError, apply_cpu_defaults, format_bytes
 from shardtop.events import EventReader, Exit, Hello, Oom, Step
-from shardtop.runs import RunDirectory, RunError, process_start_time
+from shardtop.runs import RunDirectory, RunError, is_running, process_start_time
 
 CPU_DEFAULT_DEVICES = 2
 """Processes a preset runs on a machine without GPUs when ``devices=auto``."""
@@ -74,11 +74,11 @@ def stop(run: RunDirectory, grace: float = 10.0, out: Callable[[str], None] = pr
     Returns False if the run was not running.
     """
     meta = run.read_meta()
-    pids = [(pid, started) for pid, started in run.processes() if _alive(pid, started)]
+    pids = [(pid, started) for pid, started in run.processes() if is_running(pid, started)]
     if not pids:
         return False
     pgid = meta.get("pgid")
-    leader_alive = bool(meta.get("pid")) and _alive(int(meta["pid"]), meta.get("pid_started"))
+    leader_alive = bool(meta.get("pid")) and is_running(int(meta["pid"]), meta.get("pid_started"))
     if pgid and leader_alive:
         _killpg(int(pgid), signal.SIGTERM)
     else:
@@ -87,33 +87,19 @@ def stop(run: RunDirectory, grace: float = 10.0, out: Callable[[str], None] = pr
     out(f"sent SIGTERM to run {run.id}")
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        if not any(_alive(pid, started) for pid, started in pids):
+        if not any(is_running(pid, started) for pid, started in pids):
             break
         time.sleep(0.1)
     else:
         if pgid and leader_alive:
             _killpg(int(pgid), signal.SIGKILL)
         for pid, started in pids:
-            if _alive(pid, started):
+            if is_running(pid, started):
                 _kill(pid, signal.SIGKILL)
         out(f"run {run.id} did not stop within {grace:.0f}s; sent SIGKILL")
         time.sleep(0.2)
     run.write_exit(128 + signal.SIGTERM, signal=signal.SIGTERM, reason="stopped")
     return True
-
-
-def _alive(pid: int, started: float | None) -> bool:
-    actual = process_start_time(pid)
-    if actual is None:
-        return False
-    try:
-        import psutil
-
-        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            return False
-    except Exception:
-        return False
-    return started is None or abs(actual - float(started)) < 1.0
 
 
 def _killpg(pgid: int, sig: int) -> None:

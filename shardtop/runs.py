@@ -214,10 +214,19 @@ class RunDirectory:
 
     def is_alive(self) -> bool:
         """Is a process this run started still there (same pid *and* start time)?"""
-        for pid, started in self.processes():
-            if _same_process(pid, started):
-                return True
-        return False
+        return any(is_running(pid, started) for pid, started in self.processes())
+
+    def register_rank(self, rank: int) -> None:
+        """A script's rank says it is part of the run, so ``runs`` sees it running and ``stop`` finds it.
+
+        Only for runs no supervisor of ours started; each rank writes its own small
+        file, so there is no read-modify-write race on ``run.json``.
+        """
+        if not self.read_meta().get("external"):
+            return
+        pid = os.getpid()
+        entry = {"rank": rank, "pid": pid, "started": process_start_time(pid)}
+        (self.path / f".rank-{rank}.pid.json").write_text(json.dumps(entry))
 
     def processes(self) -> list[tuple[int, float | None]]:
         """(pid, start time) of the supervisor and of every rank that registered itself."""
@@ -261,14 +270,18 @@ def process_start_time(pid: int) -> float | None:
         return None
 
 
-def _same_process(pid: int, started: float | None) -> bool:
-    """Guards against pid reuse: the pid must exist and have started when we recorded."""
-    actual = process_start_time(pid)
-    if actual is None:
+def is_running(pid: int, started: float | None) -> bool:
+    """Is this still the process we recorded: alive, not a zombie, same start time (no pid reuse)?"""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        actual = proc.create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
-    if started is None:
-        return True
-    return abs(actual - float(started)) < 1.0
+    return started is None or abs(actual - float(started)) < 1.0
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from shardtop.probe.session import Probe, current, set_current
-from shardtop.runs import RUN_DIR_ENV, RunDirectory, process_start_time, runs_root
+from shardtop.runs import RUN_DIR_ENV, RunDirectory, runs_root
 
 
 def _rank_world() -> tuple[int, int, int]:
@@ -80,14 +80,7 @@ def probe(run_dir: str | os.PathLike[str] | None = None, *, runs_dir: str | None
     p.program = program
     p.device = f"cuda:{local_rank}" if _cuda_in_use() else "cpu"
     set_current(p)
-    run = RunDirectory(path)
-    if run.read_meta().get("external"):
-        import json
-
-        pid = os.getpid()
-        (run.path / f".rank-{rank}.pid.json").write_text(
-            json.dumps({"rank": rank, "pid": pid, "started": process_start_time(pid)})
-        )
+    RunDirectory(path).register_rank(rank)
     return p
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 
 from shardtop.probe.session import Probe, current, set_current
-from shardtop.runs import RUN_DIR_ENV, RunDirectory, process_start_time, runs_root
+from shardtop.runs import RUN_DIR_ENV, RunDirectory, runs_root
 
 STRATEGY_ENGINES = {
     "FSDPStrategy": "fsdp1",
@@ -104,7 +104,7 @@ class ShardtopCallback(Callback):
             probe = Probe(run_dir, trainer.global_rank, trainer.world_size, trainer.local_rank, trainer.node_rank)
             set_current(probe)
         self.probe = probe
-        _register_rank_pid(RunDirectory(run_dir), trainer.global_rank)
+        RunDirectory(run_dir).register_rank(trainer.global_rank)
         probe.hello(
             device=str(trainer.strategy.root_device),
             engine=engine_of(trainer.strategy),
@@ -182,17 +182,3 @@ def _first_optimizer(trainer: Any) -> Any:
 def _script_name() -> str:
     name = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "script"
     return name if name not in ("", "-c", "__main__") else "script"
-
-
-def _register_rank_pid(run: RunDirectory, rank: int) -> None:
-    """So that ``shardtop runs`` sees a script's run as running, and ``stop`` can find it."""
-    meta = run.read_meta()
-    if not meta.get("external"):
-        return
-    pid = os.getpid()
-    entry = {"rank": rank, "pid": pid, "started": process_start_time(pid)}
-    # Each rank writes its own small file: no read-modify-write race on run.json.
-    path = run.path / f".rank-{rank}.pid.json"
-    import json
-
-    path.write_text(json.dumps(entry))
