@@ -245,7 +245,7 @@ def instrument(timings: Timings) -> type[ShardtopApp]:
             timings.mounted = time.perf_counter()
 
         def on_run_screen_updated(self, message: ControlledRunScreen.Updated) -> None:
-            if message.snapshot.state.ooms and not timings.oom_handled:
+            if message.snapshot.model.ooms and not timings.oom_handled:
                 timings.oom_handled = time.perf_counter()
 
     class TimedApp(ShardtopApp):

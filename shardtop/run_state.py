@@ -1,5 +1,12 @@
-"""Fold a run's events into one immutable snapshot: what the TUI, the report and
-the diagnosis read.  Pure Python: no torch, no textual.
+"""Fold a run's events into one immutable snapshot: the ground the read model stands on.
+
+Pure Python: no torch, no textual.  ``RunStateBuilder.apply`` takes events in
+any interleaving of the ranks' files (each rank's own events in order) and
+``snapshot()`` hands out a frozen ``RunState``.  What it cannot trust it does
+not apply: a tree whose parents point outside it or after the row, or shards
+whose arrays disagree in length, are counted as ``inconsistent`` and left out,
+so one bad event never breaks a view (the read model, ``run_model.py``,
+answers the questions the views ask).
 """
 
 from __future__ import annotations
@@ -25,6 +32,35 @@ from shardtop.events import (
 MEMORY_HISTORY = 120
 """Samples of allocator memory kept per rank for sparklines."""
 
+TRAINING_PHASES = frozenset({"forward", "backward", "optimizer"})
+"""Phases in which every rank runs the same code: samples taken in them can be compared rank to rank."""
+
+PHASE_SAMPLES_KEPT = 12
+"""(step, phase) keys kept per rank for rank-to-rank comparisons; older keys fall out."""
+
+GPU_SAMPLES_KEPT = 12
+"""NVML samples taken during training kept per host."""
+
+
+@dataclass(frozen=True)
+class PhaseSample:
+    """A rank's latest memory sample taken in one step and phase."""
+
+    step: int
+    phase: str
+    memory: Memory
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One NVML reading of a host's GPUs, with when and in which phase the sampling rank took it."""
+
+    t: float
+    rank: int
+    step: int
+    phase: str
+    gpus: tuple[GpuMemory, ...]
+
 
 @dataclass(frozen=True)
 class RankState:
@@ -37,7 +73,11 @@ class RankState:
     step: int = 0
     last_step: Step | None = None
     memory: Memory | None = None
+    peak_memory: Memory | None = None
+    """The sample with the highest allocator peak (or allocation) so far."""
     allocated_history: tuple[int, ...] = ()
+    phase_samples: tuple[PhaseSample, ...] = ()
+    """The latest sample of each recent (step, phase) in a training phase, oldest first."""
     shards: Shards | None = None
     """The latest shards for the current tree."""
     setup_shards: Shards | None = None
@@ -55,60 +95,84 @@ class RankState:
     def pid(self) -> int | None:
         return self.hello.pid if self.hello else None
 
+    @property
+    def left_at(self) -> float | None:
+        """When the rank stopped running its training: exit, OOM or teardown, whichever came first."""
+        times = [e.t for e in (self.exit, self.oom) if e is not None]
+        return min(times) if times else None
+
 
 @dataclass(frozen=True)
 class RunState:
-    """Everything known about a run from its events, at one moment."""
+    """Everything a run's events said, at one moment."""
 
     tree: Tree | None = None
     paths: tuple[str, ...] = ()
     ranks: Mapping[int, RankState] = field(default_factory=lambda: MappingProxyType({}))
     gpus: Mapping[str, tuple[GpuMemory, ...]] = field(default_factory=lambda: MappingProxyType({}))
     """The latest NVML sample of each host's GPUs."""
-    skipped: int = 0
+    gpu_samples: Mapping[str, tuple[GpuSample, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    """Recent NVML samples of each host taken during training (see ``TRAINING_PHASES``)."""
+    skipped_by: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    """Lines of the event files that could not be read, by reason: bad, unknown, newer, torn."""
+    inconsistent: int = 0
+    """Events that were well-formed but contradicted themselves or the tree, and were left out."""
     events: int = 0
     first_t: float | None = None
     last_t: float | None = None
 
     @property
-    def world_size(self) -> int:
-        for r in self.ranks.values():
-            if r.hello is not None:
-                return r.hello.world_size
-        return len(self.ranks)
+    def skipped(self) -> int:
+        return sum(self.skipped_by.values())
 
-    @property
-    def engine(self) -> str:
-        """The engine as the ranks hold the model; before it wrapped the model, what hello announced."""
-        ranks = sorted(self.ranks.values(), key=lambda r: r.rank)
-        for r in ranks:
-            if r.shards is not None and r.shards.engine and r.shards.stage != "setup":
-                return r.shards.engine
-        for r in ranks:
-            if r.hello is not None and r.hello.engine:
-                return r.hello.engine
-        for r in ranks:
-            if r.shards is not None and r.shards.engine:
-                return r.shards.engine
-        return ""
+    def rank_list(self) -> list[RankState]:
+        """The ranks in rank order."""
+        return [self.ranks[r] for r in sorted(self.ranks)]
 
-    @property
-    def ooms(self) -> list[Oom]:
-        return [r.oom for r in sorted(self.ranks.values(), key=lambda r: r.rank) if r.oom is not None]
 
-    @property
-    def step(self) -> int:
-        return max((r.step for r in self.ranks.values()), default=0)
+def tree_problem(tree: Tree) -> str:
+    """Why a tree cannot be drawn (columns of different lengths, parents outside it), or ``""``."""
+    n = len(tree.names)
+    if n == 0:
+        return "it has no rows"
+    if any(len(col) != n for col in (tree.parents, tree.types, tree.params, tree.bytes)):
+        return "its columns differ in length"
+    if tree.parents[0] != -1:
+        return "its first row is not the root"
+    if any(not 0 <= p < row for row, p in enumerate(tree.parents) if row):
+        return "a parent row points outside the tree or after its child"
+    if any(not 0 <= t < len(tree.type_names) for t in tree.types):
+        return "a type index points outside type_names"
+    if any(v < 0 for v in tree.params) or any(v < 0 for v in tree.bytes):
+        return "a size is negative"
+    return ""
 
-    @property
-    def hosts(self) -> list[str]:
-        return sorted({r.host for r in self.ranks.values() if r.host})
 
-    def row_of(self, path: str) -> int | None:
-        try:
-            return self.paths.index(path)
-        except ValueError:
-            return None
+def shards_problem(shards: Shards) -> str:
+    """Why a rank's shards cannot be read (arrays of different lengths, indexes out of range), or ``""``."""
+    n = len(shards.bytes)
+    columns = [shards.device, shards.state, shards.unit]
+    columns += [c for c in (shards.grad_bytes, shards.optim_bytes) if c is not None]
+    if any(len(col) != n for col in columns):
+        return "its arrays differ in length"
+    if any(not -1 <= d < len(shards.devices) for d in shards.device):
+        return "a device index is out of range"
+    if any(not -1 <= s < len(shards.states) for s in shards.state):
+        return "a state index is out of range"
+    if any(not -1 <= u < len(shards.units) for u in shards.unit):
+        return "a unit index is out of range"
+    if any(not 0 <= u.module < n for u in shards.units):
+        return "a unit is rooted outside the tree"
+    return ""
+
+
+def _fits(shards: Shards, tree: Tree | None) -> bool:
+    """Shards of the tree in hand must have one entry per row; shards of another tree wait for theirs."""
+    return tree is None or shards.tree_id != tree.tree_id or len(shards.bytes) == len(tree.names)
+
+
+def _peak_of(m: Memory) -> int:
+    return max(v for v in (m.peak, m.allocated, 0) if v is not None)
 
 
 class RunStateBuilder:
@@ -118,15 +182,17 @@ class RunStateBuilder:
         self._state = RunState()
         self._ranks: dict[int, RankState] = {}
         self._gpus: dict[str, tuple[GpuMemory, ...]] = {}
+        self._gpu_samples: dict[str, tuple[GpuSample, ...]] = {}
         self._dirty = False
 
     def apply(self, events: Iterable[AnyEvent]) -> None:
         for event in events:
             self._apply_one(event)
 
-    def note_skipped(self, count: int) -> None:
-        if count != self._state.skipped:
-            self._state = replace(self._state, skipped=count)
+    def note_skipped(self, skipped: Mapping[str, int]) -> None:
+        """The reader's skip counts so far (``EventReader.skipped``)."""
+        if dict(skipped) != dict(self._state.skipped_by):
+            self._state = replace(self._state, skipped_by=MappingProxyType({k: v for k, v in skipped.items() if v}))
 
     def snapshot(self) -> RunState:
         if self._dirty:
@@ -134,12 +200,16 @@ class RunStateBuilder:
                 self._state,
                 ranks=MappingProxyType(dict(self._ranks)),
                 gpus=MappingProxyType(dict(self._gpus)),
+                gpu_samples=MappingProxyType(dict(self._gpu_samples)),
             )
             self._dirty = False
         return self._state
 
     def _rank(self, event: AnyEvent) -> RankState:
         return self._ranks.get(event.rank) or RankState(rank=event.rank, host=event.host)
+
+    def _reject(self) -> None:
+        self._state = replace(self._state, inconsistent=self._state.inconsistent + 1)
 
     def _apply_one(self, event: AnyEvent) -> None:
         s = self._state
@@ -150,14 +220,10 @@ class RunStateBuilder:
             last_t=event.t if s.last_t is None else max(s.last_t, event.t),
         )
         if isinstance(event, Tree):
-            if self._state.tree is None or event.tree_id >= self._state.tree.tree_id:
-                self._state = replace(
-                    self._state, tree=event, paths=tuple(tree_paths(event.names, event.parents))
-                )
-                for rank, rs in self._ranks.items():
-                    if rs.shards is not None and rs.shards.tree_id != event.tree_id:
-                        self._ranks[rank] = replace(rs, shards=None)
-            self._dirty = True
+            self._apply_tree(event)
+            return
+        if isinstance(event, Shards) and (shards_problem(event) or not _fits(event, self._state.tree)):
+            self._reject()
             return
         rs = self._rank(event)
         if isinstance(event, Hello):
@@ -169,16 +235,14 @@ class RunStateBuilder:
             if tree is None or event.tree_id == tree.tree_id:
                 rs = replace(rs, shards=event)
         elif isinstance(event, Memory):
-            history = (rs.allocated_history + (event.allocated or event.host_rss,))[-MEMORY_HISTORY:]
-            rs = replace(rs, memory=event, allocated_history=history)
-            if event.gpus is not None:
-                self._gpus[event.host] = tuple(event.gpus)
+            rs = self._apply_memory(rs, event)
         elif isinstance(event, Phase):
             rs = replace(rs, phase=event.phase, step=max(rs.step, event.step))
         elif isinstance(event, Step):
             rs = replace(rs, last_step=event, step=max(rs.step, event.step))
         elif isinstance(event, Oom):
-            rs = replace(rs, oom=event, phase=event.phase)
+            if rs.oom is None:  # a rank runs out once; a second record (a retry) keeps the first
+                rs = replace(rs, oom=event, phase=event.phase)
             if event.gpus is not None:
                 self._gpus[event.host] = tuple(event.gpus)
         elif isinstance(event, Exit):
@@ -186,10 +250,38 @@ class RunStateBuilder:
         self._ranks[event.rank] = rs
         self._dirty = True
 
+    def _apply_tree(self, tree: Tree) -> None:
+        if tree_problem(tree):
+            self._reject()
+            return
+        if self._state.tree is None or tree.tree_id >= self._state.tree.tree_id:
+            self._state = replace(self._state, tree=tree, paths=tuple(tree_paths(tree.names, tree.parents)))
+            for rank, rs in self._ranks.items():
+                if rs.shards is not None and (rs.shards.tree_id != tree.tree_id or not _fits(rs.shards, tree)):
+                    self._ranks[rank] = replace(rs, shards=None)
+        self._dirty = True
 
-def fold(events: Iterable[AnyEvent], skipped: int = 0) -> RunState:
-    """A snapshot of a whole event list at once."""
+    def _apply_memory(self, rs: RankState, m: Memory) -> RankState:
+        history = (rs.allocated_history + (m.allocated or m.host_rss,))[-MEMORY_HISTORY:]
+        peak = rs.peak_memory
+        if peak is None or _peak_of(m) >= _peak_of(peak):
+            peak = m
+        samples = rs.phase_samples
+        if rs.phase in TRAINING_PHASES and rs.exit is None and rs.oom is None:
+            kept = tuple(p for p in samples if (p.step, p.phase) != (rs.step, rs.phase))
+            samples = (kept + (PhaseSample(rs.step, rs.phase, m),))[-PHASE_SAMPLES_KEPT:]
+        if m.gpus is not None:
+            gpus = tuple(m.gpus)
+            self._gpus[m.host] = gpus
+            if rs.phase in TRAINING_PHASES:
+                sample = GpuSample(m.t, m.rank, rs.step, rs.phase, gpus)
+                self._gpu_samples[m.host] = (self._gpu_samples.get(m.host, ()) + (sample,))[-GPU_SAMPLES_KEPT:]
+        return replace(rs, memory=m, peak_memory=peak, allocated_history=history, phase_samples=samples)
+
+
+def fold(events: Iterable[AnyEvent], skipped: Mapping[str, int] | None = None) -> RunState:
+    """A snapshot of a whole event list at once (``skipped``: the reader's skip counts)."""
     builder = RunStateBuilder()
     builder.apply(events)
-    builder.note_skipped(skipped)
+    builder.note_skipped(skipped or {})
     return builder.snapshot()

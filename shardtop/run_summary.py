@@ -1,49 +1,43 @@
-"""One line about a run, for ``shardtop runs`` and the TUI's run list."""
+"""One line about a run, for ``shardtop runs`` and the TUI's run list: rendered from the read model."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
-from shardtop.config import format_bytes
-from shardtop.events import read_all
-from shardtop.run_state import RunState, fold
+from shardtop.run_files import read_run
+from shardtop.run_model import RunModel
 from shardtop.runs import RunDirectory
 
 
 @dataclass(frozen=True)
 class RunSummary:
     id: str
-    preset: str
+    title: str
+    """The preset, or what a script run is."""
+    state: str
+    """running, finished, failed, stopped or lost: the run's status word."""
     status: str
+    """The status in words, with the exit code or signal."""
     ranks: int
+    hosts: tuple[str, ...]
     step: int
     started: str
     note: str
 
 
-def summarize(run: RunDirectory, state: RunState | None = None) -> RunSummary:
-    """``state``: the run's events already folded (the TUI follows live runs incrementally)."""
-    meta = run.read_meta()
-    if state is None:
-        events, skipped = read_all(run.events_dir)
-        state = fold(events, sum(skipped.values()))
-    created = meta.get("created")
-    started = time.strftime("%Y-%m-%d %H:%M", time.localtime(created)) if created else "?"
-    note = ""
-    if state.ooms:
-        oom = state.ooms[0]
-        where = f" in {oom.module}" if oom.module else ""
-        asked = f" ({format_bytes(oom.requested_bytes)} requested)" if oom.requested_bytes else ""
-        note = f"OOM on rank {oom.rank} during {oom.phase}{where}{asked}"
-    elif state.skipped:
-        note = f"{state.skipped} unreadable event line(s)"
+def summarize(run: RunDirectory, model: RunModel | None = None) -> RunSummary:
+    """``model``: the run already read (the TUI follows live runs incrementally)."""
+    m = model if model is not None else read_run(run)
+    created = m.meta.created or m.state.first_t
     return RunSummary(
         id=run.id,
-        preset=str(meta.get("preset", "?")),
-        status=run.status().describe(),
-        ranks=len(state.ranks) or int(meta.get("config", {}).get("world_size", 0) or 0),
-        step=state.step,
-        started=started,
-        note=note,
+        title=m.meta.title,
+        state=m.status.state if m.status is not None else "lost",
+        status=m.status_text,
+        ranks=len(m.ranks) or m.meta.world_size,
+        hosts=m.hosts,
+        step=m.step,
+        started=time.strftime("%Y-%m-%d %H:%M", time.localtime(created)) if created else "?",
+        note=m.summary_note,
     )

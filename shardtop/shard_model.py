@@ -14,7 +14,8 @@ from functools import cached_property
 from types import MappingProxyType
 
 from shardtop.events import Shards, Tree, Unit, tree_paths
-from shardtop.shard_placement import Placement, decode, device_words, held_masks
+from shardtop.run_state import RunState
+from shardtop.shard_placement import Placement, PlacementMasks, placement_masks
 
 FOLD_MIN = 5
 """Fewer consecutive look-alike siblings than this stay separate rows (so q, k, v, o projections keep their names)."""
@@ -113,11 +114,9 @@ class ShardModel:
     """Bytes of each subtree's parameters stored on each rank."""
     shards: Mapping[int, Shards]
     unit_roots: Mapping[int, Unit] = field(default_factory=lambda: MappingProxyType({}))
-    """Modules a sharding unit is rooted at (lowest rank's view)."""
-    held: tuple[int, ...] = ()
-    """Where each subtree's parameters are (lowest rank's view), as ``held_masks`` encodes it."""
-    devices: tuple[str, ...] = ()
-    """The device names ``held``'s device bits stand for (``device_words``)."""
+    """Modules a sharding unit is rooted at (the lowest rank's units: every rank has the same)."""
+    placed: PlacementMasks | None = None
+    """Where each subtree's parameters are, over every rank."""
 
     @classmethod
     def build(
@@ -139,14 +138,9 @@ class ShardModel:
         entries = {row: fold_children(row, k, tree.types, params_total, fold_min) for row, k in kids.items()}
         usable = {rank: s for rank, s in sorted(shards.items()) if s.tree_id == tree.tree_id and len(s.bytes) == n}
         unit_roots: dict[int, Unit] = {}
-        held: list[int] = []
-        devices: tuple[str, ...] = ()
         if usable:
-            lowest = usable[min(usable)]
-            for unit in lowest.units:
+            for unit in usable[min(usable)].units:
                 unit_roots.setdefault(unit.module, unit)
-            held = held_masks(lowest, parents, tree.params)
-            devices = device_words(lowest.devices, [s.devices for r, s in usable.items() if r != min(usable)])
         return cls(
             tree=tree,
             paths=tuple(paths) if paths is not None else tuple(tree_paths(tree.names, parents)),
@@ -159,9 +153,16 @@ class ShardModel:
             rank_bytes=MappingProxyType({rank: tuple(subtree_sums(s.bytes, parents)) for rank, s in usable.items()}),
             shards=MappingProxyType(usable),
             unit_roots=MappingProxyType(unit_roots),
-            held=tuple(held),
-            devices=devices,
+            placed=placement_masks(usable, parents, tree.params) if usable else None,
         )
+
+    @classmethod
+    def of(cls, state: RunState) -> ShardModel | None:
+        """The shard model of a run's current tree and every rank's latest snapshot of it."""
+        if state.tree is None:
+            return None
+        shards = {r.rank: r.shards for r in state.rank_list() if r.shards is not None}
+        return cls.build(state.tree, shards, state.paths)
 
     # -- lookups ------------------------------------------------------------------
 
@@ -268,13 +269,10 @@ class ShardModel:
         return cells
 
     def placement(self, node: Node) -> Placement:
-        """How and where the lowest rank holds the node's parameters, its descendants' included."""
-        if not self.held:
+        """How and where the ranks hold the node's parameters, its descendants' included."""
+        if self.placed is None:
             return Placement((), ())
-        mask = 0
-        for row in self.members(node) if isinstance(node, Fold) else (node,):
-            mask |= self.held[row]
-        return decode(mask, self.shards[self.ranks[0]].states, self.devices)
+        return self.placed.placement(self.members(node) if isinstance(node, Fold) else (node,))
 
 
 def visible_lines(model: ShardModel, expanded: Collection[Node]) -> list[Line]:

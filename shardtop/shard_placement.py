@@ -1,12 +1,15 @@
-"""Where a module's parameters are: the states and devices of its subtree, as bit masks per row.
+"""Where a module's parameters are, over every rank: the states and devices of its subtree as bit masks.
 
 Pure Python, no Textual: the shard model computes the masks once per build, and
-the tree and the details pane read one ``Placement`` per line they draw.
+the tree, the details pane and the report read one ``Placement`` per line they
+draw.  One policy for every view: a module is in every state and on every
+device any rank holds its subtree's parameters in, and ranks on their own GPU
+(``cuda:0`` on rank 0, ``cuda:1`` on rank 1) hold it on ``cuda``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shardtop.events import Shards
@@ -21,50 +24,74 @@ class Placement:
 
     @property
     def state(self) -> str:
-        """``offloaded``; ``mixed`` over several states; empty with no parameters."""
-        return self.states[0] if len(self.states) == 1 else "mixed" if self.states else ""
+        """``offloaded``; ``sharded+unsharded`` over two states; ``mixed`` over more; empty with no parameters."""
+        return _words(self.states)
 
     @property
     def device(self) -> str:
         """``cuda:0``; ``cpu+cuda:0`` over two devices; ``mixed`` over more."""
-        if len(self.devices) <= 2:
-            return "+".join(self.devices)
-        return "mixed"
+        return _words(self.devices)
 
 
-def held_masks(shards: Shards, parents: Sequence[int], params: Sequence[int]) -> list[int]:
-    """Each row's subtree as a bit mask of where its own parameters are: device bits, then state bits.
+def _words(names: tuple[str, ...]) -> str:
+    return "+".join(names) if len(names) <= 2 else "mixed"
 
-    Bit ``d`` is ``shards.devices[d]``, bit ``len(devices) + s`` is ``shards.states[s]``.
-    One pass down and one up, so a 100 000-module model costs two loops, not a walk per line.
+
+def device_words(per_rank: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Each rank's device names as the tree says them: ``cuda`` where ranks sit on different GPUs."""
+    first = list(per_rank[0]) if per_rank else []
+    if all(list(d) == first for d in per_rank):
+        return [list(d) for d in per_rank]
+    return [["cuda" if name.startswith("cuda:") else name for name in d] for d in per_rank]
+
+
+@dataclass(frozen=True)
+class PlacementMasks:
+    """Per tree row, a bit mask of its subtree's placement over every rank.
+
+    Bit ``d`` is ``devices[d]``, bit ``len(devices) + s`` is ``states[s]``.
     """
-    n_dev = len(shards.devices)
+
+    masks: tuple[int, ...]
+    states: tuple[str, ...]
+    devices: tuple[str, ...]
+
+    def placement(self, rows: Sequence[int]) -> Placement:
+        mask = 0
+        for row in rows:
+            mask |= self.masks[row]
+        n_dev = len(self.devices)
+        return Placement(
+            states=tuple(s for i, s in enumerate(self.states) if mask >> (n_dev + i) & 1),
+            devices=tuple(dict.fromkeys(d for i, d in enumerate(self.devices) if mask >> i & 1)),
+        )
+
+
+def placement_masks(shards: Mapping[int, Shards], parents: Sequence[int], params: Sequence[int]) -> PlacementMasks:
+    """One pass per distinct rank layout and one up the tree: ranks that hold the model the same
+    way (the usual case) cost one pass together, so 512 ranks of one layout cost what one does."""
+    ranks = sorted(shards)
+    words = device_words([shards[r].devices for r in ranks])
+    states: dict[str, int] = {}
+    devices: dict[str, int] = {}
+    layouts: dict[tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...], tuple[int, ...]], None] = {}
+    for rank, dev_names in zip(ranks, words):
+        s = shards[rank]
+        layouts[(tuple(dev_names), tuple(s.states), tuple(s.device), tuple(s.state))] = None
+        for name in s.states:
+            states.setdefault(name, len(states))
+        for name in dev_names:
+            devices.setdefault(name, len(devices))
+    n_dev = len(devices)
     out = [0] * len(parents)
-    for row, (d, s) in enumerate(zip(shards.device, shards.state, strict=False)):
-        if params[row] > 0 and d >= 0 and s >= 0:
-            out[row] = (1 << d) | (1 << (n_dev + s))
+    for dev_names, state_names, device, state in layouts:
+        dbits = [1 << devices[name] for name in dev_names]
+        sbits = [1 << (n_dev + states[name]) for name in state_names]
+        for row, (d, st) in enumerate(zip(device, state)):
+            if params[row] > 0 and 0 <= d < len(dbits) and 0 <= st < len(sbits):
+                out[row] |= dbits[d] | sbits[st]
     for row in range(len(out) - 1, 0, -1):
         p = parents[row]
         if p >= 0:
             out[p] |= out[row]
-    return out
-
-
-def device_words(devices: Sequence[str], others: Sequence[Sequence[str]]) -> tuple[str, ...]:
-    """The lowest rank's device names as the tree says them for every rank.
-
-    Ranks on their own GPU (``cuda:0`` on rank 0, ``cuda:1`` on rank 1) hold
-    the same module on "cuda", not on rank 0's ``cuda:0``.
-    """
-    if all(list(o) == list(devices) for o in others):
-        return tuple(devices)
-    return tuple("cuda" if d.startswith("cuda:") else d for d in devices)
-
-
-def decode(mask: int, states: Sequence[str], devices: Sequence[str]) -> Placement:
-    """The ``Placement`` a ``held_masks`` mask stands for, with the shards' state and device names."""
-    n_dev = len(devices)
-    return Placement(
-        states=tuple(s for i, s in enumerate(states) if mask >> (n_dev + i) & 1),
-        devices=tuple(dict.fromkeys(d for i, d in enumerate(devices) if mask >> i & 1)),
-    )
+    return PlacementMasks(tuple(out), tuple(states), tuple(devices))

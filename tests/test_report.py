@@ -15,7 +15,7 @@ import pytest
 
 from shardtop.events import EventWriter, Exit, Hello, Tree, event_file, tree_paths
 from shardtop.report import render_report
-from shardtop.report.blocks import count
+from shardtop.units import count_words as count
 from shardtop.report.document import Details, Facts, Heading, Para, Table, to_markdown, to_text
 from shardtop.report.json_report import REPORT_SCHEMA_VERSION
 from shardtop.report.tree_summary import TREE_MAX_ROWS, summarize_tree
@@ -73,7 +73,7 @@ def test_text_report_of_story_1(real: Any) -> None:
         assert expected in out, expected
     assert "`" not in out and "**" not in out  # no Markdown marks on a terminal
     tree = out[out.index("Shard tree") :]
-    assert re.search(r"\(root\)\s+PatchSegmenter .* sharded,unsharded\s+cpu", tree)
+    assert re.search(r"\(root\)\s+PatchSegmenter .* sharded\+unsharded\s+cpu", tree)
     assert re.search(r"├─conv1\s+Conv2d .* unsharded\s+cpu", tree)
     assert re.search(r"├─transformer_1\s+Sequential .* sharded\s+cpu\s+fsdp1 unit", tree)
     ranks = out[out.index("Per rank") : out.index("Shard tree")]
@@ -175,8 +175,7 @@ def test_report_counts_and_mentions_unreadable_lines(real: Any, tmp_path: Path) 
         f.write(b'{"kind": "gpu-fan", "v": 1, "rank": 1}\n')  # a kind from a newer writer
         f.write(b'{"kind": "step", "v": 1, "rank": 1, "step": 3')  # torn last line, no newline
     text = report(copy)
-    assert "⚠ 3 line(s) of the event files could not be read and were skipped" in text
-    assert "1 unreadable, 1 of unknown kinds, 1 cut off" in text
+    assert "⚠ 3 event line(s) could not be used (1 unreadable, 1 of unknown kinds, 1 cut off)" in text
     data = json.loads(report(copy, "json"))
     assert data["events"]["skipped"] == {"bad": 1, "unknown": 1, "newer": 0, "torn": 1}
     assert data["events"]["skipped_total"] == 3
@@ -201,13 +200,18 @@ def test_report_of_a_run_with_no_events_yet(tmp_path: Path) -> None:
     run = RunDirectory.create(
         root, "fsdp2-mlp", {"config": {"world_size": 2}, "command": ["shardtop", "launch", "fsdp2-mlp"]}
     )
+    (run.logs_dir / "rank-0.log").write_text("Traceback (most recent call last):\n  ...\nModuleNotFoundError: No module named 'deepspeed'\n")
     text = report(run.path)
     assert "No events yet" in text and "No module tree reported yet." in text
-    assert "No findings" in text
+    assert "No findings" not in text, "a run that ended having recorded nothing is not a run where nothing looks wrong"
+    assert "Nothing was recorded" in text and "ModuleNotFoundError: No module named 'deepspeed'" in text
     md = report(run.path, "markdown")
     assert "No events yet" in md
     data = json.loads(report(run.path, "json"))
-    assert (data["engine"], data["oom"], data["modules"], data["findings"]) == (None, None, [], [])
+    assert (data["engine"], data["oom"], data["modules"]) == (None, None, [])
+    (nothing,) = data["findings"]
+    assert nothing["code"] == "nothing-recorded" and nothing["severity"] == "error"
+    assert nothing["evidence"]["error_rank"] == 0 and nothing["evidence"]["status"] == "lost"
     assert data["events"]["read"] == 0 and data["run"]["preset"] == "fsdp2-mlp"
 
 
@@ -239,7 +243,7 @@ def test_a_failure_that_is_no_oom_shows_its_error(tmp_path: Path) -> None:
     writer.write(Exit(code=1, status="error", error=error))
     writer.close()
     md = report(run.path, "markdown")
-    assert "<summary>Error on rank 0 (error)</summary>" in md and error in md
+    assert "<summary>Error on rank 0 (failed)</summary>" in md and error in md
     assert "## Out of memory" not in md
 
 

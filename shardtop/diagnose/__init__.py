@@ -1,71 +1,83 @@
-"""Rules that turn a run's shard tree, memory and OOM into plain-language findings.
+"""Rules that turn a run's read model into plain-language findings, each with its evidence.
 
-Pure Python over a ``RunState``: the TUI, ``shardtop report`` and tests all
-call ``diagnose(state)``.  Each finding has a stable ``code``:
+Pure Python over a ``RunModel``: the TUI, ``shardtop report`` and tests all
+call ``diagnose(model)``.  Each rule is a ``Rule``: ``find`` gathers typed
+evidence, ``explain`` words a ``Finding`` from that evidence alone.  Stable codes:
 
 - ``zero3.py``: ``zero3-not-partitioned-at-init``; ``zero3-single-rank`` and
   ``fsdp-single-rank`` (sharding on one rank)
 - ``fsdp.py``: ``fsdp-single-unit``, ``fsdp-manual-wrap-ignored``,
   ``fsdp2-no-data-parallel``, ``precision-mismatch``, ``cpu-offload-not-applied``
-- ``placement.py``: ``placement-imbalance``
-- ``memory.py``: ``optimizer-state-dominates``, and ``oom``, which names the
-  culprit when no other finding explains an OOM
+- ``placement.py``: ``placement-imbalance``, ``cuda-context-on-wrong-gpu``
+- ``memory.py``: ``optimizer-state-dominates``; ``oom``, which names the culprit
+  when no other finding explains an OOM; ``nothing-recorded``
 
-A finding of severity ``error`` explains a failure.  The facts every rule
-reads are computed once (``facts.py``).  No torch, no textual, no I/O.
+A finding of severity ``error`` explains a failure.  No torch, no textual, no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from shardtop.diagnose import fsdp, memory, placement, zero3
-from shardtop.diagnose.facts import RunFacts
-from shardtop.diagnose.finding import SEVERITIES, Finding, severity_key
-from shardtop.run_state import RunState
+from shardtop.diagnose.finding import SEVERITIES, Evidence, Finding, Rule, Severity, severity_key
+from shardtop.run_model import RunModel
 
-Rule = Callable[[RunFacts], "Finding | None"]
-
-RULES: tuple[Rule, ...] = (
-    zero3.zero3_not_partitioned_at_init,
-    fsdp.fsdp_manual_wrap_ignored,
-    fsdp.fsdp_single_unit,
-    fsdp.fsdp2_no_data_parallel,
-    zero3.single_rank,
-    placement.placement_imbalance,
-    fsdp.precision_mismatch,
-    memory.optimizer_state_dominates,
-    fsdp.cpu_offload_not_applied,
+RULES: tuple[Rule[Any], ...] = (
+    zero3.BUILT_WHOLE,
+    fsdp.STRAY_LAYERS,
+    fsdp.SINGLE_UNIT,
+    fsdp.NO_DATA_PARALLEL,
+    zero3.SINGLE_RANK,
+    placement.IMBALANCE,
+    placement.WRONG_GPU,
+    fsdp.FP16_UNSCALED,
+    memory.OPTIMIZER_HEAVY,
+    fsdp.OFFLOAD_MISSING,
+    memory.NOTHING_RECORDED,
 )
 """Every rule but ``oom``, which runs last: it speaks only when these leave an OOM unexplained."""
 
 
-def diagnose(state: RunState) -> list[Finding]:
-    """Every finding the run's events support, most severe first."""
-    facts = RunFacts.of(state)
+def diagnose(model: RunModel) -> list[Finding]:
+    """Every finding the run supports, most severe first."""
     findings: list[Finding] = []
     for rule in RULES:
-        try:
-            found = rule(facts)
-        except Exception as e:  # noqa: BLE001 - one broken rule must not hide the others
-            found = _rule_failed(rule, e)
+        found = _apply(rule, model)
         if found is not None:
             findings.append(found)
-    if facts.ooms and not any(f.severity == "error" for f in findings):
-        findings.append(memory.oom_finding(facts))
+    if model.ooms and not any(f.severity == "error" for f in findings):
+        found = _apply(memory.OUT_OF_MEMORY, model)
+        if found is not None:
+            findings.append(found)
     return sorted(findings, key=severity_key)
 
 
-def _rule_failed(rule: Rule, error: Exception) -> Finding:
-    name = getattr(rule, "__name__", "rule")
+def _apply(rule: Rule[Any], model: RunModel) -> Finding | None:
+    try:
+        evidence = rule.find(model)
+        return None if evidence is None else rule.explain(evidence)
+    except Exception as e:  # noqa: BLE001 - one broken rule must not hide the others
+        return rule_failed(rule.code, e)
+
+
+@dataclass(frozen=True)
+class RuleFailed(Evidence):
+    rule: str
+    error: str
+
+
+def rule_failed(code: str, error: Exception) -> Finding:
+    """A rule that broke on this run says so, as a finding, instead of taking the others down."""
     return Finding(
         code="diagnose-rule-failed",
-        title=f"The {name} check could not read this run",
+        title=f"The {code} check could not read this run",
         detail=f"{type(error).__name__}: {error}",
         fix="Report this as a shardtop bug, with `shardtop report RUN --format json` attached.",
+        evidence=RuleFailed(code, f"{type(error).__name__}: {error}"),
         severity="info",
-        evidence={"rule": name},
     )
 
 
-__all__ = ["RULES", "SEVERITIES", "Finding", "diagnose", "severity_key"]
+__all__ = ["RULES", "SEVERITIES", "Evidence", "Finding", "Rule", "Severity", "diagnose", "severity_key"]

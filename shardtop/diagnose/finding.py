@@ -1,9 +1,32 @@
-"""``Finding``: one diagnosis, in the user's words, with the numbers behind it."""
+"""``Finding``: one diagnosis, in the user's words, rendered from the evidence that made it.
+
+A rule is two functions (``Rule``): ``find`` reads the run's ``RunModel`` and
+returns typed evidence — numbers, modules, engine facts, the samples used —
+or None; ``explain`` turns that evidence, and nothing else, into a
+``Finding``.  So every word a finding says can be checked against its
+evidence, which the JSON report carries whole.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+Severity = Literal["error", "warning", "info"]
+
+SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
+"""Most severe first: ``error`` explains a failure (an OOM), ``warning`` wastes memory or
+risks the training, ``info`` is worth knowing."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a rule saw.  Each rule subclasses it with the fields its words need."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -15,18 +38,25 @@ class Finding:
     """What happened, with the numbers that show it."""
     fix: str
     """What to change, in the user's terms."""
-    severity: str = "warning"
-    """error (explains a failure), warning, or info."""
+    evidence: Evidence
+    severity: Severity = "warning"
     saving_bytes: int | None = None
     """Estimated bytes saved per rank by the fix."""
     modules: tuple[str, ...] = ()
     """Tree paths the finding concerns (empty: the whole run)."""
-    evidence: Mapping[str, int | float | str] = field(default_factory=dict)
 
 
-SEVERITIES = ("error", "warning", "info")
-"""Most severe first: ``error`` explains a failure (an OOM), ``warning`` wastes memory or
-risks the training, ``info`` is worth knowing."""
+E = TypeVar("E", bound=Evidence)
+
+
+@dataclass(frozen=True)
+class Rule(Generic[E]):
+    """A rule: evidence from the run, then words from the evidence."""
+
+    code: str
+    find: Callable[[Any], E | None]
+    """``RunModel`` → evidence, or None when the run does not show it."""
+    explain: Callable[[E], Finding]
 
 
 def severity_key(finding: Finding) -> tuple[int, int]:

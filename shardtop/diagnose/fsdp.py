@@ -1,29 +1,27 @@
-"""FSDP rules: one unit for everything, layers outside every unit, a mesh that shards
-nothing, fp16 without loss scaling, offload that is not in effect.
-
-Each rule takes the run's ``RunFacts`` and returns one ``Finding`` or None.
-"""
+"""FSDP rules: most of the model in one unit, layers outside every unit, a mesh that shards
+nothing, fp16 without loss scaling, offload that is not in effect."""
 
 from __future__ import annotations
 
-from shardtop.diagnose.facts import (
-    FSDP_ENGINES,
-    RankFacts,
-    RunFacts,
-    covering_rows,
-    fmt,
-    list_names,
-)
-from shardtop.diagnose.finding import Finding
-from shardtop.events import Oom, Shards
+from dataclasses import dataclass
+
+from shardtop.diagnose.facts import FSDP_ENGINES, Driver, OomEvidence, driver_of, first_oom_evidence, fmt
+from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.events import Shards
+from shardtop.run_model import RankFacts, RunModel
+from shardtop.tree_facts import covering_rows
+from shardtop.words import list_names
 
 SINGLE_UNIT_MIN_SHARE = 0.9
-"""One FSDP unit counts as "the whole model in one unit" when it manages at least 90 % of
-the parameter bytes: what is left outside is too small to change the all-gather peak."""
+"""One FSDP unit holds "nearly all of the model" when its own parameters are at least 90 % of
+the parameter bytes: whatever the other units hold is too small to change the all-gather peak."""
 
 UNMANAGED_MIN_SHARE = 0.01
 """Parameters outside every FSDP unit are worth a finding from 1 % of the model up: below
 that, a stray LayerNorm or bias held whole costs nothing anyone would notice."""
+
+GATHERING_STRATEGIES = frozenset({"FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"})
+"""Strategies that all-gather a unit's parameters for its forward (NO_SHARD never gathers)."""
 
 FP16_NAMES = frozenset({"float16", "torch.float16", "half", "fp16"})
 """How the probe may spell float16 in ``param_dtype``."""
@@ -32,206 +30,278 @@ FULL_PRECISIONS = ("32", "64")
 """Lightning precision settings (``32``, ``32-true``, ``64-true``) under which no grad scaler runs."""
 
 
-def _fsdp_rank(f: RunFacts) -> RankFacts | None:
+def _fsdp_rank(m: RunModel) -> RankFacts | None:
     """The lowest rank with an FSDP snapshot aligned with the tree."""
-    if f.engine not in FSDP_ENGINES:
+    if m.engine not in FSDP_ENGINES:
         return None
-    for r in f.engine_ranks:
-        if f.aligned(r.shards):
-            return r
-    return None
+    return next((r for r in m.engine_ranks if m.aligned(r.shards)), None)
 
 
-def _oom_in(f: RunFacts, phases: tuple[str, ...]) -> Oom | None:
-    return next((o for o in f.ooms if o.phase in phases), None)
-
-
-def _block_names(f: RunFacts) -> tuple[str, str]:
+def _block_names(m: RunModel) -> tuple[str, str]:
     """(type name, where the instances live) of the repeated block, with placeholders."""
-    block = f.block
+    block = m.block
     if block is None:
         return "YourBlock", "model.layers"
     return block.type_name, block.container or "model"
 
 
-def fsdp_single_unit(f: RunFacts) -> Finding | None:
-    """FSDP without an auto-wrap policy: the root is the only unit and gathers everything at once."""
-    r = _fsdp_rank(f)
-    if r is None or r.shards is None:
+# -- fsdp-single-unit ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SingleUnit(Evidence):
+    engine: str
+    driver: Driver
+    rank: int
+    rank_param_bytes: int
+    units: int
+    unit_module: str
+    unit_bytes: int
+    """Full bytes of the parameters the largest unit manages itself (not its child units')."""
+    unit_params: int
+    strategy: str
+    model_bytes: int
+    block_type: str
+    block_container: str
+    block_count: int
+    largest_block_bytes: int
+    oom: OomEvidence | None
+
+
+def _managed_bytes(m: RunModel, s: Shards) -> list[int]:
+    """Full parameter bytes each unit manages itself (rows whose innermost unit it is)."""
+    tree = m.tree
+    assert tree is not None
+    out = [0] * len(s.units)
+    for b, u in zip(tree.bytes, s.unit):
+        if 0 <= u < len(out):
+            out[u] += b
+    return out
+
+
+def find_single_unit(m: RunModel) -> SingleUnit | None:
+    r = _fsdp_rank(m)
+    if r is None or r.shards is None or not m.full_bytes:
         return None
     s = r.shards
-    units = [u for u in s.units if u.kind in FSDP_ENGINES]
-    count = s.info.get("fsdp_units", len(units))
-    if count != 1 or len(units) != 1:
+    units = [i for i, u in enumerate(s.units) if u.kind in FSDP_ENGINES]
+    if not units:
         return None
-    unit = units[0]
-    covered = f.subtree_bytes[unit.module] if 0 <= unit.module < len(f.subtree_bytes) else 0
-    if not f.full_bytes or covered < SINGLE_UNIT_MIN_SHARE * f.full_bytes:
+    managed = _managed_bytes(m, s)
+    biggest = max(units, key=managed.__getitem__)
+    unit = s.units[biggest]
+    if managed[biggest] < SINGLE_UNIT_MIN_SHARE * m.full_bytes or unit.strategy not in GATHERING_STRATEGIES:
         return None
-    block = f.block
-    block_type, container = _block_names(f)
-    root_path = f.path(unit.module)
-    where = f"`{root_path}`" if root_path else "the root module"
-    detail = (
-        f"One FSDP unit, rooted at {where}, manages {unit.params or 'all the'} parameter tensors "
-        f"({fmt(covered)}, {covered / f.full_bytes:.0%} of the model): no auto-wrap policy split the model into "
-        f"smaller units. Each rank stores only its shard between uses ({fmt(r.param_bytes)} on rank {r.rank}), "
-        f"but every forward and backward all-gathers the whole unit at once: {fmt(covered)} per rank at the peak, "
-        "as if nothing were sharded."
+    block = m.block
+    block_type, container = _block_names(m)
+    return SingleUnit(
+        engine=m.engine,
+        driver=driver_of(m),
+        rank=r.rank,
+        rank_param_bytes=r.param_bytes,
+        units=len(units),
+        unit_module=m.path(unit.module),
+        unit_bytes=managed[biggest],
+        unit_params=unit.params,
+        strategy=unit.strategy,
+        model_bytes=m.full_bytes,
+        block_type=block_type,
+        block_container=container,
+        block_count=block.count if block else 0,
+        largest_block_bytes=block.largest_bytes if block else 0,
+        oom=first_oom_evidence(m, ("forward", "backward")),
     )
-    if block is not None:
+
+
+def explain_single_unit(e: SingleUnit) -> Finding:
+    where = f"`{e.unit_module}`" if e.unit_module else "the root module"
+    share = e.unit_bytes / e.model_bytes
+    others = f" (the other {e.units - 1} unit(s) hold the remaining {1 - share:.0%})" if e.units > 1 else ""
+    detail = (
+        f"{'One FSDP unit' if e.units == 1 else f'Of {e.units} FSDP units, one'}, rooted at {where}, manages "
+        f"{e.unit_params or 'all the'} parameter tensors itself ({fmt(e.unit_bytes)}, {share:.0%} of the model)"
+        f"{others}: no auto-wrap policy split the model into smaller units. Each rank stores only its shard between "
+        f"uses ({fmt(e.rank_param_bytes)} on rank {e.rank}), but every forward and backward all-gathers that unit "
+        f"at once: {fmt(e.unit_bytes)} per rank at the peak, as if nothing were sharded."
+    )
+    if e.block_count:
         detail += (
-            f" The model repeats {block.count} × {block.type_name} (the largest {fmt(block.largest_bytes)}): "
-            f"wrapped one unit each, only about one {block.type_name} is gathered at a time."
+            f" The model repeats {e.block_count} × {e.block_type} (the largest {fmt(e.largest_block_bytes)}): "
+            f"wrapped one unit each, only about one {e.block_type} is gathered at a time."
         )
-    if f.engine == "fsdp2":
+    if e.oom is not None:
+        detail += f" Rank {e.oom.rank} ran out of memory during {e.oom.phase}."
+    if e.engine == "fsdp2":
         fix = (
-            f"Call fully_shard on each {block_type} before the root: "
-            f"`for block in {container}: fully_shard(block)`, then `fully_shard(model)`"
-            + (" (in configure_model())." if f.lightning else ".")
+            f"Call fully_shard on each {e.block_type} before the root: "
+            f"`for block in {e.block_container}: fully_shard(block)`, then `fully_shard(model)`"
+            + (" (in configure_model())." if e.driver == "lightning" else ".")
         )
-    elif f.lightning:
-        fix = (
-            "Give the strategy an auto-wrap policy on the repeated block: "
-            f"`FSDPStrategy(auto_wrap_policy={{{block_type}}})`."
-        )
+    elif e.driver == "lightning":
+        fix = f"Give the strategy an auto-wrap policy on the repeated block: `FSDPStrategy(auto_wrap_policy={{{e.block_type}}})`."
     else:
         fix = (
             "Give FSDP an auto-wrap policy on the repeated block: "
-            f"`FSDP(model, auto_wrap_policy=ModuleWrapPolicy({{{block_type}}}), ...)`."
+            f"`FSDP(model, auto_wrap_policy=ModuleWrapPolicy({{{e.block_type}}}), ...)`."
         )
-    oom = _oom_in(f, ("forward", "backward"))
     return Finding(
         code="fsdp-single-unit",
-        title="FSDP wraps the whole model in one unit: every step gathers all parameters at once",
-        detail=detail + (f" Rank {oom.rank} ran out of memory during {oom.phase}." if oom else ""),
+        title="FSDP wraps nearly the whole model in one unit: every step gathers all of it at once"
+        if e.units > 1
+        else "FSDP wraps the whole model in one unit: every step gathers all parameters at once",
+        detail=detail,
         fix=fix,
-        severity="error" if oom else "warning",
-        saving_bytes=max(0, covered - block.largest_bytes) if block is not None else None,
-        modules=(f.path(unit.module),),
-        evidence={
-            "fsdp_units": 1,
-            "unit_bytes": covered,
-            "model_bytes": f.full_bytes,
-            "block_type": block_type,
-            "block_count": block.count if block else 0,
-            "largest_block_bytes": block.largest_bytes if block else 0,
-        },
+        evidence=e,
+        severity="error" if e.oom is not None else "warning",
+        saving_bytes=max(0, e.unit_bytes - e.largest_block_bytes) if e.block_count else None,
+        modules=(e.unit_module,),
     )
 
 
-def _unmanaged(f: RunFacts, s: Shards) -> tuple[list[int], int, int]:
-    """(outermost rows outside every unit, their parameter count, their full bytes)."""
-    tree = f.tree
-    assert tree is not None
-    selected = [u < 0 for u in s.unit]
-    has_params = [b > 0 for b in tree.bytes]
-    rows = covering_rows(selected, has_params, tree.parents)
-    params = sum(p for p, u in zip(tree.params, s.unit) if u < 0)
-    full = sum(b for b, u in zip(tree.bytes, s.unit) if u < 0)
-    return rows, params, full
+SINGLE_UNIT = Rule("fsdp-single-unit", find_single_unit, explain_single_unit)
 
 
-def _devices_of(s: Shards, rows_mask: list[bool]) -> list[str]:
+# -- fsdp-manual-wrap-ignored -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StrayLayers(Evidence):
+    world_size: int
+    model_bytes: int
+    unit_modules: tuple[str, ...]
+    stray_modules: tuple[str, ...]
+    stray_params: int
+    stray_bytes: int
+    stray_devices: tuple[str, ...]
+    unit_devices: tuple[str, ...]
+    configure_sharded_model: bool
+    """Lightning's deprecated hook is the likely cause (the driver or the strategy says Lightning)."""
+    driver: Driver
+    block_type: str
+
+
+def _devices_of(s: Shards, rows_mask: list[bool]) -> tuple[str, ...]:
     found = {s.devices[d] for d, b, m in zip(s.device, s.bytes, rows_mask) if m and b and 0 <= d < len(s.devices)}
-    return sorted(found)
+    return tuple(sorted(found))
 
 
-def fsdp_manual_wrap_ignored(f: RunFacts) -> Finding | None:
-    """Some layers wrapped by hand, the root not wrapped: the rest is held whole on every rank."""
-    r = _fsdp_rank(f)
-    if r is None or r.shards is None:
+def find_stray_layers(m: RunModel) -> StrayLayers | None:
+    r = _fsdp_rank(m)
+    if r is None or r.shards is None or m.tree is None:
         return None
     s = r.shards
-    if s.info.get("root_wrapped") is not False or not f.full_bytes:
+    if s.info.get("root_wrapped") is not False or not m.full_bytes:
         return None
-    stray_rows, stray_params, stray_full = _unmanaged(f, s)
+    tree = m.tree
+    outside = [u < 0 for u in s.unit]
+    rows = covering_rows(outside, [b > 0 for b in tree.bytes], tree.parents)
+    stray_full = sum(b for b, o in zip(tree.bytes, outside) if o)
     unmanaged = int(s.info.get("unmanaged_bytes", stray_full) or 0)
-    if unmanaged < UNMANAGED_MIN_SHARE * f.full_bytes or not stray_rows:
+    if unmanaged < UNMANAGED_MIN_SHARE * m.full_bytes or not rows:
         return None
-    n = max(f.world_size, 1)
-    unit_roots = sorted({u.module for u in s.units})
-    unit_names = [f.path(m) for m in unit_roots]
-    stray_devices = _devices_of(s, [u < 0 for u in s.unit])
-    unit_devices = _devices_of(s, [u >= 0 for u in s.unit])
-    block_type, _ = _block_names(f)
-    stray_names = [f.path(row) for row in stray_rows]
-    where = f"on {', '.join(stray_devices)}" if stray_devices else ""
-    if unit_devices and stray_devices and set(unit_devices) != set(stray_devices):
-        where += f", while the units' shards are on {', '.join(unit_devices)}"
-    detail = (
-        f"{len(unit_roots)} module(s) are FSDP units — {list_names(unit_names)} — and the root is not wrapped. "
-        f"{stray_params:,} parameter values ({fmt(unmanaged)}, "
-        f"{unmanaged / f.full_bytes:.0%} of the model) in {list_names(stray_names)} belong to no unit: FSDP does "
-        f"not shard them, so each of the {n} rank(s) holds them whole{' ' + where if where else ''}."
+    return StrayLayers(
+        world_size=max(m.world_size, 1),
+        model_bytes=m.full_bytes,
+        unit_modules=tuple(m.path(row) for row in sorted({u.module for u in s.units})),
+        stray_modules=tuple(m.path(row) for row in rows),
+        stray_params=sum(p for p, o in zip(tree.params, outside) if o),
+        stray_bytes=unmanaged,
+        stray_devices=_devices_of(s, outside),
+        unit_devices=_devices_of(s, [not o for o in outside]),
+        configure_sharded_model=m.lightning or "configure_sharded_model" in m.driver,
+        driver=driver_of(m),
+        block_type=_block_names(m)[0],
     )
-    how = str(s.info.get("driver") or "")
-    if f.lightning or "configure_sharded_model" in how:
+
+
+def explain_stray_layers(e: StrayLayers) -> Finding:
+    where = f"on {', '.join(e.stray_devices)}" if e.stray_devices else ""
+    if e.unit_devices and e.stray_devices and set(e.unit_devices) != set(e.stray_devices):
+        where += f", while the units' shards are on {', '.join(e.unit_devices)}"
+    detail = (
+        f"{len(e.unit_modules)} module(s) are FSDP units — {list_names(e.unit_modules)} — and the root is not "
+        f"wrapped. {e.stray_params:,} parameter values ({fmt(e.stray_bytes)}, {e.stray_bytes / e.model_bytes:.0%} "
+        f"of the model) in {list_names(e.stray_modules)} belong to no unit: FSDP does not shard them, so each of "
+        f"the {e.world_size} rank(s) holds them whole{' ' + where if where else ''}."
+    )
+    if e.configure_sharded_model:
         detail += (
             " This is what Lightning does once a LightningModule overrides the deprecated configure_sharded_model "
             "hook (even as a no-op): it neither wraps the root nor moves the model, so every layer not wrapped by "
             "hand stays where __init__ put it, and an auto_wrap_policy is not applied at all."
         )
-    detail += (
-        " Placing modules on different GPUs by hand (module.to('cuda:1')) would not shard anything either: each "
-        "GPU would hold whole layers and wait for the other; FSDP already splits every wrapped layer over all GPUs."
+    raw_fix = (
+        "Wrap the root as well: `FSDP(model, auto_wrap_policy=ModuleWrapPolicy({" + e.block_type + "}))`. "
+        "Everything outside the blocks then belongs to the root unit and is sharded too."
     )
-    lightning_story = f.lightning or "configure_sharded_model" in how
-    if lightning_story:
+    if e.configure_sharded_model:
         fix = (
-            "Delete configure_sharded_model. Let `FSDPStrategy(auto_wrap_policy={" + block_type + "})` wrap the "
+            "Delete configure_sharded_model. Let `FSDPStrategy(auto_wrap_policy={" + e.block_type + "})` wrap the "
             "layers (or create them in configure_model()), so Lightning wraps the root too and moves the model: "
             "every parameter then belongs to a unit and is sharded."
         )
-    raw_fix = (
-        "Wrap the root as well: `FSDP(model, auto_wrap_policy=ModuleWrapPolicy({" + block_type + "}))`. "
-        "Everything outside the blocks then belongs to the root unit and is sharded too."
-    )
-    if not lightning_story:
+        if e.driver != "lightning":
+            fix += " Without Lightning: " + raw_fix[0].lower() + raw_fix[1:]
+    else:
         fix = raw_fix
-    elif not f.lightning:
-        fix += " Without Lightning: " + raw_fix[0].lower() + raw_fix[1:]
+    n = e.world_size
     return Finding(
         code="fsdp-manual-wrap-ignored",
-        title=f"{fmt(unmanaged)} of parameters are outside every FSDP unit, held whole on every rank",
+        title=f"{fmt(e.stray_bytes)} of parameters are outside every FSDP unit, held whole on every rank",
         detail=detail,
         fix=fix,
+        evidence=e,
         severity="warning",
-        saving_bytes=unmanaged * (n - 1) // n,
-        modules=tuple(stray_names),
-        evidence={
-            "fsdp_units": len(unit_roots),
-            "root_wrapped": 0,
-            "unmanaged_bytes": unmanaged,
-            "unmanaged_modules": len(stray_rows),
-            "unmanaged_devices": ",".join(stray_devices),
-            "unit_devices": ",".join(unit_devices),
-            "world_size": n,
-        },
+        saving_bytes=e.stray_bytes * (n - 1) // n,
+        modules=e.stray_modules,
     )
 
 
-def fsdp2_no_data_parallel(f: RunFacts) -> Finding | None:
-    """FSDP2 on a data-parallel mesh of size 1 shards nothing."""
-    if f.engine != "fsdp2" or f.world_size < 2:
+STRAY_LAYERS = Rule("fsdp-manual-wrap-ignored", find_stray_layers, explain_stray_layers)
+
+
+# -- fsdp2-no-data-parallel ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NoDataParallel(Evidence):
+    world_size: int
+    rank: int
+    rank_param_bytes: int
+    model_bytes: int
+    mesh_shape: str
+    mesh_dims: str
+    lightning_default_mesh: bool
+
+
+def find_no_data_parallel(m: RunModel) -> NoDataParallel | None:
+    if m.engine != "fsdp2" or m.world_size < 2:
         return None
-    r = f.first_engine_rank()
-    if r is None or r.shards is None:
+    r = m.first_engine_rank()
+    if r is None or r.shards is None or r.shards.info.get("data_parallel_size") != 1:
         return None
     info = r.shards.info
-    if info.get("data_parallel_size") != 1:
-        return None
-    n = f.world_size
-    mesh_shape = str(info.get("mesh_shape") or info.get("dp_mesh_shape") or "")
-    mesh_dims = str(info.get("mesh_dims") or info.get("dp_mesh_dims") or "")
-    mesh = f" is {mesh_shape} ({mesh_dims})" if mesh_shape else ""
+    return NoDataParallel(
+        world_size=m.world_size,
+        rank=r.rank,
+        rank_param_bytes=r.param_bytes,
+        model_bytes=m.full_bytes,
+        mesh_shape=str(info.get("mesh_shape") or info.get("dp_mesh_shape") or ""),
+        mesh_dims=str(info.get("mesh_dims") or info.get("dp_mesh_dims") or ""),
+        lightning_default_mesh=m.strategy == "ModelParallelStrategy" or m.lightning,
+    )
+
+
+def explain_no_data_parallel(e: NoDataParallel) -> Finding:
+    n = e.world_size
+    mesh = f" is {e.mesh_shape} ({e.mesh_dims})" if e.mesh_shape else ""
     detail = (
         f"fully_shard splits parameters over the data-parallel mesh dimension, and it has size 1: the device "
-        f"mesh{mesh}, so the {n} processes are not on the data-parallel axis. Nothing is sharded: rank {r.rank} "
-        f"holds {fmt(r.param_bytes)} of parameters — the whole model is {fmt(f.full_bytes)} — and every rank "
+        f"mesh{mesh}, so the {n} processes are not on the data-parallel axis. Nothing is sharded: rank {e.rank} "
+        f"holds {fmt(e.rank_param_bytes)} of parameters — the whole model is {fmt(e.model_bytes)} — and every rank "
         "holds the same."
     )
-    if f.strategy == "ModelParallelStrategy" or f.lightning:
+    if e.lightning_default_mesh:
         detail += (
             " Lightning's ModelParallelStrategy() defaults to data_parallel_size='auto', "
             "tensor_parallel_size='auto', which puts all the processes of a node on the tensor-parallel axis "
@@ -251,23 +321,30 @@ def fsdp2_no_data_parallel(f: RunFacts) -> Finding | None:
         title="FSDP2's data-parallel mesh has size 1: nothing is sharded",
         detail=detail,
         fix=fix,
+        evidence=e,
         severity="warning",
-        saving_bytes=r.param_bytes * (n - 1) // n,
-        evidence={
-            "data_parallel_size": 1,
-            "world_size": n,
-            "mesh_shape": mesh_shape,
-            "mesh_dims": mesh_dims,
-            "rank_param_bytes": r.param_bytes,
-        },
+        saving_bytes=e.rank_param_bytes * (n - 1) // n,
     )
 
 
-def precision_mismatch(f: RunFacts) -> Finding | None:
-    """fp16 FSDP mixed precision without a grad scaler (Trainer(precision=32))."""
-    if f.engine not in FSDP_ENGINES:
+NO_DATA_PARALLEL = Rule("fsdp2-no-data-parallel", find_no_data_parallel, explain_no_data_parallel)
+
+
+# -- precision-mismatch -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fp16Unscaled(Evidence):
+    param_dtype: str
+    reduce_dtype: str
+    precision: str
+    lightning: bool
+
+
+def find_fp16_unscaled(m: RunModel) -> Fp16Unscaled | None:
+    if m.engine not in FSDP_ENGINES:
         return None
-    info = f.info
+    info = m.info
     param_dtype = str(info.get("param_dtype") or "")
     if param_dtype not in FP16_NAMES:
         return None
@@ -275,16 +352,19 @@ def precision_mismatch(f: RunFacts) -> Finding | None:
     scaling = info.get("loss_scaling")
     if scaling is True or not (precision.startswith(FULL_PRECISIONS) or scaling is False):
         return None
-    reduce_dtype = str(info.get("reduce_dtype") or "")
+    return Fp16Unscaled(param_dtype, str(info.get("reduce_dtype") or ""), precision, m.lightning or bool(precision))
+
+
+def explain_fp16_unscaled(e: Fp16Unscaled) -> Finding:
     detail = (
-        f"FSDP computes in float16 (MixedPrecision param_dtype={param_dtype}"
-        + (f", reduce_dtype={reduce_dtype}" if reduce_dtype else "")
+        f"FSDP computes in float16 (MixedPrecision param_dtype={e.param_dtype}"
+        + (f", reduce_dtype={e.reduce_dtype}" if e.reduce_dtype else "")
         + ")"
-        + (f", but the run uses precision={precision!r}" if precision else "")
+        + (f", but the run uses precision={e.precision!r}" if e.precision else "")
         + " and scales no loss. float16 gradients without a GradScaler underflow to zero when small and overflow "
         "when large, so training can stall or diverge without an error."
     )
-    if f.lightning or precision:
+    if e.lightning:
         detail += " Lightning adds FSDP's sharded grad scaler only under precision='16-mixed'."
         fix = (
             '`Trainer(precision="16-mixed")` (Lightning then adds the sharded grad scaler and sets the '
@@ -301,30 +381,43 @@ def precision_mismatch(f: RunFacts) -> Finding | None:
         title="float16 mixed precision without loss scaling",
         detail=detail,
         fix=fix,
+        evidence=e,
         severity="warning",
-        evidence={"param_dtype": param_dtype, "precision": precision, "loss_scaling": 0},
     )
 
 
-def cpu_offload_not_applied(f: RunFacts) -> Finding | None:
-    """cpu_offload was asked for, but no unit offloads."""
-    if f.engine not in FSDP_ENGINES or not f.info.get("cpu_offload_requested"):
+FP16_UNSCALED = Rule("precision-mismatch", find_fp16_unscaled, explain_fp16_unscaled)
+
+
+# -- cpu-offload-not-applied --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OffloadMissing(Evidence):
+    devices: tuple[str, ...]
+    root_wrapped: bool
+
+
+def find_offload_missing(m: RunModel) -> OffloadMissing | None:
+    if m.engine not in FSDP_ENGINES or not m.info.get("cpu_offload_requested"):
         return None
-    r = _fsdp_rank(f)
+    r = _fsdp_rank(m)
     if r is None or r.shards is None:
         return None
     s = r.shards
     if s.info.get("offload") or any(u.offload for u in s.units):
         return None
-    devices = sorted(r.by_device)
-    where = ", ".join(devices) or "?"
-    detail = f"cpu_offload was requested, but no FSDP unit offloads its parameters: they stay on {where}."
-    if devices == ["cpu"]:
+    return OffloadMissing(tuple(sorted(r.by_device)), s.info.get("root_wrapped") is not False)
+
+
+def explain_offload_missing(e: OffloadMissing) -> Finding:
+    detail = f"cpu_offload was requested, but no FSDP unit offloads its parameters: they stay on {', '.join(e.devices) or '?'}."
+    if e.devices == ("cpu",):
         detail += (
             " These ranks run on CPU, where there is nothing to offload to (FSDP pins offloaded shards in "
             "page-locked memory, which needs a GPU); on GPUs the same setting keeps the shards in host memory."
         )
-    if s.info.get("root_wrapped") is False:
+    if not e.root_wrapped:
         detail += " Offloading only ever applies to FSDP units: layers outside every unit are never offloaded."
     return Finding(
         code="cpu-offload-not-applied",
@@ -332,6 +425,9 @@ def cpu_offload_not_applied(f: RunFacts) -> Finding | None:
         detail=detail,
         fix="On GPUs, pass `cpu_offload=CPUOffload(offload_params=True)` to every unit (Lightning: "
         "`FSDPStrategy(cpu_offload=True)` with the layers wrapped by the strategy, not by hand).",
+        evidence=e,
         severity="info",
-        evidence={"devices": ",".join(devices)},
     )
+
+
+OFFLOAD_MISSING = Rule("cpu-offload-not-applied", find_offload_missing, explain_offload_missing)

@@ -1,10 +1,14 @@
-"""Optimizer state that outweighs the model, and the OOM itself when nothing else explains it."""
+"""Optimizer state that outweighs the model, the OOM itself when nothing else explains it, and a
+run that recorded nothing."""
 
 from __future__ import annotations
 
-from shardtop.diagnose.facts import RankFacts, RunFacts, fmt
-from shardtop.diagnose.finding import Finding
-from shardtop.events import ATTRIBUTED_BY_WORDS, Oom
+from dataclasses import dataclass
+
+from shardtop.diagnose.facts import ENGINE_WORDS, OPTIMIZER_SHARDING_ENGINES, OomEvidence, fmt
+from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.run_model import RunModel
+from shardtop.words import display_path
 
 OPTIM_STATE_RATIO = 0.95
 """Optimizer state "dominates" when it is at least as large as parameters + gradients
@@ -15,89 +19,150 @@ half of that and stays out."""
 OPTIM_MIN_BYTES = 16 << 20
 """Optimizer state under 16 MiB per rank is not worth a finding."""
 
-OPTIMIZER_SHARDING_ENGINES = frozenset({"zero1", "zero2", "zero3", "fsdp1", "fsdp2"})
-"""Engines that partition optimizer state across the data-parallel ranks."""
+REDUCE_BUCKET_BYTES = 500_000_000 * 4
+"""DeepSpeed's default ``reduce_bucket_size`` (5e8 elements) in fp32."""
+
+LIGHTER_OPTIMIZER = "a lighter optimizer (SGD with momentum keeps one copy, 8-bit Adam a quarter)"
 
 
-def optimizer_state_dominates(f: RunFacts) -> Finding | None:
-    """Optimizer state at least as large as parameters + gradients on some rank."""
-    worst: tuple[RankFacts, int, int] | None = None
-    for r in f.ranks:
+def _offload_words(engine: str) -> str:
+    if engine.startswith("zero"):
+        return "offload it to CPU (DeepSpeed `offload_optimizer: {device: cpu}`)"
+    if engine in ("fsdp1", "fsdp2"):
+        return "offload it to CPU (FSDP `CPUOffload(offload_params=True)`, FSDP2 `CPUOffloadPolicy()`)"
+    return "offload it to CPU (DeepSpeed ZeRO-Offload)"
+
+
+# -- optimizer-state-dominates ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OptimizerHeavy(Evidence):
+    engine: str
+    world_size: int
+    data_parallel_size: int
+    rank: int
+    optimizer: str
+    optimizer_bytes: int
+    param_bytes: int
+    grad_bytes: int
+    grads_recorded: bool
+    """False: no gradient bytes were recorded yet, and the parameters' size stands in for them."""
+
+
+def find_optimizer_heavy(m: RunModel) -> OptimizerHeavy | None:
+    worst = None
+    for r in m.ranks:
         if r.optim_bytes is None or r.optim_bytes < OPTIM_MIN_BYTES:
             continue
         grads = r.grad_bytes if r.grad_bytes is not None else r.param_bytes
-        if r.optim_bytes >= OPTIM_STATE_RATIO * (r.param_bytes + grads):
-            if worst is None or r.optim_bytes > worst[0].optim_bytes:  # type: ignore[operator]
-                worst = (r, r.optim_bytes, grads)
+        if r.optim_bytes >= OPTIM_STATE_RATIO * (r.param_bytes + grads) and (worst is None or r.optim_bytes > worst[1]):
+            worst = (r, r.optim_bytes, grads)
     if worst is None:
         return None
     r, optim, grads = worst
-    n = max(f.world_size, 1)
-    dp = f.info.get("data_parallel_size", n)
-    sharded = f.engine in OPTIMIZER_SHARDING_ENGINES and isinstance(dp, int) and dp > 1
-    name = str(f.info.get("optimizer") or "")
-    detail = (
-        f"Rank {r.rank} keeps {fmt(optim)} of optimizer state{f' ({name})' if name else ''} — as much as or more "
-        f"than its parameters ({fmt(r.param_bytes)}) and gradients ({fmt(grads)}"
-        + (", counted as the size of the parameters: none recorded yet" if r.grad_bytes is None else "")
-        + ") together. Adam and AdamW keep two fp32 moments per parameter, "
-        "and an fp32 master copy under mixed precision."
+    n = max(m.world_size, 1)
+    dp = m.info.get("data_parallel_size", n)
+    return OptimizerHeavy(
+        engine=m.engine,
+        world_size=n,
+        data_parallel_size=dp if isinstance(dp, int) else n,
+        rank=r.rank,
+        optimizer=str(m.info.get("optimizer") or ""),
+        optimizer_bytes=optim,
+        param_bytes=r.param_bytes,
+        grad_bytes=grads,
+        grads_recorded=r.grad_bytes is not None,
     )
-    if sharded:
-        detail += f" It is already sharded over {dp} ranks."
+
+
+def explain_optimizer_heavy(e: OptimizerHeavy) -> Finding:
+    name = f" ({e.optimizer})" if e.optimizer else ""
+    detail = (
+        f"Rank {e.rank} keeps {fmt(e.optimizer_bytes)} of optimizer state{name} — as much as or more than its "
+        f"parameters ({fmt(e.param_bytes)}) and gradients ({fmt(e.grad_bytes)}"
+        + ("" if e.grads_recorded else ", counted as the size of the parameters: none recorded yet")
+        + ") together. Adam and AdamW keep two fp32 moments per parameter, and an fp32 master copy under mixed "
+        "precision."
+    )
+    shards_it = e.engine in OPTIMIZER_SHARDING_ENGINES
+    engine = ENGINE_WORDS.get(e.engine, e.engine)
+    if shards_it and e.data_parallel_size > 1:
+        detail += f" {engine} already shards it over {e.data_parallel_size} ranks."
+        fix = f"To shrink it further: {_offload_words(e.engine)}, or {LIGHTER_OPTIMIZER}."
+        saving, severity = e.optimizer_bytes // 2, "info"
+    elif shards_it:
+        detail += f" {engine} shards it over the data-parallel ranks, and there is only one: it holds all of it."
+        fix = f"Run on more GPUs ({engine} then splits it N ways), {_offload_words(e.engine)}, or {LIGHTER_OPTIMIZER}."
+        saving, severity = e.optimizer_bytes // 2, "info"
+    elif e.world_size > 1:
+        detail += f" It is replicated: each of the {e.world_size} ranks holds the same full copy."
         fix = (
-            "To shrink it further: offload it to CPU (DeepSpeed `offload_optimizer: {device: cpu}`, FSDP "
-            "`CPUOffload(offload_params=True)`), or a lighter optimizer (SGD with momentum keeps one copy, "
-            "8-bit Adam a quarter)."
+            f'Shard it across the {e.world_size} ranks: DeepSpeed ZeRO-1/2 (Lightning `strategy="deepspeed_stage_2"`) '
+            f"or FSDP, which shard optimizer state with the parameters; or use {LIGHTER_OPTIMIZER}."
         )
-        saving, severity = optim // 2, "info"
-    elif n > 1:
-        detail += f" It is replicated: each of the {n} ranks holds the same full copy."
-        fix = (
-            f'Shard it across the {n} ranks: DeepSpeed ZeRO-1/2 (Lightning `strategy="deepspeed_stage_2"`) or '
-            "FSDP, which shard optimizer state with the parameters; or use a lighter optimizer."
-        )
-        saving, severity = optim * (n - 1) // n, "warning"
+        saving, severity = e.optimizer_bytes * (e.world_size - 1) // e.world_size, "warning"
     else:
-        fix = (
-            "A lighter optimizer (SGD with momentum keeps one copy, 8-bit Adam a quarter), or offload it to CPU "
-            "(DeepSpeed `offload_optimizer`); with more GPUs, shard it (ZeRO-1/2, FSDP)."
-        )
-        saving, severity = optim // 2, "info"
+        fix = f"Use {LIGHTER_OPTIMIZER}, or {_offload_words(e.engine)}; on several GPUs, ZeRO or FSDP shard it."
+        saving, severity = e.optimizer_bytes // 2, "info"
+    total = max(e.param_bytes + e.grad_bytes, 1)
     return Finding(
         code="optimizer-state-dominates",
-        title=f"Optimizer state ({fmt(optim)} per rank) "
+        title=f"Optimizer state ({fmt(e.optimizer_bytes)} per rank) "
         + (
-            f"outweighs parameters and gradients {optim / max(r.param_bytes + grads, 1):.1f}×"
-            if optim >= 1.1 * (r.param_bytes + grads)
+            f"outweighs parameters and gradients {e.optimizer_bytes / total:.1f}×"
+            if e.optimizer_bytes >= 1.1 * total
             else "weighs as much as parameters and gradients together"
         ),
         detail=detail,
         fix=fix,
-        severity=severity,
+        evidence=e,
+        severity=severity,  # type: ignore[arg-type]
         saving_bytes=saving,
-        evidence={
-            "rank": r.rank,
-            "optimizer_bytes": optim,
-            "param_bytes": r.param_bytes,
-            "grad_bytes": grads,
-            "sharded": int(sharded),
-        },
     )
 
 
-
-REDUCE_BUCKET_BYTES = 500_000_000 * 4
-"""DeepSpeed's default ``reduce_bucket_size`` (5e8 elements) in fp32."""
+OPTIMIZER_HEAVY = Rule("optimizer-state-dominates", find_optimizer_heavy, explain_optimizer_heavy)
 
 
-def _oom_fix(f: RunFacts, o: Oom) -> str:
+# -- oom ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OutOfMemory(Evidence):
+    oom: OomEvidence
+    found_by: str
+    engine: str
+    world_size: int
+    block_type: str
+    others: tuple[str, ...]
+    """The other ranks' OOMs, in words: ``rank 1 during setup in net.3``."""
+
+
+def find_out_of_memory(m: RunModel) -> OutOfMemory | None:
+    first = m.first_oom
+    if first is None:
+        return None
+    return OutOfMemory(
+        oom=OomEvidence.of(first, len(m.ooms)),
+        found_by=first.found_by,
+        engine=m.engine,
+        world_size=m.world_size,
+        block_type=m.block.type_name if m.block else "",
+        others=tuple(
+            f"rank {s.rank} during {s.oom.phase}" + (f" in {display_path(s.module)}" if s.module is not None else "")
+            for s in m.ooms[1:]
+        ),
+    )
+
+
+def _oom_fix(e: OutOfMemory) -> str:
+    o = e.oom
     step = o.engine_step or ""
-    block = f.block.type_name if f.block else "each block"
+    engine = ENGINE_WORDS.get(e.engine, e.engine or "the engine")
     if step.endswith("_configure_zero_optimizer"):
         bucket = (
-            " The request matches DeepSpeed's default reduce bucket "
-            f"(5e8 elements, {fmt(REDUCE_BUCKET_BYTES)} in fp32)."
+            f" The request matches DeepSpeed's default reduce bucket (5e8 elements, {fmt(REDUCE_BUCKET_BYTES)} in fp32)."
             if o.requested_bytes == REDUCE_BUCKET_BYTES
             else ""
         )
@@ -107,31 +172,43 @@ def _oom_fix(f: RunFacts, o: Oom) -> str:
             "(e.g. 5e7), or offload the optimizer (`offload_optimizer: {device: cpu}`)." + bucket
         )
     if o.phase in ("forward", "backward", "validation"):
+        gathered = " (plus the gathered parameters of the running unit)" if e.engine in ("fsdp1", "fsdp2", "zero3") else ""
+        block = f"each {e.block_type}" if e.block_type else "each block"
         return (
-            "Activations did not fit (plus, under FSDP/ZeRO-3, the gathered parameters of the running unit): use a "
-            f"smaller micro-batch or sequence length, activation checkpointing on {block}, or shard more of the model."
+            f"Activations did not fit{gathered}: use a smaller micro-batch or sequence length, activation "
+            f"checkpointing on {block}" + (", or shard the model (FSDP, ZeRO-3)." if e.engine in ("ddp", "plain", "") else ".")
         )
     if o.phase == "optimizer":
+        if e.engine in OPTIMIZER_SHARDING_ENGINES:
+            return (
+                f"The optimizer creates its state at the first step (Adam: twice the parameters, in fp32), and "
+                f"{engine} already shards it over the {e.world_size} rank(s): run on more GPUs, "
+                f"{_offload_words(e.engine)}, use {LIGHTER_OPTIMIZER}, or a smaller model."
+            )
         return (
             "The optimizer creates its state at the first step (Adam: twice the parameters, in fp32): shard it "
-            "(ZeRO-1/2, FSDP), offload it to CPU, or use a lighter optimizer."
+            f"(ZeRO-1/2, FSDP), {_offload_words(e.engine)}, or use {LIGHTER_OPTIMIZER}."
         )
     if o.phase == "setup":
+        if e.engine == "zero3":
+            return (
+                "The model or DeepSpeed's buffers did not fit at set-up: build the layers under deepspeed.zero.Init "
+                "(Lightning: in configure_model()), offload parameters or the optimizer to CPU, or use more GPUs."
+            )
         return (
             "The model or the engine's buffers did not fit at set-up: shard the model (FSDP with an auto-wrap "
-            "policy; ZeRO-3 with the layers built in configure_model() or under deepspeed.zero.Init), or offload."
+            "policy; ZeRO-3 with the layers built under deepspeed.zero.Init), or offload."
         )
     return "Reduce what this phase allocates (batch size, buffers), or shard or offload more of the model."
 
 
-def oom_finding(f: RunFacts) -> Finding:
-    """The first OOM itself: where, in which step, asking for how much, with what held."""
-    o = f.ooms[0]
-    where = f" in `{o.module}`" if o.module else ""
+def explain_out_of_memory(e: OutOfMemory) -> Finding:
+    o = e.oom
+    where = f" in `{display_path(o.module)}`" if o.module is not None else ""
     detail = f"Rank {o.rank} ran out of memory on {o.device} during {o.phase}" + (f" (step {o.step})" if o.step else "")
-    detail += where + (f" ({o.module_type})" if o.module and o.module_type else "")
-    if o.module:
-        detail += f": {ATTRIBUTED_BY_WORDS.get(o.attributed_by, o.attributed_by)}"
+    detail += where + (f" ({o.module_type})" if o.module is not None and o.module_type else "")
+    if o.module is not None:
+        detail += f": {e.found_by}"
     detail += "."
     if o.engine_step:
         detail += f" The engine was in {o.engine_step}."
@@ -143,26 +220,72 @@ def oom_finding(f: RunFacts) -> Finding:
     ]
     if any(held):
         detail += " It " + ", ".join(h for h in held if h) + "."
-    others = [x for x in f.ooms[1:]]
-    if others:
-        detail += (
-            " Also out of memory: "
-            + ", ".join(f"rank {x.rank} during {x.phase}" + (f" in {x.module}" if x.module else "") for x in others)
-            + "."
-        )
+    if e.others:
+        detail += " Also out of memory: " + ", ".join(e.others) + "."
     return Finding(
         code="oom",
         title=f"Rank {o.rank} ran out of memory during {o.phase}{where}",
         detail=detail,
-        fix=_oom_fix(f, o),
+        fix=_oom_fix(e),
+        evidence=e,
         severity="error",
-        modules=(o.module,) if o.module else (),
-        evidence={
-            "rank": o.rank,
-            "phase": o.phase,
-            "step": o.step,
-            "engine_step": o.engine_step or "",
-            "requested_bytes": o.requested_bytes or 0,
-            "ranks_out_of_memory": len(f.ooms),
-        },
+        modules=(o.module,) if o.module is not None else (),
     )
+
+
+OUT_OF_MEMORY = Rule("oom", find_out_of_memory, explain_out_of_memory)
+
+
+# -- nothing-recorded ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NothingRecorded(Evidence):
+    status: str
+    world_size: int
+    last_error: str
+    """The last line of a rank's (or the runner's) log that reads like an error."""
+    error_rank: int
+    """The rank whose log says it (-1: the runner's)."""
+
+
+ERROR_MARKERS = ("Error", "Exception", "error:", "Traceback", "Killed", "Aborted", "terminate called")
+
+
+def find_nothing_recorded(m: RunModel) -> NothingRecorded | None:
+    if not m.recorded_nothing or m.status is None or m.status.state == "running":
+        return None
+    last_error, error_rank = "", -1
+    for rank, tail in sorted(m.log_tails.items()):
+        errors = [line for line in tail if any(mark in line for mark in ERROR_MARKERS) and "Traceback" not in line]
+        if errors:
+            last_error, error_rank = errors[-1].strip(), rank
+            break
+    return NothingRecorded(m.status_text, m.world_size, last_error[:300], error_rank)
+
+
+def explain_nothing_recorded(e: NothingRecorded) -> Finding:
+    who = "the launcher" if e.error_rank < 0 else f"rank {e.error_rank}"
+    if e.last_error:
+        detail = (
+            f"The run {e.status}, and none of its ranks wrote an event: they stopped before shardtop's probe came "
+            f"up. The log of {who} ends with: {e.last_error}"
+        )
+        fix = "Fix that error (the rank logs in the run directory have the whole traceback), then run again."
+    else:
+        detail = (
+            f"The run {e.status}, and none of its ranks wrote an event or an error to its log: they were stopped "
+            "before shardtop's probe came up (killed, or out of host memory), or the probe was turned off."
+        )
+        fix = "Look at the run's logs (`logs/rank-N.log` and `runner.log` in the run directory) and run again."
+    return Finding(
+        code="nothing-recorded",
+        title="Nothing was recorded: the ranks ended before the probe came up",
+        detail=detail,
+        fix=fix,
+        evidence=e,
+        severity="error" if not e.status.startswith("finished") else "warning",
+    )
+
+
+NOTHING_RECORDED = Rule("nothing-recorded", find_nothing_recorded, explain_nothing_recorded)

@@ -1,6 +1,9 @@
-"""Where the bytes ended up: devices, ranks or GPUs very unevenly loaded (story 1: GPU 0
-fills, GPU 1 holds 3 MB).  Reads shard bytes per device and per rank, the allocator's
-peaks and NVML's view of the run's GPUs.
+"""Where the bytes ended up: devices, ranks or GPUs very unevenly loaded (story 1: GPU 0 fills,
+GPU 1 holds 3 MB), and ranks with a CUDA context on a GPU that is not theirs.
+
+Rank-to-rank comparisons of memory use only samples taken while every rank was alive and in
+the same step and phase (``RunModel.comparable_memory``, ``comparable_gpus``): never at
+teardown, never after a rank left.
 """
 
 from __future__ import annotations
@@ -8,9 +11,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from shardtop.diagnose.facts import RankFacts, RunFacts, covering_rows, display_path, fmt, list_names
-from shardtop.diagnose.finding import Finding
-from shardtop.events import GpuMemory, Oom
+from shardtop.diagnose.facts import OomEvidence, fmt
+from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.run_model import RankFacts, RunModel
+from shardtop.tree_facts import covering_rows
+from shardtop.units import times
+from shardtop.words import display_path, list_names
 
 IMBALANCE_RATIO = 2.0
 """Two devices (or ranks) are "very uneven" when one holds at least twice what the other
@@ -30,7 +36,7 @@ _CUDA_INDEX = re.compile(r"^cuda:(\d+)$")
 
 
 @dataclass(frozen=True)
-class Imbalance:
+class Comparison:
     """Two sides of one comparison, heavy first."""
 
     kind: str
@@ -44,14 +50,24 @@ class Imbalance:
     """The rank on the heavy side (ranks, allocator) or holding the heavy device (devices)."""
     device: str | None = None
     """The heavy device, when known."""
+    sample: str = ""
+    """Which samples were compared: ``step 2, backward``; empty for parameter bytes."""
 
     @property
     def ratio(self) -> float:
         return self.heavy_bytes / max(self.light_bytes, 1)
 
 
-def _times(ratio: float) -> str:
-    return "over 100×" if ratio > 100 else f"{ratio:.0f}×" if ratio >= 10 else f"{ratio:.1f}×"
+@dataclass(frozen=True)
+class Imbalance(Evidence):
+    main: Comparison
+    others: tuple[Comparison, ...]
+    modules: tuple[str, ...]
+    """The outermost modules behind the heavy side, where the shards tell."""
+    oom: OomEvidence | None
+    """An OOM on the heavy side."""
+    manual: bool
+    """The run places modules by hand (engine ``manual``), or one process spreads them over devices."""
 
 
 def _uneven(values: dict[str, int], min_gap: int) -> tuple[str, int, str, int, int] | None:
@@ -65,180 +81,161 @@ def _uneven(values: dict[str, int], min_gap: int) -> tuple[str, int, str, int, i
     return heavy, hi, light, lo, sum(values.values()) // len(values)
 
 
-def _device_imbalances(f: RunFacts) -> list[Imbalance]:
+def _device_comparisons(m: RunModel) -> list[Comparison]:
     out = []
-    for r in f.ranks:
+    for r in m.ranks:
         accel = {d: b for d, b in r.by_device.items() if not d.startswith(NO_STORAGE_DEVICES)}
         found = _uneven(accel, SHARD_IMBALANCE_MIN_BYTES)
         if found:
             heavy, hi, light, lo, mean = found
-            out.append(Imbalance("devices", heavy, hi, light, lo, mean, rank=r.rank, device=heavy))
+            out.append(Comparison("devices", heavy, hi, light, lo, mean, rank=r.rank, device=heavy))
     return out
 
 
-def _rank_imbalance(f: RunFacts) -> Imbalance | None:
-    # Like with like: while a live run comes up, one rank's set-up snapshot (whole) must not be
-    # weighed against another's engine snapshot (sharded).
-    pool = [r for r in f.ranks if r.shards is not None] or [r for r in f.ranks if r.setup is not None]
-    held = {f"rank {r.rank}": r.param_bytes for r in pool}
-    found = _uneven(held, SHARD_IMBALANCE_MIN_BYTES)
+def _rank_comparison(m: RunModel) -> Comparison | None:
+    # like with like: one rank's set-up snapshot (whole) must not be weighed against another's engine one
+    pool = [r for r in m.ranks if r.shards is not None] or [r for r in m.ranks if r.setup is not None]
+    stages = {(r.holdings.stage if r.holdings else "") for r in pool}
+    if len(stages) != 1 or len(pool) < max(m.world_size, 2):
+        return None
+    found = _uneven({f"rank {r.rank}": r.param_bytes for r in pool}, SHARD_IMBALANCE_MIN_BYTES)
     if not found:
         return None
     heavy, hi, light, lo, mean = found
     rank = int(heavy.split()[1])
-    return Imbalance("ranks", heavy, hi, light, lo, mean, rank=rank, device=_rank(f, rank).device)
+    return Comparison("ranks", heavy, hi, light, lo, mean, rank=rank, device=_rank(m, rank).device)
 
 
-def _allocator_imbalance(f: RunFacts) -> Imbalance | None:
-    peaks = {}
-    for r in f.ranks:
-        m = r.memory
-        if m is None or not m.device.startswith("cuda"):
-            continue
-        value = max(v for v in (m.peak, m.allocated, r.oom.allocated if r.oom else None, 0) if v is not None)
-        if value:
-            peaks[f"rank {r.rank}"] = value
+def _allocator_comparison(m: RunModel) -> Comparison | None:
+    same = m.comparable_memory
+    if same is None:
+        return None
+    peaks = {
+        f"rank {rank}": max(v for v in (mem.allocated, mem.peak, 0) if v is not None)
+        for rank, mem in same.samples.items()
+        if mem.device.startswith("cuda")
+    }
     found = _uneven(peaks, MEMORY_IMBALANCE_MIN_BYTES)
     if not found:
         return None
     heavy, hi, light, lo, mean = found
     rank = int(heavy.split()[1])
-    return Imbalance("allocator", heavy, hi, light, lo, mean, rank=rank, device=_rank(f, rank).device)
+    return Comparison(
+        "allocator", heavy, hi, light, lo, mean, rank=rank, device=_rank(m, rank).device,
+        sample=f"step {same.step}, {same.phase}",
+    )
 
 
-def _run_gpus(f: RunFacts) -> dict[str, list[GpuMemory]]:
-    """Per host, the NVML sample of the GPUs this run's ranks were given or use.
-
-    The sample taken at an OOM wins over the latest one: it shows the moment that mattered.
-    """
-    samples: dict[str, list[GpuMemory]] = {h: list(g) for h, g in f.state.gpus.items()}
-    for o in f.ooms:
-        if o.gpus:
-            samples[o.host] = list(o.gpus)
-    pids = {r.pid for r in f.ranks if r.pid}
-    out = {}
-    for host, gpus in samples.items():
-        assigned = {int(m.group(1)) for r in f.ranks if r.host == host and (m := _CUDA_INDEX.match(r.device))}
-        mine = [g for g in gpus if g.index in assigned or pids.intersection(g.pids)]
-        if len(mine) >= 2:
-            out[host] = mine
-    return out
-
-
-def _gpu_imbalances(f: RunFacts) -> tuple[list[Imbalance], list[str]]:
-    """Uneven GPUs of the run, and notes on ranks using a GPU that is not theirs."""
-    out, notes = [], []
-    by_pid = {r.pid: r for r in f.ranks if r.pid}
-    for host, gpus in _run_gpus(f).items():
-        used = {f"GPU {g.index}" + (f" on {host}" if len(f.state.gpus) > 1 else ""): g.used for g in gpus}
-        found = _uneven(used, MEMORY_IMBALANCE_MIN_BYTES)
+def _gpu_comparisons(m: RunModel) -> list[Comparison]:
+    out = []
+    for host in m.hosts:
+        sample = m.comparable_gpus(host)
+        if sample is None:
+            continue
+        on_host = [r for r in m.ranks if r.host == host]
+        assigned = {int(x.group(1)) for r in on_host if (x := _CUDA_INDEX.match(r.device))}
+        pids = {r.pid for r in on_host if r.pid}
+        mine = [g for g in sample.gpus if g.index in assigned or pids.intersection(g.pids)]
+        label = f" on {host}" if len(m.hosts) > 1 else ""
+        found = _uneven({f"GPU {g.index}{label}": g.used for g in mine}, MEMORY_IMBALANCE_MIN_BYTES)
         if found:
             heavy, hi, light, lo, mean = found
             index = int(heavy.split()[1])
-            out.append(Imbalance("gpus", heavy, hi, light, lo, mean, device=f"cuda:{index}"))
-        for g in gpus:
-            for pid in g.pids:
-                r = by_pid.get(pid)
-                if r is not None and r.host == host and r.device.startswith("cuda") and r.device != f"cuda:{g.index}":
-                    notes.append(
-                        f"GPU {g.index} also holds memory of rank {r.rank} (pid {pid}), whose own device is "
-                        f'{r.device}: that rank put tensors on a GPU that is not its own — typically `.to("cuda")` '
-                        "or `.cuda()` without torch.cuda.set_device, which means cuda:0 on every rank."
-                    )
-    return out, notes
+            out.append(
+                Comparison("gpus", heavy, hi, light, lo, mean, device=f"cuda:{index}",
+                           sample=f"step {sample.step}, {sample.phase}")
+            )
+    return out
 
 
-def _rank(f: RunFacts, rank: int) -> RankFacts:
-    return next(r for r in f.ranks if r.rank == rank)
+def _rank(m: RunModel, rank: int) -> RankFacts:
+    found = m.rank(rank)
+    assert found is not None
+    return found
 
 
-def _modules_on(f: RunFacts, imbalance: Imbalance) -> list[str]:
-    """The outermost modules behind the heavy side, where the shards can tell."""
-    tree = f.tree
-    if tree is None or imbalance.rank is None:
-        return []
-    heavy = _rank(f, imbalance.rank).holdings
-    if not f.aligned(heavy):
-        return []
-    assert heavy is not None
-    if imbalance.kind == "devices":
-        selected = [0 <= d < len(heavy.devices) and heavy.devices[d] == imbalance.heavy for d in heavy.device]
-    elif imbalance.kind == "ranks":
-        light_rank = int(imbalance.light.split()[1])
-        light = _rank(f, light_rank).holdings
-        if not f.aligned(light):
-            return []
-        assert light is not None
+def _modules_on(m: RunModel, c: Comparison) -> tuple[str, ...]:
+    tree = m.tree
+    if tree is None or c.rank is None:
+        return ()
+    heavy = _rank(m, c.rank).holdings
+    if heavy is None or not m.aligned(heavy):
+        return ()
+    if c.kind == "devices":
+        selected = [0 <= d < len(heavy.devices) and heavy.devices[d] == c.heavy for d in heavy.device]
+    elif c.kind == "ranks":
+        light = _rank(m, int(c.light.split()[1])).holdings
+        if light is None or not m.aligned(light):
+            return ()
         selected = [a > b for a, b in zip(heavy.bytes, light.bytes)]
     else:
-        return []
-    has = [b > 0 for b in tree.bytes]
-    return [f.path(row) for row in covering_rows(selected, has, tree.parents)]
+        return ()
+    return tuple(m.path(row) for row in covering_rows(selected, [b > 0 for b in tree.bytes], tree.parents))
 
 
-def _oom_on(f: RunFacts, imbalance: Imbalance) -> Oom | None:
-    for o in f.ooms:
-        if imbalance.rank is not None and imbalance.kind != "devices" and o.rank == imbalance.rank:
-            return o
-        if imbalance.device is not None and o.device == imbalance.device:
-            return o
+def _oom_on(m: RunModel, c: Comparison) -> OomEvidence | None:
+    for story in m.ooms:
+        o = story.oom
+        if (c.rank is not None and c.kind != "devices" and o.rank == c.rank) or (c.device is not None and o.device == c.device):
+            return OomEvidence.of(story, len(m.ooms))
     return None
+
+
+def find_imbalance(m: RunModel) -> Imbalance | None:
+    found = [
+        *_device_comparisons(m),
+        *filter(None, [_rank_comparison(m)]),
+        *_gpu_comparisons(m),
+        *filter(None, [_allocator_comparison(m)]),
+    ]
+    if not found:
+        return None
+    main = max(found, key=lambda c: (_oom_on(m, c) is not None, c.heavy_bytes - c.light_bytes))
+    return Imbalance(
+        main=main,
+        others=tuple(c for c in found if c is not main),
+        modules=_modules_on(m, main),
+        oom=_oom_on(m, main),
+        manual=main.kind == "devices" or m.engine == "manual",
+    )
 
 
 KIND_TITLES = {
     "devices": "parameters per device",
     "ranks": "parameters per rank",
     "gpus": "GPU memory in use",
-    "allocator": "allocator peak",
+    "allocator": "allocator memory",
 }
 
 KIND_WORDS = {
     "devices": "parameter bytes per device within rank {rank}",
     "ranks": "parameter bytes per rank",
-    "gpus": "GPU memory in use (NVML)",
-    "allocator": "allocator peak per rank",
+    "gpus": "GPU memory in use (NVML, {sample}, every rank alive)",
+    "allocator": "allocated memory per rank ({sample}, every rank alive)",
 }
 
 
-def placement_imbalance(f: RunFacts) -> Finding | None:
-    """Bytes very unevenly spread over devices or ranks (story 1: GPU 0 fills, GPU 1 holds 3 MB)."""
-    gpu_found, notes = _gpu_imbalances(f)
-    found = [
-        *_device_imbalances(f),
-        *filter(None, [_rank_imbalance(f)]),
-        *gpu_found,
-        *filter(None, [_allocator_imbalance(f)]),
-    ]
-    if not found:
-        return None
-    main = max(found, key=lambda i: (_oom_on(f, i) is not None, i.heavy_bytes - i.light_bytes))
-    lines = [
-        f"{KIND_WORDS[i.kind].format(rank=i.rank)}: {i.heavy} holds {fmt(i.heavy_bytes)}, {i.light} only "
-        f"{fmt(i.light_bytes)} ({_times(i.ratio)})."
-        if i.light_bytes
-        else f"{KIND_WORDS[i.kind].format(rank=i.rank)}: {i.heavy} holds {fmt(i.heavy_bytes)}, {i.light} nothing."
-        for i in sorted(found, key=lambda i: i is not main)
-    ]
-    detail = " ".join(lines + notes)
-    modules = _modules_on(f, main)
-    if modules:
-        detail += f" On {main.heavy}: {list_names(modules)}."
-    oom = _oom_on(f, main)
-    if oom is not None:
-        detail += f" Rank {oom.rank} ran out of memory on {oom.device}, the fuller side" + (
-            f", in {display_path(oom.module)}." if oom.module else "."
+def _line(c: Comparison) -> str:
+    what = KIND_WORDS[c.kind].format(rank=c.rank, sample=c.sample)
+    if c.light_bytes:
+        return f"{what}: {c.heavy} holds {fmt(c.heavy_bytes)}, {c.light} only {fmt(c.light_bytes)} ({times(c.ratio)})."
+    return f"{what}: {c.heavy} holds {fmt(c.heavy_bytes)}, {c.light} nothing."
+
+
+def explain_imbalance(e: Imbalance) -> Finding:
+    main = e.main
+    detail = " ".join(_line(c) for c in (main, *e.others))
+    if e.modules:
+        detail += f" On {main.heavy}: {list_names(e.modules)}."
+    if e.oom is not None:
+        detail += f" Rank {e.oom.rank} ran out of memory on {e.oom.device}, the fuller side" + (
+            f", in {display_path(e.oom.module)}." if e.oom.module is not None else "."
         )
-    if main.kind == "devices" or f.engine == "manual":
+    if e.manual:
         fix = (
             "Split by bytes, not by module count: move whole blocks from the full device to the empty one until "
             "both hold about the same. Better, let an engine shard every layer over every GPU (FSDP with an "
             "auto-wrap policy, or DeepSpeed ZeRO-3) instead of placing modules by hand."
-        )
-    elif notes:
-        fix = (
-            "Call `torch.cuda.set_device(local_rank)` first thing in each process, and use the rank's own device "
-            "(`self.device` in a LightningModule, `torch.device('cuda', local_rank)` elsewhere) instead of "
-            '`"cuda"` or `.cuda()`.'
         )
     else:
         fix = (
@@ -251,16 +248,85 @@ def placement_imbalance(f: RunFacts) -> Finding | None:
         f"{fmt(main.light_bytes)} ({KIND_TITLES[main.kind]})",
         detail=detail,
         fix=fix,
-        severity="error" if oom is not None else "warning",
+        evidence=e,
+        severity="error" if e.oom is not None else "warning",
         saving_bytes=max(0, main.heavy_bytes - main.mean_bytes),
-        modules=tuple(modules),
-        evidence={
-            "kind": main.kind,
-            "heavy": main.heavy,
-            "heavy_bytes": main.heavy_bytes,
-            "light": main.light,
-            "light_bytes": main.light_bytes,
-            "ratio": round(main.ratio, 2) if main.light_bytes else 0.0,
-            "comparisons": len(found),
-        },
+        modules=e.modules,
     )
+
+
+IMBALANCE = Rule("placement-imbalance", find_imbalance, explain_imbalance)
+
+
+# -- cuda-context-on-wrong-gpu ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StrayContext:
+    rank: int
+    pid: int
+    host: str
+    own_device: str
+    gpu: int
+
+
+@dataclass(frozen=True)
+class WrongGpu(Evidence):
+    contexts: tuple[StrayContext, ...]
+    gpus_seen: int
+
+
+def find_wrong_gpu(m: RunModel) -> WrongGpu | None:
+    """NVML lists a rank's pid on a GPU other than the rank's own (``.cuda()`` without set_device)."""
+    by_pid = {(r.host, r.pid): r for r in m.ranks if r.pid}
+    found: dict[tuple[int, int], StrayContext] = {}
+    seen = 0
+    samples = {host: m.state.gpus.get(host, ()) for host in m.hosts}
+    for story in m.ooms:
+        if story.oom.gpus:
+            samples[story.oom.host] = tuple(story.oom.gpus)
+    for host, gpus in samples.items():
+        seen += len(gpus)
+        for g in gpus:
+            for pid in g.pids:
+                r = by_pid.get((host, pid))
+                if r is not None and _CUDA_INDEX.match(r.device) and r.device != f"cuda:{g.index}":
+                    found[(r.rank, g.index)] = StrayContext(r.rank, pid, host, r.device, g.index)
+    if not found:
+        return None
+    return WrongGpu(tuple(found[k] for k in sorted(found)), seen)
+
+
+CONTEXT_BYTES = 500 << 20
+"""What a CUDA context costs on an H100/H200 class GPU with current drivers, roughly (seen: 0.5 GiB)."""
+
+
+def explain_wrong_gpu(e: WrongGpu) -> Finding:
+    lines = [
+        f"GPU {c.gpu} also lists rank {c.rank}'s process (pid {c.pid}), whose own device is {c.own_device}"
+        for c in e.contexts
+    ]
+    gpus = sorted({c.gpu for c in e.contexts})
+    detail = (
+        "; ".join(lines)
+        + f". Each such process keeps a CUDA context (about {fmt(CONTEXT_BYTES)}) and whatever it allocates on a GPU "
+        "that is not its own — typically from `.to(\"cuda\")`, `.cuda()` or `torch.cuda.*` calls made before "
+        "`torch.cuda.set_device`, which all mean cuda:0 on every rank"
+        + (f", so GPU {gpus[0]} fills first." if len(gpus) == 1 else ".")
+    )
+    return Finding(
+        code="cuda-context-on-wrong-gpu",
+        title=f"{len(e.contexts)} rank(s) hold a CUDA context on a GPU that is not theirs",
+        detail=detail,
+        fix=(
+            "Call `torch.cuda.set_device(local_rank)` first thing in each process, and use the rank's own device "
+            "(`self.device` in a LightningModule, `torch.device('cuda', local_rank)` elsewhere) instead of "
+            '`"cuda"` or `.cuda()`.'
+        ),
+        evidence=e,
+        severity="warning",
+        saving_bytes=CONTEXT_BYTES,
+    )
+
+
+WRONG_GPU = Rule("cuda-context-on-wrong-gpu", find_wrong_gpu, explain_wrong_gpu)

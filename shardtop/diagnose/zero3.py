@@ -1,174 +1,166 @@
-"""ZeRO-3 rules, and sharding on a single rank: the whole model where 1/N was expected.
-
-Each rule takes the run's ``RunFacts`` and returns one ``Finding`` or None.
-"""
+"""ZeRO-3 built outside ``zero.Init``, and sharding on a single rank: the whole model where 1/N was expected."""
 
 from __future__ import annotations
 
-from shardtop.diagnose.facts import SHARDED_ENGINES, RunFacts, fmt
-from shardtop.diagnose.finding import Finding
-from shardtop.events import Oom, Shards
+from dataclasses import dataclass
 
-WHOLE_AT_SETUP_SHARE = 0.9
-"""A rank "held the whole model at set-up" when at least 90 % of the parameter bytes were
-stored unpartitioned on it (rounding and a few persistent parameters aside)."""
+from shardtop.diagnose.facts import (
+    ENGINE_WORDS,
+    SHARDED_ENGINES,
+    Driver,
+    OomEvidence,
+    driver_of,
+    first_oom_evidence,
+    fmt,
+)
+from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.events import Shards
+from shardtop.run_model import RunModel
+from shardtop.tree_facts import covering_rows
+from shardtop.words import list_names
+
+OUTSIDE_MIN_SHARE = 0.01
+"""Parameters held whole at set-up are worth a finding from 1 % of the model up: a model built
+partly outside ``zero.Init`` is flagged for that part, and a stray bias is not."""
 
 PARTITIONED_STATES = frozenset({"sharded", "offloaded", "meta"})
-"""Set-up states that mean the model was not materialised whole on the rank."""
+"""Set-up states that mean a parameter was not materialised whole on the rank."""
 
 SINGLE_RANK_OOM_SHARE = 0.5
 """On a single rank, a set-up OOM is put down to the unpartitioned model when the model alone
 takes at least half of the memory the rank may use; a smaller model leaves the blame elsewhere
 (an engine's buffers, say), and the ``oom`` finding names it."""
 
-ENGINE_WORDS = {"fsdp1": "FSDP", "fsdp2": "FSDP2 (fully_shard)", "zero3": "DeepSpeed ZeRO-3"}
+ACCELERATORS = ("cuda", "xpu", "mps", "hpu", "npu")
 
 
-def _explained_on_one_rank(f: RunFacts, oom: Oom) -> str:
-    """Why a set-up OOM on a lone sharding rank is the unpartitioned model's doing ("" if it is not).
-
-    ``zero.Init`` "partitions" each parameter as it is made, and on one rank the
-    partition is the whole parameter; otherwise the whole model must take at least
-    ``SINGLE_RANK_OOM_SHARE`` of the memory the rank may use.
-    """
-    if (oom.engine_step or "").startswith("Init."):
-        return (
-            f" Rank {oom.rank} ran out of memory in {oom.engine_step}: deepspeed.zero.Init partitions each "
-            "parameter as it is created, but on one rank each partition is the whole parameter, so the model "
-            "piles up whole on the device."
-        )
-    cap = oom.limit or oom.total
-    if cap and f.full_bytes >= SINGLE_RANK_OOM_SHARE * cap:
-        where = f" in {oom.engine_step}" if oom.engine_step else ""
-        what = f" ({oom.module})" if oom.module else ""
-        size = "is larger than" if f.full_bytes > cap else "takes most of"
-        return (
-            f" Rank {oom.rank} ran out of memory during set-up{where}{what}: the whole model "
-            f"({fmt(f.full_bytes)}) {size} the {fmt(cap)} the rank may use."
-        )
-    return ""
+# -- zero3-not-partitioned-at-init ------------------------------------------------------------------
 
 
-def single_rank(f: RunFacts) -> Finding | None:
-    """ZeRO-3 or FSDP on one rank partitions nothing: the rank holds the whole model."""
-    if f.world_size != 1 or f.engine not in SHARDED_ENGINES or not f.ranks:
-        return None
-    r = f.ranks[0]
-    held = r.param_bytes or f.full_bytes
-    engine = ENGINE_WORDS.get(f.engine, f.engine)
-    code = "zero3-single-rank" if f.engine == "zero3" else "fsdp-single-rank"
-    stores = (
-        f"this rank stores {fmt(held)} of parameters — the whole model ({fmt(f.full_bytes)}) —"
-        if held
-        else "this rank holds every parameter whole,"
-    )
-    detail = (
-        f"{engine} runs on a single rank. Partitioning splits each parameter across the ranks; with one rank "
-        f"the only partition is the whole tensor, so {stores} plus its gradients and optimizer state, as if "
-        f"{engine} were not there."
-    )
-    oom = next((o for o in f.ooms if o.phase == "setup"), None)
-    explained = _explained_on_one_rank(f, oom) if oom is not None else ""
-    detail += explained
-    if f.engine == "zero3":
-        detail += (
-            " ZeRO-3 never places layers on other GPUs either: it is data parallelism with every tensor split "
-            "N ways, so its saving needs N ≥ 2 GPUs."
-        )
-        more = (
-            "with the layers built in configure_model() (Lightning) or under deepspeed.zero.Init, so no rank "
-            "ever holds the whole model"
-        )
-        offload = (
-            "offload instead: `offload_param`/`offload_optimizer` to cpu "
-            '(Lightning: `strategy="deepspeed_stage_3_offload"`)'
-        )
-    else:
-        more = "with an auto-wrap policy on the repeated block"
-        offload = "offload instead: `CPUOffload(offload_params=True)` (FSDP2: `CPUOffloadPolicy()`)"
-    return Finding(
-        code=code,
-        title=f"{engine} on one rank shards nothing",
-        detail=detail,
-        fix=f"Run on 2 or more GPUs (`Trainer(devices=N)`, `torchrun --nproc-per-node N`), {more}: each rank then "
-        f"holds about 1/N. On a single GPU, {offload}.",
-        severity="error" if explained else "warning",
-        saving_bytes=held // 2 if held else None,
-        modules=(oom.module,) if explained and oom is not None and oom.module else (),
-        evidence={"world_size": 1, "rank_param_bytes": held, "model_bytes": f.full_bytes, "saving_with_ranks": 2},
-    )
+@dataclass(frozen=True)
+class BuiltWhole(Evidence):
+    world_size: int
+    model_bytes: int
+    model_params: int
+    whole_bytes: int
+    """Parameter bytes the fullest rank held whole at set-up (0: no set-up snapshot shows it)."""
+    whole_ranks: int
+    """Ranks whose set-up snapshot held that part whole."""
+    whole_modules: tuple[str, ...]
+    """The outermost modules built outside ``zero.Init`` (what the set-up snapshot held whole)."""
+    devices: tuple[str, ...]
+    """Where those ranks held them."""
+    on_gpus: bool
+    placed_by_hand: bool
+    """Some rank held layers on two or more accelerators at set-up: layers placed by hand."""
+    driver: Driver
+    oom: OomEvidence | None
+    """The OOM while the engine moved or cast the whole model, if one struck there."""
+
+    @property
+    def part(self) -> bool:
+        """Only part of the model was built outside zero.Init."""
+        return 0 < self.whole_bytes < 0.9 * self.model_bytes
 
 
-def _whole_at_setup(f: RunFacts, setup: Shards | None) -> int:
-    """Bytes of the model the rank held unpartitioned at set-up (0 if it was partitioned)."""
-    if setup is None or setup.info.get("zero_init") or not f.aligned(setup):
-        return 0
-    whole = sum(
-        b
+def _whole_rows(m: RunModel, setup: Shards | None) -> list[bool]:
+    """Per tree row: the rank held the row's own parameters whole at set-up."""
+    if setup is None or not m.aligned(setup):
+        return []
+    return [
+        b > 0 and 0 <= st < len(setup.states) and setup.states[st] not in PARTITIONED_STATES
         for b, st in zip(setup.bytes, setup.state)
-        if b and 0 <= st < len(setup.states) and setup.states[st] not in PARTITIONED_STATES
-    )
-    return whole if whole >= WHOLE_AT_SETUP_SHARE * f.full_bytes else 0
-
-
-def zero3_not_partitioned_at_init(f: RunFacts) -> Finding | None:
-    """The whole model materialised on every rank before ZeRO-3 partitioned it (story 2)."""
-    if f.engine != "zero3" or not f.full_bytes:
-        return None
-    whole = {r.rank: _whole_at_setup(f, r.setup) for r in f.ranks}
-    whole = {rank: b for rank, b in whole.items() if b}
-    moving = [
-        o for o in f.ooms if o.phase == "setup" and (o.engine_step or "").endswith("_configure_distributed_model")
     ]
-    if not whole and not moving:
+
+
+def _accelerators(setup: Shards) -> set[str]:
+    return {
+        setup.devices[d] for d, b in zip(setup.device, setup.bytes) if b and 0 <= d < len(setup.devices)
+        and setup.devices[d].startswith(ACCELERATORS)
+    }
+
+
+def find_built_whole(m: RunModel) -> BuiltWhole | None:
+    if m.engine != "zero3" or not m.full_bytes or m.tree is None:
         return None
-    n = f.world_size
-    devices = sorted({d for r in f.ranks if r.rank in whole for d in r.by_device})
-    held = max(whole.values()) if whole else f.full_bytes
-    detail = (
-        (
-            f"Before DeepSpeed partitioned anything, {f'{len(whole)} of {n} ranks' if n > 1 else 'the rank'} "
-            "held the whole model: "
-            f"{fmt(held)} of parameters ({f.full_params:,} values), unpartitioned"
-            + (f", on {', '.join(devices)}" if devices else "")
+    whole: dict[int, int] = {}
+    rows_of: dict[int, list[bool]] = {}
+    for r in m.ranks:
+        rows = _whole_rows(m, r.setup)
+        held = sum(b for b, w in zip(m.tree.bytes, rows) if w)
+        if held >= OUTSIDE_MIN_SHARE * m.full_bytes:
+            whole[r.rank], rows_of[r.rank] = held, rows
+    moving = first_oom_evidence(m, ("setup",))
+    if moving is not None and not (moving.engine_step or "").endswith("_configure_distributed_model"):
+        moving = None
+    if not whole and moving is None:
+        return None
+    fullest = max(whole, key=whole.__getitem__) if whole else None
+    modules: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
+    placed_by_hand = False
+    if fullest is not None:
+        has = [b > 0 for b in m.tree.bytes]
+        modules = tuple(m.path(row) for row in covering_rows(rows_of[fullest], has, m.tree.parents))
+        devices = tuple(sorted({d for r in m.ranks if r.rank in whole for d in r.by_device}))
+        placed_by_hand = any(r.setup is not None and len(_accelerators(r.setup)) >= 2 for r in m.ranks)
+    return BuiltWhole(
+        world_size=m.world_size,
+        model_bytes=m.full_bytes,
+        model_params=m.full_params,
+        whole_bytes=whole[fullest] if fullest is not None else 0,
+        whole_ranks=len(whole),
+        whole_modules=modules,
+        devices=devices,
+        on_gpus=any(r.device.startswith(ACCELERATORS) for r in m.ranks),
+        placed_by_hand=placed_by_hand,
+        driver=driver_of(m),
+        oom=moving,
+    )
+
+
+def explain_built_whole(e: BuiltWhole) -> Finding:
+    n = e.world_size
+    held = e.whole_bytes or e.model_bytes
+    what_held = "part of the model" if e.part else "the whole model"
+    detail = ""
+    if e.whole_bytes:
+        ranks = f"{e.whole_ranks} of {n} ranks" if n > 1 else "the rank"
+        detail = (
+            f"Before DeepSpeed partitioned anything, {ranks} held {what_held}: {fmt(e.whole_bytes)} of parameters"
+            + (f" ({e.whole_bytes / e.model_bytes:.0%} of {fmt(e.model_bytes)})" if e.part else f" ({e.model_params:,} values)")
+            + " unpartitioned"
+            + (f", on {', '.join(e.devices)}" if e.devices else "")
+            + (f", in {list_names(e.whole_modules)}" if e.part and e.whole_modules else "")
             + ". "
         )
-        if whole
-        else ""
-    )
-    on_gpus = any(r.device.startswith("cuda") for r in f.ranks)
-    device = "GPU" if on_gpus else "rank"
-    what = (
-        "moves it to the GPU (and casts it to fp16/bf16)"
-        if on_gpus
-        else "casts it to fp16/bf16 (on GPUs: moves it to the GPU)"
-    )
+    device = "GPU" if e.on_gpus else "rank"
+    how = "moves it to the GPU (and casts it to fp16/bf16)" if e.on_gpus else "casts it to fp16/bf16 (on GPUs: moves it to the GPU)"
     needs = (
-        f"although training only needs 1/{n} of it ({fmt(f.full_bytes // n)})"
+        f"although training only needs 1/{n} of it ({fmt(held // n)})"
         if n > 1
         else "although on N GPUs each would only ever need 1/N of it (on this one GPU, 1/N is all of it: "
         "see zero3-single-rank)"
     )
+    built = "Parameters created outside deepspeed.zero.Init exist" if e.part else "A model built outside deepspeed.zero.Init exists"
     detail += (
-        "A model built outside deepspeed.zero.Init exists whole on every rank, and "
-        f"DeepSpeedEngine._configure_distributed_model {what} whole, on every rank, before ZeRO-3 partitions it: "
-        f"set-up needs the whole model per {device} ({fmt(f.full_bytes)}) {needs}."
+        f"{built} whole on every rank, and DeepSpeedEngine._configure_distributed_model {how} whole, on every "
+        f"rank, before ZeRO-3 partitions it: set-up needs {fmt(held)} per {device} for them {needs}."
     )
-    oom = moving[0] if moving else None
+    oom = e.oom
     if oom is not None:
         what = f", converting `{oom.module}` ({oom.module_type or 'module'})" if oom.module else ""
-        asked = f", asking for {fmt(oom.requested_bytes)}" if oom.requested_bytes else ""
-        had = f" with {fmt(oom.allocated)} already allocated" if oom.allocated else ""
-        cap = f" of a {fmt(oom.limit)} limit" if oom.limit else ""
-        detail += f" Rank {oom.rank} ran out of memory right there, in {oom.engine_step}{what}{asked}{had}{cap}" + (
-            f" ({len(moving)} ranks did)." if len(moving) > 1 else "."
+        detail += f" Rank {oom.rank} ran out of memory right there, in {oom.engine_step}{what}{oom.held_words()}" + (
+            f" ({oom.ranks_out_of_memory} ranks did)." if oom.ranks_out_of_memory > 1 else "."
         )
-    detail += (
-        " ZeRO-3 does not put different layers on different GPUs — that would be pipeline parallelism, and "
-        "Lightning's Trainer has no pipeline_parallel_size. It splits every tensor of every layer across all "
-        + (f"{n} ranks: once partitioned, each rank holds 1/{n} of each layer." if n > 1
-           else "N ranks: once partitioned, each rank holds 1/N of each layer.")
-    )
+    split = f"{n} ranks: once partitioned, each rank holds 1/{n} of each layer" if n > 1 else "N ranks"
+    detail += f" ZeRO-3 splits every tensor of every layer across all {split}."
+    if e.placed_by_hand:
+        detail += (
+            " It does not put different layers on different GPUs, and layers placed on GPUs by hand are moved to "
+            "the rank's own device anyway: that would be pipeline parallelism, which ZeRO-3 is not (and "
+            "Lightning's Trainer has no pipeline_parallel_size)."
+        )
     lightning_fix = (
         "Build the layers in configure_model() instead of __init__: Lightning calls it inside "
         "deepspeed.zero.Init, so each rank only ever allocates its 1/N."
@@ -177,28 +169,108 @@ def zero3_not_partitioned_at_init(f: RunFacts) -> Finding | None:
         "Build the model under `with deepspeed.zero.Init(config_dict_or_path=ds_config):` before "
         "deepspeed.initialize, so each parameter is partitioned as it is created."
     )
-    if f.lightning:
-        fix = lightning_fix
-    elif f.driver:
-        fix = raw_fix
-    else:
-        fix = f"{lightning_fix} Without Lightning: {raw_fix[0].lower()}{raw_fix[1:]}"
+    if e.part:
+        where = f" ({list_names(e.whole_modules)})" if e.whole_modules else ""
+        lightning_fix = f"Create every layer{where} in configure_model(), not only some: " + lightning_fix[len("Build the layers in configure_model() instead of __init__: "):]
+        raw_fix = f"Create every parameter{where} inside the `deepspeed.zero.Init` block: " + raw_fix[len("Build the model under "):]
+    fix = {"lightning": lightning_fix, "raw": raw_fix}.get(e.driver, f"{lightning_fix} Without Lightning: {raw_fix[0].lower()}{raw_fix[1:]}")
+    title = (
+        ("DeepSpeed moved the whole model to every GPU before ZeRO-3 partitioned it" if e.on_gpus
+         else "Every rank held the whole model before ZeRO-3 partitioned it")
+        if not e.part
+        else f"{fmt(e.whole_bytes)} of parameters were built outside deepspeed.zero.Init, whole on every rank"
+    )
+    ranks = max(n, 2)  # on one GPU: what a second would save
     return Finding(
         code="zero3-not-partitioned-at-init",
-        title="DeepSpeed moved the whole model to every GPU before ZeRO-3 partitioned it"
-        if on_gpus
-        else "Every rank held the whole model before ZeRO-3 partitioned it",
+        title=title,
         detail=detail,
         fix=fix,
+        evidence=e,
         severity="error" if oom is not None else "warning",
-        saving_bytes=f.full_bytes * (max(n, 2) - 1) // max(n, 2),  # on one GPU: what a second would save
-        modules=(oom.module,) if oom is not None and oom.module else (),
-        evidence={
-            "world_size": n,
-            "saving_with_ranks": max(n, 2),
-            "model_bytes": f.full_bytes,
-            "whole_at_setup_ranks": len(whole),
-            "setup_bytes_per_rank": held,
-            **({"oom_rank": oom.rank, "engine_step": oom.engine_step or ""} if oom is not None else {}),
-        },
+        saving_bytes=held * (ranks - 1) // ranks,
+        modules=(oom.module,) if oom is not None and oom.module else e.whole_modules,
     )
+
+
+BUILT_WHOLE = Rule("zero3-not-partitioned-at-init", find_built_whole, explain_built_whole)
+
+
+# -- zero3-single-rank / fsdp-single-rank -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SingleRank(Evidence):
+    engine: str
+    rank_param_bytes: int
+    model_bytes: int
+    oom: OomEvidence | None
+    """A set-up OOM the unpartitioned model explains (None: none, or it does not)."""
+    oom_under_zero_init: bool
+
+
+def find_single_rank(m: RunModel) -> SingleRank | None:
+    if m.world_size != 1 or m.engine not in SHARDED_ENGINES or not m.ranks:
+        return None
+    r = m.ranks[0]
+    oom = first_oom_evidence(m, ("setup",))
+    under_init = oom is not None and (oom.engine_step or "").startswith("Init.")
+    if oom is not None and not under_init:
+        cap = oom.cap
+        if not cap or m.full_bytes < SINGLE_RANK_OOM_SHARE * cap:
+            oom = None
+    return SingleRank(m.engine, r.param_bytes or m.full_bytes, m.full_bytes, oom, under_init)
+
+
+def explain_single_rank(e: SingleRank) -> Finding:
+    engine = ENGINE_WORDS.get(e.engine, e.engine)
+    held = e.rank_param_bytes
+    stores = (
+        f"this rank stores {fmt(held)} of parameters — the whole model ({fmt(e.model_bytes)}) —"
+        if held
+        else "this rank holds every parameter whole,"
+    )
+    detail = (
+        f"{engine} runs on a single rank. Partitioning splits each parameter across the ranks; with one rank "
+        f"the only partition is the whole tensor, so {stores} plus its gradients and optimizer state, as if "
+        f"{engine} were not there."
+    )
+    oom = e.oom
+    if oom is not None and e.oom_under_zero_init:
+        detail += (
+            f" Rank {oom.rank} ran out of memory in {oom.engine_step}: deepspeed.zero.Init partitions each "
+            "parameter as it is created, but on one rank each partition is the whole parameter, so the model "
+            "piles up whole on the device."
+        )
+    elif oom is not None:
+        where = f" in {oom.engine_step}" if oom.engine_step else ""
+        what = f" ({oom.module})" if oom.module else ""
+        size = "is larger than" if e.model_bytes > (oom.cap or 0) else "takes most of"
+        detail += (
+            f" Rank {oom.rank} ran out of memory during set-up{where}{what}: the whole model "
+            f"({fmt(e.model_bytes)}) {size} the {fmt(oom.cap)} the rank may use."
+        )
+    if e.engine == "zero3":
+        detail += " ZeRO-3 is data parallelism with every tensor split N ways: its saving needs N ≥ 2 GPUs."
+        more = (
+            "with the layers built in configure_model() (Lightning) or under deepspeed.zero.Init, so no rank "
+            "ever holds the whole model"
+        )
+        offload = 'offload instead: `offload_param`/`offload_optimizer` to cpu (Lightning: `strategy="deepspeed_stage_3_offload"`)'
+    else:
+        more = "with an auto-wrap policy on the repeated block"
+        offload = "offload instead: `CPUOffload(offload_params=True)` (FSDP2: `CPUOffloadPolicy()`)"
+    return Finding(
+        code="zero3-single-rank" if e.engine == "zero3" else "fsdp-single-rank",
+        title=f"{engine} on one rank shards nothing",
+        detail=detail,
+        fix=f"Run on 2 or more GPUs (`Trainer(devices=N)`, `torchrun --nproc-per-node N`), {more}: each rank then "
+        f"holds about 1/N. On a single GPU, {offload}.",
+        evidence=e,
+        severity="error" if oom is not None else "warning",
+        saving_bytes=held // 2 if held else None,
+        modules=(oom.module,) if oom is not None and oom.module else (),
+    )
+
+
+SINGLE_RANK = Rule("single-rank", find_single_rank, explain_single_rank)

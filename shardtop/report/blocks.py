@@ -1,16 +1,21 @@
-"""The post-mortem as document blocks: the same words for the terminal and for an issue."""
+"""The post-mortem as document blocks: the same words for the terminal and for an issue.
+
+Every fact comes from the read model (``ReportData.model``) and its findings:
+this module only lays them out.
+"""
 
 from __future__ import annotations
 
 import time
 
-from shardtop.config import format_bytes
 from shardtop.diagnose import Finding
-from shardtop.diagnose.facts import display_path
-from shardtop.events import ATTRIBUTED_BY_WORDS, GpuMemory, Oom
+from shardtop.events import GpuMemory
+from shardtop.oom_story import OomStory
 from shardtop.report.document import Block, Bullets, Details, Facts, Heading, Para, Table
-from shardtop.report.gather import ReportData, allocator_peak, rank_gpu, rank_of_pid
+from shardtop.report.gather import ReportData, rank_gpu, rank_of_pid
 from shardtop.report.tree_summary import summarize_tree
+from shardtop.units import count_words, format_bytes
+from shardtop.words import display_path
 
 MAX_RANK_COLUMNS = 8
 """Beyond this many ranks the tree shows one ``min … max`` column instead of one per rank."""
@@ -18,70 +23,67 @@ MAX_RANK_COLUMNS = 8
 SEVERITY_WORDS = {"error": "✗ error", "warning": "! warning", "info": "i info"}
 """Words beside any colour, so a pasted report reads without it."""
 
+SKIP_WORDS = {"bad": "unreadable", "torn": "cut off", "unknown": "of unknown kinds", "newer": "from a newer shardtop"}
 
 
 def b(n: int | float | None) -> str:
     return "-" if n is None else format_bytes(n)
 
 
-def count(n: int) -> str:
-    """Parameter counts in a few characters: ``262 K``, ``25.2 M``, ``1.3 B``."""
-    value = float(n)
-    for unit in ("", " K", " M", " B"):
-        if abs(value) < 1000:
-            return f"{int(value)}" if not unit else f"{value:.3g}{unit}"
-        value /= 1000
-    return f"{value:.3g} T"
-
-
 def _when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "?"
 
 
+def _skipped_words(data: ReportData) -> str:
+    return ", ".join(f"{n} {SKIP_WORDS.get(k, k)}" for k, n in data.skipped.items() if n)
+
+
 def header(data: ReportData) -> list[Block]:
-    f = data.facts
-    st = data.state
+    m = data.model
+    st = m.state
     rows: list[tuple[str, str]] = [("run", f"`{data.run.id}`")]
-    if data.preset:
-        rows.append(("preset", f"`{data.preset}`"))
-    if data.command:
-        rows.append(("command", f"`{data.command}`"))
-    if data.program and data.program != data.preset:
-        rows.append(("program", f"`{data.program}`"))
-    engine = f.engine or "not known yet"
-    extra = ", ".join(x for x in (f.strategy, f.driver) if x)
-    rows.append(("engine", f"{engine}" + (f" ({extra})" if extra else "")))
-    devices = sorted({r.device for r in f.ranks if r.device})
-    hosts = st.hosts
+    if m.meta.preset:
+        rows.append(("preset", f"`{m.meta.preset}`"))
+    if m.meta.command:
+        rows.append(("command", f"`{m.meta.command_line}`"))
+    if m.program and m.program != m.meta.preset:
+        rows.append(("program", f"`{m.program}`"))
+    extra = ", ".join(x for x in (m.strategy, m.driver) if x)
+    rows.append(("engine", (m.engine or "not known yet") + (f" ({extra})" if extra else "")))
+    devices = sorted({r.device for r in m.ranks if r.device})
     rows.append(
         (
             "world size",
-            f"{f.world_size} rank(s)"
-            + (f" on {', '.join(hosts)}" if hosts else "")
+            f"{m.world_size} rank(s)"
+            + (f" on {', '.join(m.hosts)}" if m.hosts else "")
             + (f"; devices {', '.join(devices)}" if devices else ""),
         )
     )
-    status = data.status_text
-    exits = sorted({f"{r.exit.status} ({r.exit.code})" for r in st.ranks.values() if r.exit is not None})
-    rows.append(("status", status + (f"; ranks left with {', '.join(exits)}" if exits else "")))
-    if data.status.exit is not None and data.status.exit.reason not in ("", data.status.state):
-        rows.append(("reason", data.status.exit.reason))
-    rows.append(("started", _when(data.meta.get("created") or st.first_t)))
+    rows.append(("status", m.status_text))
+    if m.status is not None and m.status.exit is not None and m.status.exit.reason not in ("", m.status.state):
+        rows.append(("reason", m.status.exit.reason))
+    rows.append(("started", _when(m.meta.created or st.first_t)))
     if st.first_t and st.last_t:
         rows.append(("last event", f"{_when(st.last_t)} ({st.last_t - st.first_t:.1f} s after the first)"))
-    rows.append(("steps", str(st.step)))
-    if f.tree is not None:
-        rows.append(("model", f"{count(f.full_params)} parameters, {b(f.full_bytes)}, {len(f.paths)} modules"))
-    versions = data.versions
-    if versions:
-        rows.append(("versions", ", ".join(f"{k} {v}" for k, v in versions.items())))
-    rows.append(("events", f"{st.events} read" + (f", {_skipped_words(data)}" if data.skipped_total else "")))
+    rows.append(("steps", str(m.step)))
+    if m.tree is not None:
+        rows.append(("model", f"{count_words(m.full_params)} parameters, {b(m.full_bytes)}, {len(m.paths)} modules"))
+    if m.versions:
+        rows.append(("versions", ", ".join(f"{k} {v}" for k, v in m.versions.items())))
+    events = f"{st.events} read"
+    if data.skipped:
+        events += f", {_skipped_words(data)}"
+    if st.inconsistent:
+        events += f", {st.inconsistent} inconsistent left out"
+    rows.append(("events", events))
     blocks: list[Block] = [Heading(f"shardtop report: {data.run.id}", 1), Facts(tuple(rows))]
-    if data.skipped_total:
+    if st.skipped or st.inconsistent:
+        what = [_skipped_words(data)] if st.skipped else []
+        what += [f"{st.inconsistent} that contradicted the tree or themselves"] if st.inconsistent else []
         blocks.append(
             Para(
-                f"⚠ {data.skipped_total} line(s) of the event files could not be read and were skipped "
-                f"({_skipped_words(data)}): what follows may miss what they said."
+                f"⚠ {st.skipped + st.inconsistent} event line(s) could not be used ({'; '.join(what)}): "
+                "what follows may miss what they said."
             )
         )
     if not st.events:
@@ -94,55 +96,33 @@ def header(data: ReportData) -> list[Block]:
     return blocks
 
 
-def _skipped_words(data: ReportData) -> str:
-    words = {"bad": "unreadable", "torn": "cut off", "unknown": "of unknown kinds", "newer": "from a newer shardtop"}
-    return ", ".join(f"{n} {words.get(k, k)}" for k, n in data.skipped.items() if n)
-
-
 def oom_section(data: ReportData) -> list[Block]:
-    oom = data.oom
-    if oom is None:
+    story = data.model.first_oom
+    if story is None:
         return []
-    rows: list[tuple[str, str]] = [
-        ("rank", f"{oom.rank}" + (f" on {oom.host}" if oom.host else "") + f", {oom.device}")
-    ]
-    rows.append(("phase", oom.phase + (f" (step {oom.step})" if oom.step else "")))
+    oom = story.oom
+    rows: list[tuple[str, str]] = [("rank", f"{oom.rank}" + (f" on {oom.host}" if oom.host else "") + f", {oom.device}")]
+    rows.append(("phase", story.when.removeprefix("during ")))
     if oom.engine_step:
         rows.append(("engine step", f"`{oom.engine_step}`"))
-    if oom.module is not None:
-        rows.append(("module", f"`{display_path(oom.module)}`" + (f" ({oom.module_type})" if oom.module_type else "")))
-        rows.append(("found by", ATTRIBUTED_BY_WORDS.get(oom.attributed_by, oom.attributed_by)))
-    else:
-        rows.append(("module", "not known (" + ATTRIBUTED_BY_WORDS.get(oom.attributed_by, oom.attributed_by) + ")"))
-    if oom.module_stack:
-        rows.append(("module stack", " → ".join(f"`{display_path(p)}`" for p in oom.module_stack[-6:])))
+    module = f"`{display_path(oom.module)}`" + (f" ({story.module_type})" if story.module_type else "")
+    rows.append(("module", module if oom.module is not None else story.culprit))
+    rows.append(("found by", story.found_by))
+    if story.stack:
+        rows.append(("module stack", ("… → " if story.stack_cut else "") + " → ".join(f"`{display_path(p)}`" for p in story.stack)))
     rows.append(("requested", b(oom.requested_bytes)))
-    held = [
-        f"allocated {b(oom.allocated)}" if oom.allocated is not None else "",
-        f"reserved {b(oom.reserved)}" if oom.reserved is not None else "",
-        f"limit {b(oom.limit)}" if oom.limit else "",
-        f"device total {b(oom.total)}" if oom.total else "",
-    ]
-    if any(held):
-        rows.append(("allocator", ", ".join(h for h in held if h)))
-    if oom.message:
-        rows.append(("error", oom.message.strip().splitlines()[0][:300]))
-    others = data.state.ooms[1:]
+    if story.held:
+        rows.append(("allocator", ", ".join(f"{label} {b(v)}" for label, v in story.held)))
+    if story.error_line:
+        rows.append(("error", story.error_line[:300]))
+    others = data.model.ooms[1:]
     if others:
-        rows.append(("also", "; ".join(_other(o) for o in others)))
+        rows.append(("also", "; ".join(s.short.removeprefix("OOM on ") for s in others)))
     blocks: list[Block] = [Heading("Out of memory"), Facts(tuple(rows))]
     if oom.gpus:
         blocks.append(Para("GPUs at that moment:"))
-        blocks.append(gpu_table(oom.gpus, rank_of_pid(data)))
+        blocks.append(gpu_table(oom.gpus, rank_of_pid(data.model)))
     return blocks
-
-
-def _other(o: Oom) -> str:
-    return (
-        f"rank {o.rank} during {o.phase}"
-        + (f" in `{o.module}`" if o.module else "")
-        + (f" ({b(o.requested_bytes)} requested)" if o.requested_bytes else "")
-    )
 
 
 def gpu_table(gpus: list[GpuMemory], ranks_by_pid: dict[int, int]) -> Table:
@@ -153,10 +133,11 @@ def gpu_table(gpus: list[GpuMemory], ranks_by_pid: dict[int, int]) -> Table:
     return Table(("GPU", "name", "used", "total", "processes"), tuple(rows), right=frozenset({2, 3}))
 
 
-def findings_section(findings: tuple[Finding, ...]) -> list[Block]:
+def findings_section(data: ReportData) -> list[Block]:
+    findings = data.findings
     blocks: list[Block] = [Heading("Findings")]
     if not findings:
-        blocks.append(Para("No findings: nothing in this run's shards, memory or exit looks wrong."))
+        blocks.append(Para(_no_findings_words(data)))
         return blocks
     for i, f in enumerate(findings, 1):
         blocks.append(Heading(f"{i}. {SEVERITY_WORDS.get(f.severity, f.severity)}: {f.title}", 3))
@@ -171,55 +152,58 @@ def findings_section(findings: tuple[Finding, ...]) -> list[Block]:
     return blocks
 
 
+def _no_findings_words(data: ReportData) -> str:
+    """What "no findings" means depends on what was seen: say what was checked."""
+    m = data.model
+    if m.recorded_nothing:
+        return "No findings: nothing was recorded yet."
+    seen = []
+    if m.tree is not None:
+        seen.append("the shard tree")
+    if any(r.memory is not None for r in m.ranks):
+        seen.append("memory samples")
+    if any(r.exit is not None for r in m.ranks):
+        seen.append("the ranks' exits")
+    if not seen:
+        return "No findings yet: the ranks have not reported their shards or memory."
+    return f"No findings: nothing in {', '.join(seen)} looks wrong."
+
+
 def ranks_section(data: ReportData) -> list[Block]:
-    ranks = data.facts.ranks
-    if not ranks:
+    m = data.model
+    if not m.ranks:
         return []
     rows = []
-    for r in ranks:
-        rs = data.state.ranks[r.rank]
-        gpu = rank_gpu(data, r)
-        stage = r.holdings.stage if r.holdings is not None else "-"
+    for r in m.ranks:
+        gpu = rank_gpu(m, r)
         rows.append(
             (
                 str(r.rank),
                 r.host or "-",
                 r.device or "-",
-                stage,
+                r.holdings.stage if r.holdings is not None else "-",
                 b(r.param_bytes) if r.holdings is not None else "-",
                 b(r.grad_bytes),
                 b(r.optim_bytes),
-                b(allocator_peak(r)),
+                b(r.allocator_peak),
                 f"{b(gpu.used)} / {b(gpu.total)}" if gpu is not None else "-",
                 b(r.memory.host_rss) if r.memory is not None and r.memory.host_rss else "-",
-                (rs.exit.status if rs.exit is not None else (rs.phase or "-")),
+                f"{r.status.mark} {r.status.words}",
             )
         )
     headers = (
-        "rank",
-        "host",
-        "device",
-        "snapshot",
-        "params",
-        "grads",
-        "optimizer",
-        "allocator peak",
-        "GPU (NVML)",
-        "host RSS",
-        "exit / phase",
-    )
-    return [
-        Heading("Per rank"),
-        Table(headers, tuple(rows), right=frozenset({4, 5, 6, 7, 8, 9})),
-    ]
+        "rank", "host", "device", "snapshot", "params", "grads", "optimizer",
+        "allocator peak", "GPU (NVML)", "host RSS", "status",
+    )  # fmt: skip
+    return [Heading("Per rank"), Table(headers, tuple(rows), right=frozenset({4, 5, 6, 7, 8, 9}))]
 
 
 def tree_section(data: ReportData) -> list[Block]:
-    model = data.model
+    model = data.tree
     if model is None:
         return [Heading("Shard tree"), Para("No module tree reported yet.")]
-    oom = data.oom
-    summary = summarize_tree(model, oom.module if oom is not None else None)
+    first = data.model.first_oom
+    summary = summarize_tree(model, first.module if first is not None else None)
     ranks = summary.ranks
     per_rank = len(ranks) <= MAX_RANK_COLUMNS
     headers = ["module", "type", "params", "full size"]
@@ -227,7 +211,7 @@ def tree_section(data: ReportData) -> list[Block]:
     headers += ["state", "device", "note"]
     rows = []
     for row in summary.rows:
-        cells = [f"{row.guide}{row.label}", row.type, count(row.params), b(row.full_bytes)]
+        cells = [f"{row.guide}{row.label}", row.type, count_words(row.params), b(row.full_bytes)]
         if per_rank:
             cells += [b(x) for x in row.rank_bytes]
         else:
@@ -246,42 +230,47 @@ def tree_section(data: ReportData) -> list[Block]:
     ]
     if summary.hidden:
         blocks.append(
-            Para(
-                f"… {summary.hidden} more row(s) of {summary.modules} modules: "
-                f"`shardtop attach {data.run.id}` shows the whole tree."
-            )
+            Para(f"… {summary.hidden} more row(s) of {summary.modules} modules: `shardtop attach {data.run.id}` shows the whole tree.")
         )
     if not ranks:
         blocks.append(Para("No rank has reported how it holds this tree yet."))
     return blocks
 
 
+def _traceback_lines(story: OomStory) -> tuple[str, ...]:
+    o = story.oom
+    return (*o.traceback, *(o.message.strip().splitlines() if o.message else []))
+
+
 def traceback_section(data: ReportData) -> list[Block]:
     blocks: list[Block] = []
     shown: dict[tuple[str, ...], list[int]] = {}
-    for oom in data.state.ooms:
-        frames = tuple(oom.traceback)
+    for story in data.model.ooms:
+        frames = tuple(story.oom.traceback)
         if frames in shown:
-            shown[frames].append(oom.rank)
+            shown[frames].append(story.rank)
             continue
-        shown[frames] = [oom.rank]
-        lines = [*oom.traceback, *(oom.message.strip().splitlines() if oom.message else [])]
+        shown[frames] = [story.rank]
+        lines = _traceback_lines(story)
         if lines:
-            blocks.append(Details(f"Traceback of the OOM on rank {oom.rank} (innermost last)", tuple(lines)))
+            blocks.append(Details(f"Traceback of the OOM on rank {story.rank} (innermost last)", lines))
     same = [ranks[1:] for ranks in shown.values() if len(ranks) > 1]
     if same:
         blocks.append(Para("The same frames on rank(s) " + ", ".join(str(r) for group in same for r in group) + "."))
-    for rank, rs in sorted(data.state.ranks.items()):
-        if rs.exit is not None and rs.exit.error and rs.oom is None:
-            blocks.append(Details(f"Error on rank {rank} ({rs.exit.status})", tuple(rs.exit.error.splitlines())))
-    return ([Heading("Tracebacks")] + blocks) if blocks else []
+    for r in data.model.ranks:
+        if r.exit is not None and r.exit.error and r.oom is None:
+            blocks.append(Details(f"Error on rank {r.rank} ({r.status.state})", tuple(r.exit.error.splitlines())))
+    for rank, tail in sorted(data.model.log_tails.items()):
+        who = "the launcher" if rank < 0 else f"rank {rank}"
+        blocks.append(Details(f"The end of {who}'s log", tail))
+    return ([Heading("Tracebacks and logs")] + blocks) if blocks else []
 
 
 def report_blocks(data: ReportData) -> list[Block]:
     return [
         *header(data),
         *oom_section(data),
-        *findings_section(data.findings),
+        *findings_section(data),
         *ranks_section(data),
         *tree_section(data),
         *traceback_section(data),

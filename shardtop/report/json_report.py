@@ -10,12 +10,16 @@ import json
 from typing import Any
 
 from shardtop.diagnose import Finding
-from shardtop.events import GpuMemory, Oom
-from shardtop.report.gather import ReportData, allocator_peak, rank_gpu
+from shardtop.events import GpuMemory
+from shardtop.oom_story import OomStory
+from shardtop.report.gather import ReportData, rank_gpu
+from shardtop.run_model import RankFacts, RunModel
 
 REPORT_SCHEMA = "shardtop.report"
-REPORT_SCHEMA_VERSION = 1
-"""Bumped when a field changes meaning or goes away; new fields do not bump it."""
+REPORT_SCHEMA_VERSION = 2
+"""Bumped when a field changes meaning or goes away; new fields do not bump it.
+2: ``findings[].evidence`` is each rule's typed evidence (nested objects allowed);
+``ranks[].status`` is the rank's status; ``oom.module_type`` is the user's class."""
 
 _MODULES_MARK = "\u0000modules\u0000"
 
@@ -24,7 +28,8 @@ def _gpu(g: GpuMemory) -> dict[str, Any]:
     return {"index": g.index, "name": g.name, "uuid": g.uuid, "used": g.used, "total": g.total, "pids": list(g.pids)}
 
 
-def _oom(o: Oom) -> dict[str, Any]:
+def _oom(story: OomStory) -> dict[str, Any]:
+    o = story.oom
     return {
         "rank": o.rank,
         "host": o.host,
@@ -32,8 +37,9 @@ def _oom(o: Oom) -> dict[str, Any]:
         "phase": o.phase,
         "step": o.step,
         "module": o.module,
-        "module_type": o.module_type,
+        "module_type": story.module_type,
         "attributed_by": o.attributed_by,
+        "found_by": story.found_by,
         "engine_step": o.engine_step,
         "module_stack": list(o.module_stack),
         "requested_bytes": o.requested_bytes,
@@ -57,42 +63,36 @@ def _finding(f: Finding) -> dict[str, Any]:
         "fix": f.fix,
         "saving_bytes": f.saving_bytes,
         "modules": list(f.modules),
-        "evidence": dict(f.evidence),
+        "evidence": f.evidence.as_dict(),
     }
 
 
-def _ranks(data: ReportData) -> list[dict[str, Any]]:
-    out = []
-    for r in data.facts.ranks:
-        rs = data.state.ranks[r.rank]
-        m = r.memory
-        gpu = rank_gpu(data, r)
-        held = r.holdings
-        out.append(
-            {
-                "rank": r.rank,
-                "host": r.host,
-                "pid": r.pid,
-                "device": r.device,
-                "snapshot": held.stage if held is not None else None,
-                "engine": held.engine if held is not None else None,
-                "param_bytes": r.param_bytes if held is not None else None,
-                "grad_bytes": r.grad_bytes,
-                "optim_bytes": r.optim_bytes,
-                "param_bytes_by_device": dict(r.by_device),
-                "allocator": None
-                if m is None
-                else {"allocated": m.allocated, "reserved": m.reserved, "peak": allocator_peak(r), "limit": m.limit},
-                "host_rss": m.host_rss if m is not None else None,
-                "gpu": _gpu(gpu) if gpu is not None else None,
-                "phase": rs.phase,
-                "step": rs.step,
-                "exit": None
-                if rs.exit is None
-                else {"code": rs.exit.code, "status": rs.exit.status, "error": rs.exit.error},
-            }
-        )
-    return out
+def _rank(m: RunModel, r: RankFacts) -> dict[str, Any]:
+    mem = r.memory
+    gpu = rank_gpu(m, r)
+    held = r.holdings
+    return {
+        "rank": r.rank,
+        "host": r.host,
+        "pid": r.pid,
+        "device": r.device,
+        "status": r.status.state,
+        "status_detail": r.status.detail,
+        "snapshot": held.stage if held is not None else None,
+        "engine": held.engine if held is not None else None,
+        "param_bytes": r.param_bytes if held is not None else None,
+        "grad_bytes": r.grad_bytes,
+        "optim_bytes": r.optim_bytes,
+        "param_bytes_by_device": dict(r.by_device),
+        "allocator": None
+        if mem is None
+        else {"allocated": mem.allocated, "reserved": mem.reserved, "peak": r.allocator_peak, "limit": mem.limit},
+        "host_rss": mem.host_rss if mem is not None else None,
+        "gpu": _gpu(gpu) if gpu is not None else None,
+        "phase": r.state.phase,
+        "step": r.state.step,
+        "exit": None if r.exit is None else {"code": r.exit.code, "status": r.exit.status, "error": r.exit.error},
+    }
 
 
 def module_rows(data: ReportData) -> list[dict[str, Any]]:
@@ -101,7 +101,7 @@ def module_rows(data: ReportData) -> list[dict[str, Any]]:
     ``ranks`` is empty for a module without parameters of its own, which keeps
     containers (and so a 100 000-module tree) cheap.
     """
-    model = data.model
+    model = data.tree
     if model is None:
         return []
     tree = model.tree
@@ -135,42 +135,47 @@ def module_rows(data: ReportData) -> list[dict[str, Any]]:
 
 
 def report_dict(data: ReportData) -> dict[str, Any]:
-    f = data.facts
-    st = data.state
-    exit_status = data.status.exit
-    oom = data.oom
+    m = data.model
+    st = m.state
+    exit_status = m.status.exit if m.status is not None else None
+    first = m.first_oom
     return {
         "schema": REPORT_SCHEMA,
         "schema_version": REPORT_SCHEMA_VERSION,
         "run": {
             "id": data.run.id,
             "path": str(data.run.path),
-            "preset": data.preset or None,
-            "program": data.program or None,
-            "command": data.meta.get("command"),
-            "created": data.meta.get("created"),
-            "status": data.status.state,
-            "status_text": data.status_text,
+            "preset": m.meta.preset or None,
+            "program": m.program or None,
+            "command": list(m.meta.command) or None,
+            "created": m.meta.created,
+            "status": m.status.state if m.status is not None else None,
+            "status_text": m.status_text,
             "exit_code": exit_status.code if exit_status is not None else None,
             "signal": exit_status.signal if exit_status is not None else None,
             "first_event": st.first_t,
             "last_event": st.last_t,
         },
-        "engine": f.engine or None,
-        "strategy": f.strategy or None,
-        "driver": f.driver or None,
-        "world_size": f.world_size,
-        "hosts": st.hosts,
-        "step": st.step,
-        "versions": data.versions,
-        "events": {"read": st.events, "skipped": dict(data.skipped), "skipped_total": data.skipped_total},
+        "engine": m.engine or None,
+        "strategy": m.strategy or None,
+        "driver": m.driver or None,
+        "world_size": m.world_size,
+        "hosts": list(m.hosts),
+        "step": m.step,
+        "versions": dict(m.versions),
+        "events": {
+            "read": st.events,
+            "skipped": data.skipped,
+            "skipped_total": st.skipped,
+            "inconsistent": st.inconsistent,
+        },
         "model": None
-        if f.tree is None
-        else {"tree_id": f.tree.tree_id, "modules": len(f.paths), "params": f.full_params, "bytes": f.full_bytes},
-        "info": dict(f.info),
-        "ranks": _ranks(data),
-        "oom": _oom(oom) if oom is not None else None,
-        "ooms": [_oom(o) for o in st.ooms],
+        if m.tree is None
+        else {"tree_id": m.tree.tree_id, "modules": len(m.paths), "params": m.full_params, "bytes": m.full_bytes},
+        "info": dict(m.info),
+        "ranks": [_rank(m, r) for r in m.ranks],
+        "oom": _oom(first) if first is not None else None,
+        "ooms": [_oom(s) for s in m.ooms],
         "findings": [_finding(x) for x in data.findings],
         "modules": _MODULES_MARK,
     }

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardtop.diagnose.facts import ROOT_LABEL
-from shardtop.run_state import RunState
+from shardtop.words import ROOT_LABEL
 from shardtop.shard_model import Fold, Line, Node, ShardModel, visible_lines
 
 TREE_DEPTH = 2
@@ -54,14 +53,6 @@ class TreeSummary:
     """Which snapshot the bytes come from: setup, engine or step (the lowest rank's)."""
 
 
-def build_model(state: RunState) -> ShardModel | None:
-    """The TUI's shard model of the run's current tree and every rank's latest snapshot."""
-    if state.tree is None:
-        return None
-    shards = {rank: rs.shards for rank, rs in state.ranks.items() if rs.shards is not None}
-    return ShardModel.build(state.tree, shards, state.paths)
-
-
 def _depths(model: ShardModel) -> list[int]:
     parents = model.tree.parents
     depth = [0] * model.size
@@ -85,63 +76,7 @@ def opened(model: ShardModel, culprit: str | None, depth: int = TREE_DEPTH) -> s
     return out
 
 
-def _distinct(values: list[str]) -> str:
-    seen = list(dict.fromkeys(v for v in values if v))
-    if len(seen) <= 3:
-        return ",".join(seen)
-    return ",".join(seen[:2]) + f",+{len(seen) - 2}"
-
-
-@dataclass(frozen=True)
-class Labels:
-    """For every row, which states and devices its subtree's parameters are in, on any rank.
-
-    Bit masks over the names seen, summed bottom-up in one pass: a container row
-    (``transformer_0``, the root) then reads ``sharded,unsharded`` — story 1 at a glance.
-    """
-
-    states: tuple[str, ...]
-    devices: tuple[str, ...]
-    state_mask: tuple[int, ...]
-    device_mask: tuple[int, ...]
-
-    @classmethod
-    def of(cls, model: ShardModel) -> Labels:
-        n = model.size
-        states: dict[str, int] = {}
-        devices: dict[str, int] = {}
-        smask = [0] * n
-        dmask = [0] * n
-        for rank in model.ranks:
-            s = model.shards[rank]
-            sbits = [1 << states.setdefault(name, len(states)) for name in s.states]
-            dbits = [1 << devices.setdefault(name, len(devices)) for name in s.devices]
-            for row, (st, dv) in enumerate(zip(s.state, s.device)):
-                if 0 <= st < len(sbits):
-                    smask[row] |= sbits[st]
-                if 0 <= dv < len(dbits):
-                    dmask[row] |= dbits[dv]
-        parents = model.tree.parents
-        for row in range(n - 1, 0, -1):
-            p = parents[row]
-            if p >= 0:
-                smask[p] |= smask[row]
-                dmask[p] |= dmask[row]
-        return cls(tuple(states), tuple(devices), tuple(smask), tuple(dmask))
-
-    def words(self, rows: tuple[int, ...] | list[int]) -> tuple[str, str]:
-        """(states, devices) of the subtrees of ``rows``, comma-separated, in first-seen order."""
-        smask = dmask = 0
-        for row in rows:
-            smask |= self.state_mask[row]
-            dmask |= self.device_mask[row]
-        return (
-            _distinct([name for i, name in enumerate(self.states) if smask >> i & 1]),
-            _distinct([name for i, name in enumerate(self.devices) if dmask >> i & 1]),
-        )
-
-
-def _row(model: ShardModel, labels: Labels, line: Line, culprit_row: int | None) -> TreeRow:
+def _row(model: ShardModel, line: Line, culprit_row: int | None) -> TreeRow:
     node = line.node
     tree = model.tree
     if isinstance(node, Fold):
@@ -149,7 +84,7 @@ def _row(model: ShardModel, labels: Labels, line: Line, culprit_row: int | None)
         first = members[0]
         label = f"{model.paths[first]} … {model.paths[members[-1]]}"
         kind = f"{len(members)} × {model.type_of(first)}"
-        state, device = labels.words(members)
+        placed = model.placement(node)
         units = sum(1 for m in members if m in model.unit_roots)
         note = ""
         if culprit_row is not None and model.fold_containing(culprit_row) == node:
@@ -163,13 +98,13 @@ def _row(model: ShardModel, labels: Labels, line: Line, culprit_row: int | None)
             params=model.node_params(node),
             full_bytes=model.node_full_bytes(node),
             rank_bytes=tuple(model.node_bytes(node, r) for r in model.ranks),
-            state=state,
-            device=device,
+            state=placed.state,
+            device=placed.device,
             note=note,
             path=model.paths[first],
             count=len(members),
         )
-    state, device = labels.words([node])
+    placed = model.placement(node)
     unit = model.unit_roots.get(node)
     note = "✗ OOM" if node == culprit_row else (f"{unit.kind} unit" if unit is not None else "")
     return TreeRow(
@@ -179,8 +114,8 @@ def _row(model: ShardModel, labels: Labels, line: Line, culprit_row: int | None)
         params=model.node_params(node),
         full_bytes=model.node_full_bytes(node),
         rank_bytes=tuple(model.node_bytes(node, r) for r in model.ranks),
-        state=state,
-        device=device,
+        state=placed.state,
+        device=placed.device,
         note=note,
         path=model.paths[node],
     )
@@ -199,12 +134,11 @@ def summarize_tree(
         at = next((i for i, line in enumerate(lines) if line.node == target), None)
         if at is not None and at >= max_rows:
             keep = lines[: max_rows - 1] + [lines[at]]
-    labels = Labels.of(model)
     stage = ""
     if model.ranks:
         stage = model.shards[model.ranks[0]].stage
     return TreeSummary(
-        rows=tuple(_row(model, labels, line, culprit_row) for line in keep),
+        rows=tuple(_row(model, line, culprit_row) for line in keep),
         ranks=model.ranks,
         hidden=len(lines) - len(keep),
         modules=model.size,

@@ -16,7 +16,7 @@ from shardtop.runs import RunDirectory, process_start_time
 from shardtop.tui.watch.gpu_feed import GpuFeed
 from shardtop.tui.watch.log_tail import LogTail
 from shardtop.tui.watch.run_catalog import RunCatalog
-from shardtop.tui.watch.run_feed import RunFeed, reap
+from shardtop.tui.watch.run_feed import RunFeed
 from tests.tui.conftest import H200_HOST, RecordedHost, recorded_h200
 from tests.tui.recorded import RecordedGpus, copy_runs, eight_h200s, nvml_samples
 
@@ -41,8 +41,8 @@ def test_run_feed_posts_changes_urgent_ones_at_once(tmp_path: Path) -> None:
     feed = RunFeed(RunDirectory(path), refresh=1.0, clock=clock)
     first = feed.poll()
     assert first is not None and first.serial == 1
-    assert first.model is not None and first.model.ranks == (0, 1)
-    assert first.state.step == 3 and first.preset == "fsdp2-mlp"
+    assert first.tree is not None and first.tree.ranks == (0, 1)
+    assert first.model.step == 3 and first.meta.title == "fsdp2-mlp"
     assert any("max_steps=3" in line for line in first.new_log)
     assert feed.poll() is None, "nothing changed: no snapshot"
     t = first.state.last_t
@@ -52,13 +52,13 @@ def test_run_feed_posts_changes_urgent_ones_at_once(tmp_path: Path) -> None:
     assert feed.poll() is None, "a step waits for the refresh interval"
     clock.now += 1.0
     later = feed.poll()
-    assert later is not None and later.state.step == 4 and later.model is first.model
+    assert later is not None and later.model.step == 4 and later.tree is first.tree
 
     append(path, 1, Oom(phase="forward", module="model.blocks.3.fc1", rank=1, host="vm", t=t + 2))
     clock.now += 0.01
     urgent = feed.poll()
     assert urgent is not None, "an OOM is shown at once"
-    assert [o.module for o in urgent.state.ooms] == ["model.blocks.3.fc1"]
+    assert [s.module for s in urgent.model.ooms] == ["model.blocks.3.fc1"]
 
 
 def test_run_feed_survives_a_torn_line_and_garbage(tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_run_feed_survives_a_torn_line_and_garbage(tmp_path: Path) -> None:
         f.write(b'not json at all\n{"kind": "step", "step"')
     snap = RunFeed(RunDirectory(path)).poll()
     assert snap is not None and snap.state.skipped == 1 and snap.status.state == "failed"
-    assert snap.state.ooms and snap.model is None, "the OOM came before any module tree"
+    assert snap.model.ooms and snap.tree is None, "the OOM came before any module tree"
 
 
 def test_run_feed_says_when_the_diagnosis_fails(tmp_path: Path) -> None:
@@ -77,19 +77,19 @@ def test_run_feed_says_when_the_diagnosis_fails(tmp_path: Path) -> None:
         raise KeyError("rule")
 
     snap = RunFeed(RunDirectory(path), findings=broken).poll()  # type: ignore[arg-type]
-    assert snap is not None and [f.code for f in snap.findings] == ["diagnose-failed"]
+    assert snap is not None and [f.code for f in snap.findings] == ["diagnose-rule-failed"]
     assert "KeyError" in snap.findings[0].detail
 
 
-def test_reap_collects_only_our_children() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
-    deadline = time.monotonic() + 10
-    ended = None
-    while ended is None and time.monotonic() < deadline:
-        ended = reap(child.pid)
-        time.sleep(0.05)
-    assert ended == (3, None)
-    assert reap(1) is None and reap(None) is None
+def test_the_feeds_only_read_a_run_whose_supervisor_vanished(tmp_path: Path) -> None:
+    """No exit record and no process: the feeds say so and write nothing into the run directory."""
+    path = copy_runs(tmp_path, "cpu/fsdp2-mlp")["cpu/fsdp2-mlp"]
+    (path / "exit.json").unlink()
+    before = sorted((p.relative_to(path), p.stat().st_mtime_ns) for p in path.rglob("*"))
+    snap = RunFeed(RunDirectory(path)).poll()
+    assert snap is not None and snap.status.state == "lost"
+    assert RunCatalog(tmp_path).poll() is not None
+    assert sorted((p.relative_to(path), p.stat().st_mtime_ns) for p in path.rglob("*")) == before
 
 
 def test_log_tail_returns_complete_lines_only(tmp_path: Path) -> None:
@@ -110,7 +110,7 @@ def test_catalog_names_the_rank_behind_a_pid(tmp_path: Path) -> None:
         tmp_path, "zero3-linear", {"pid": os.getpid(), "pid_started": process_start_time(os.getpid())}
     )
     append(live.path, 1, Hello(pid=4242, world_size=2, rank=1, host="gpu-box", t=time.time()))
-    catalog = RunCatalog(tmp_path, read_only=True)
+    catalog = RunCatalog(tmp_path)
     snap = catalog.poll()
     assert snap is not None
     assert [r.live for r in snap.rows] == [True, False]

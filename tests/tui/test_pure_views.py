@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.style import Style
 
 from shardtop.config import ConfigError
-from shardtop.diagnose import Finding
+from shardtop.diagnose import Evidence, Finding
 from shardtop.events import GpuMemory, Hello, Memory, Oom
 from shardtop.gpus import GpuProcessInfo
 from shardtop.run_state import fold
@@ -24,7 +24,9 @@ from shardtop.tui.widgets.findings_list import concerning, findings_text
 from shardtop.tui.widgets.gpu_bar import gpu_line_parts
 from shardtop.tui.widgets.gpu_panel import owners_text
 from shardtop.tui.widgets.process_table import process_cells
-from shardtop.tui.widgets.oom_panel import culprit_words, no_module_words, oom_report, under_zero_init
+from shardtop.oom_story import OomStory, under_zero_init
+from shardtop.run_model import RunModel
+from shardtop.tui.widgets.oom_panel import culprit_words, no_module_words, oom_report
 from shardtop.tui.widgets.rank_memory import device_index, memory_layout, rank_rows
 from shardtop.tui.widgets.run_header import header_info
 from tests.tui.recorded import TRAINER_PIDS, copy_runs, eight_h200s
@@ -102,11 +104,12 @@ def test_findings_concern_a_module_its_parents_and_children() -> None:
         "Built outside zero.Init",
         "moved whole",
         "configure_model()",
+        Evidence(),
         severity="error",
         saving_bytes=2**30,
         modules=("net",),
     )
-    whole_run = Finding("precision-mismatch", "fp16 vs 32", "", "", modules=())
+    whole_run = Finding("precision-mismatch", "fp16 vs 32", "", "", Evidence(), modules=())
     findings = [about_net, whole_run]
     assert concerning(findings, "net.12") == [about_net]
     assert concerning(findings, "net") == [about_net]
@@ -126,9 +129,9 @@ def test_rank_rows_match_nvml_by_pid_then_device() -> None:
             Oom(phase="setup", rank=1, host="h", limit=8),
         ]
     )
-    rows = rank_rows(state)
+    rows = rank_rows(RunModel.of(state))
     assert [r.gpu.index if r.gpu else None for r in rows] == [1, 0], "rank 1's pid is on GPU 0 (CUDA_VISIBLE_DEVICES)"
-    assert rows[0].limit == 8 and rows[1].oom and rows[1].limit == 8
+    assert rows[0].limit == 8 and rows[1].status.state == "out of memory" and rows[1].limit == 8
     assert device_index("cuda:3") == 3 and device_index("cpu") is None
 
 
@@ -148,9 +151,10 @@ def test_header_words_for_story_2(tmp_path: Path) -> None:
 
 def test_the_memory_bar_ends_at_the_oom(tmp_path: Path) -> None:
     """The last allocator sample said 14.1 GiB; the OOM, later, 15.0 GiB: the bar shows the OOM's."""
-    state = story2_snapshot(tmp_path).state
-    (row,) = rank_rows(state)
-    oom = state.ooms[0]
+    snap = story2_snapshot(tmp_path)
+    state = snap.state
+    (row,) = rank_rows(snap.model)
+    oom = snap.model.ooms[0].oom
     assert state.ranks[0].memory is not None and state.ranks[0].memory.allocated < oom.allocated  # type: ignore[operator]
     assert (row.allocated, row.reserved, row.limit) == (oom.allocated, oom.reserved, oom.limit)
     assert row.peak is not None and row.peak >= oom.reserved  # type: ignore[operator]
@@ -164,27 +168,27 @@ def test_memory_layout_by_width_and_ranks() -> None:
 
 def test_oom_words_without_a_module(tmp_path: Path) -> None:
     """zero3-linear-fixed on the H200 ran out under zero.Init; the probe may name the type being built."""
-    typed = story2_snapshot(tmp_path, "h200/zero3-linear-fixed").state.ooms[0]
-    assert typed.module is None and under_zero_init(typed)
-    assert (typed.module_type, typed.attributed_by) == ("Linear", "init-frame")
+    typed = story2_snapshot(tmp_path, "h200/zero3-linear-fixed").model.ooms[0]
+    assert typed.module is None and under_zero_init(typed.oom)
+    assert (typed.module_type, typed.oom.attributed_by) == ("Linear", "init-frame")
     assert culprit_words(typed).plain == "not known: a Linear being built under deepspeed.zero.Init"
-    untyped = msgspec.structs.replace(typed, module_type=None, attributed_by="engine-step")
+    untyped = OomStory(msgspec.structs.replace(typed.oom, module_type=None, attributed_by="engine-step"), None)
     assert culprit_words(untyped).plain == "not known: a module being built under deepspeed.zero.Init"
     assert no_module_words(typed) == (
         "The OOM names no module path: rank 0 ran out of memory in Init._partition_param, "
         "with a Linear being built under deepspeed.zero.Init."
     )
     console = Console(width=100, record=True, file=io.StringIO(), color_system=None)
-    console.print(oom_report(typed, (), []))
+    console.print(oom_report(typed, (), ()))
     words = " ".join(console.export_text().split())
     assert "found by the type of the module being built under deepspeed.zero.Init" in words
-    phase_only = msgspec.structs.replace(typed, engine_step=None, module_type=None, attributed_by="phase")
+    phase_only = OomStory(msgspec.structs.replace(typed.oom, engine_step=None, module_type=None, attributed_by="phase"), None)
     assert culprit_words(phase_only).plain == "not known"
     assert no_module_words(phase_only).endswith("ran out of memory during setup.")
 
 
 def test_story1_tree_says_units_offloaded_on_cpu_and_stray_layers_whole_on_cuda(tmp_path: Path) -> None:
-    model = story2_snapshot(tmp_path, "h200/fsdp-not-sharding").model
+    model = story2_snapshot(tmp_path, "h200/fsdp-not-sharding").tree
     assert model is not None
     units = {model.paths[m] for m in model.unit_roots}
     assert units == {"transformers1", "transformer_0", "transformer_1", "transformers_out"}
@@ -195,7 +199,7 @@ def test_story1_tree_says_units_offloaded_on_cpu_and_stray_layers_whole_on_cuda(
         placed = model.placement(model.row_of(path))  # type: ignore[arg-type]
         assert (placed.state, placed.device) == ("unsharded", "cuda:0"), path
     root = model.placement(0)
-    assert (root.state, root.device) == ("mixed", "cpu+cuda:0")
+    assert (root.state, root.device) == ("offloaded+unsharded", "cpu+cuda:0")
     assert model.placement(model.row_of("relu")).state == "", "no parameters: nothing to say"  # type: ignore[arg-type]
 
 

@@ -146,7 +146,7 @@ class HomeScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="runs-feed", name="runs watcher")
     def watch_runs(self) -> None:
-        catalog = RunCatalog(self.runs_root, read_only=self.read_only)
+        catalog = RunCatalog(self.runs_root)
 
         def poll() -> Message | None:
             snapshot = catalog.poll()

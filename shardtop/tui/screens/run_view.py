@@ -22,7 +22,7 @@ from textual.widgets import Footer, Input, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
 from shardtop.diagnose import diagnose
-from shardtop.events import Oom
+from shardtop.oom_story import under_zero_init
 from shardtop.runs import RunDirectory
 from shardtop.tui.screens.confirm import ConfirmScreen
 from shardtop.tui.screens.report_view import ReportScreen, render_markdown, save_report
@@ -31,7 +31,7 @@ from shardtop.tui.watch.run_feed import Diagnosis, RunFeed, RunSnapshot
 from shardtop.tui.widgets.findings_list import FindingsList
 from shardtop.tui.widgets.log_pane import LogPane
 from shardtop.tui.widgets.module_details import ModuleDetails
-from shardtop.tui.widgets.oom_panel import OomPanel, no_module_words, under_zero_init
+from shardtop.tui.widgets.oom_panel import OomPanel, no_module_words
 from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.run_header import RunHeader
 from shardtop.tui.widgets.search_bar import SearchBar
@@ -44,15 +44,10 @@ EVENT_TICK = 0.25
 STOP_GRACE = 10.0
 
 
-def first_oom(snap: RunSnapshot) -> Oom | None:
-    """The OOM that came first: the others often follow from it (a collective waiting on the dead rank)."""
-    ooms = snap.state.ooms
-    return min(ooms, key=lambda o: o.t) if ooms else None
-
-
 def empty_tree_words(snap: RunSnapshot) -> str:
     """What the tree says while there is none: waiting, or why there never will be."""
-    oom = first_oom(snap)
+    story = snap.model.first_oom
+    oom = story.oom if story is not None else None
     if oom is not None and under_zero_init(oom):
         return (
             f"No module tree: rank {oom.rank} ran out of memory while deepspeed.zero.Init was building the model. "
@@ -69,9 +64,9 @@ def empty_tree_words(snap: RunSnapshot) -> str:
 
 
 def oom_module(snap: RunSnapshot) -> str | None:
-    """The module the first attributed OOM names (None when no OOM named one)."""
-    named = [o for o in snap.state.ooms if o.module is not None]
-    return min(named, key=lambda o: o.t).module if named else None
+    """The module the first OOM names (None when it named none)."""
+    story = snap.model.first_oom
+    return story.module if story is not None else None
 
 
 class RunScreen(Screen[None]):
@@ -154,7 +149,7 @@ class RunScreen(Screen[None]):
     @work(thread=True, exclusive=True, exit_on_error=False, group="run-feed", name="run feed")
     def follow_run(self) -> None:
         worker = get_current_worker()
-        feed = RunFeed(self.run_dir, refresh=self.refresh_s, read_only=self.read_only, findings=self.findings_of)
+        feed = RunFeed(self.run_dir, refresh=self.refresh_s, findings=self.findings_of)
         tick = min(self.refresh_s, EVENT_TICK)
         while not worker.is_cancelled and not self._feeds_done.is_set():
             forced = self._wake.is_set()
@@ -172,17 +167,17 @@ class RunScreen(Screen[None]):
         oom_path = oom_module(snap)
         with self.app.batch_update():
             self.query_one(RunHeader).show(snap)
-            self.query_one(RankMemory).show(snap.state)
+            self.query_one(RankMemory).show(snap.model)
             tree.empty_words = empty_tree_words(snap)
             # a run that ended before its model existed never gets a tree: give its space to the OOM
-            self.set_class(snap.model is None and not snap.live, "-treeless")
-            tree.set_model(snap.model, oom_path)
-            self.query_one(OomPanel).show(snap.state.ooms, snap.findings)
+            self.set_class(snap.tree is None and not snap.live, "-treeless")
+            tree.set_model(snap.tree, oom_path)
+            self.query_one(OomPanel).show(snap.model.ooms, snap.findings)
             self.query_one(FindingsList).show(snap.findings)
             self.query_one(LogPane).append(snap.new_log)
-            if previous is None or previous.model is not snap.model or previous.findings is not snap.findings:
+            if previous is None or previous.tree is not snap.tree or previous.findings is not snap.findings:
                 self._show_details(tree.selected)
-            if snap.state.ooms and not self._oom_seen:
+            if snap.model.ooms and not self._oom_seen:
                 self._oom_seen = True
                 tabs = self.query_one(TabbedContent)
                 tabs.get_tab("oom").label = "✗ OOM"
@@ -199,7 +194,7 @@ class RunScreen(Screen[None]):
         snap = self.snapshot
         if snap is not None:
             details = self.query_one(ModuleDetails)
-            details.show(snap.model, node, snap.findings, oom_module(snap), empty=empty_tree_words(snap))
+            details.show(snap.tree, node, snap.findings, oom_module(snap), empty=empty_tree_words(snap))
 
     # -- actions -------------------------------------------------------------------
 
@@ -221,9 +216,9 @@ class RunScreen(Screen[None]):
         if tree.jump_to_oom():
             self.query_one(TabbedContent).active = "oom"
             tree.focus()
-        elif self.snapshot is not None and (oom := first_oom(self.snapshot)) is not None:
+        elif self.snapshot is not None and (story := self.snapshot.model.first_oom) is not None:
             self.query_one(TabbedContent).active = "oom"
-            self.notify(no_module_words(oom))
+            self.notify(no_module_words(story))
         else:
             self.notify("No rank of this run has run out of memory.")
 

@@ -1,4 +1,4 @@
-"""The home view's list of runs, with which pid is which run's rank.
+"""The home view's list of runs, with which pid is which run's rank.  It only reads.
 
 Finished runs are summarised once (until their files change); live runs are
 followed incrementally, so a long run's event files are not re-read every
@@ -15,10 +15,11 @@ from types import MappingProxyType
 
 from shardtop.config import Preset, list_presets
 from shardtop.events import EventReader
+from shardtop.run_meta import RunMeta
+from shardtop.run_model import RunModel
 from shardtop.run_state import RankState, RunStateBuilder
 from shardtop.run_summary import RunSummary, summarize
 from shardtop.runs import RunDirectory, list_runs
-from shardtop.tui.watch.run_feed import reap
 
 MAX_RUNS = 50
 """The newest runs shown on the home view."""
@@ -58,9 +59,8 @@ class _Follow:
 
 
 class RunCatalog:
-    def __init__(self, root: Path, read_only: bool = False) -> None:
+    def __init__(self, root: Path) -> None:
         self.root = root
-        self.read_only = read_only
         self._summaries: dict[str, tuple[tuple[object, ...], RunSummary]] = {}
         self._live: dict[str, _Follow] = {}
         self._presets: tuple[Preset, ...] | None = None
@@ -75,18 +75,15 @@ class RunCatalog:
         owners: dict[int, RankOwner] = {}
         live_ranks: list[tuple[str, RankState]] = []
         for run in runs:
-            meta = run.read_meta()
-            ended = reap(meta.get("pid"), meta.get("pid_started"))
-            if ended is not None and not self.read_only:
-                run.write_exit(ended[0], signal=ended[1], reason="supervisor ended")
-            live = run.status().state == "running"
+            status = run.status()
+            live = status.state == "running"
             if live:
                 follow = self._live.setdefault(run.id, _Follow(EventReader(run.events_dir), RunStateBuilder()))
                 follow.builder.apply(follow.reader.read_new())
-                follow.builder.note_skipped(follow.reader.skipped_total)
+                follow.builder.note_skipped(follow.reader.skipped)
                 state = follow.builder.snapshot()
-                summary = summarize(run, state)
-                for rs in sorted(state.ranks.values(), key=lambda r: r.rank):
+                summary = summarize(run, RunModel.of(state, RunMeta.parse(run.read_meta()), status))
+                for rs in state.rank_list():
                     if rs.pid is not None:
                         owners[rs.pid] = RankOwner(run.id, rs.rank)
                     live_ranks.append((run.id, rs))

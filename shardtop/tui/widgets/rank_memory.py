@@ -9,7 +9,8 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from shardtop.events import GpuMemory
-from shardtop.run_state import RankState, RunState
+from shardtop.run_model import RankStatus, RunModel
+from shardtop.run_state import RankState
 from shardtop.tui.format import bar, fraction, short_bytes, sparkline, split_bar
 
 
@@ -28,8 +29,11 @@ class RankMemoryRow:
     gpu: GpuMemory | None
     """The NVML view of the rank's GPU (matched by pid, else by device index)."""
     history: tuple[int, ...]
-    oom: bool
-    exit: str
+    status: RankStatus
+
+
+STATUS_WORDS = {"out of memory": "OOM"}
+"""Rank states said shorter beside a bar."""
 
 
 def device_index(device: str) -> int | None:
@@ -62,11 +66,12 @@ def held(rs: RankState) -> tuple[int | None, int | None, int | None]:
     return allocated, reserved, peak
 
 
-def rank_rows(state: RunState) -> tuple[RankMemoryRow, ...]:
+def rank_rows(model: RunModel) -> tuple[RankMemoryRow, ...]:
     rows = []
-    for rs in sorted(state.ranks.values(), key=lambda r: r.rank):
+    for r in model.ranks:
+        rs = r.state
         m = rs.memory
-        gpus = state.gpus.get(rs.host, ())
+        gpus = model.state.gpus.get(rs.host, ())
         allocated, reserved, peak = held(rs)
         rows.append(
             RankMemoryRow(
@@ -80,8 +85,7 @@ def rank_rows(state: RunState) -> tuple[RankMemoryRow, ...]:
                 host_rss=m.host_rss if m else 0,
                 gpu=gpu_of(rs, gpus),
                 history=rs.allocated_history,
-                oom=rs.oom is not None,
-                exit=rs.exit.status if rs.exit else "",
+                status=r.status,
             )
         )
     return tuple(rows)
@@ -126,8 +130,8 @@ class RankMemory(Widget):
         super().__init__(id=id, classes=classes)
         self.border_title = "Memory per rank"
 
-    def show(self, state: RunState) -> None:
-        self.rows = rank_rows(state)
+    def show(self, model: RunModel) -> None:
+        self.rows = rank_rows(model)
 
     def render(self) -> Text:
         if not self.rows:
@@ -151,12 +155,12 @@ class RankMemory(Widget):
         out.append(f"r{row.rank}", style("rank-memory--label"))
         if layout == "wide":
             out.append(f" {row.device}" + (f" pid {row.pid}" if row.pid else ""), style("rank-memory--muted"))
-        if row.oom:
-            out.append(" ✗ OOM", style("rank-memory--oom"))
-        elif row.exit and row.exit != "ok":
-            out.append(f" ✗ {row.exit}", style("rank-memory--oom"))
-        elif row.exit == "ok":
-            out.append(" ✓", style("rank-memory--muted"))
+        status = row.status
+        if status.state == "finished":
+            out.append(f" {status.mark}", style("rank-memory--muted"))
+        elif status.ended:
+            word = STATUS_WORDS.get(status.state, status.state)
+            out.append(f" {status.mark} {word}", style("rank-memory--oom"))
         return out
 
     def _render_row(

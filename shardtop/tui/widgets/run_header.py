@@ -36,42 +36,34 @@ class HeaderInfo:
 
 
 def header_info(snap: RunSnapshot) -> HeaderInfo:
-    state = snap.state
-    hellos = [r.hello for r in sorted(state.ranks.values(), key=lambda r: r.rank) if r.hello is not None]
-    strategy = next((h.strategy for h in hellos if h.strategy), "")
-    engine = next((h.engine for h in hellos if h.engine), "") or state.engine
-    shards = [r.shards for r in state.ranks.values() if r.shards is not None]
-    held = ""
-    if shards and state.engine and state.engine != engine:
-        held = f"held as {state.engine} at {shards[0].stage}"
-    up = len(state.ranks)
-    world = state.world_size or int(snap.meta.get("config", {}).get("world_size", 0) or 0)
-    hosts = state.hosts
+    m = snap.model
+    up = len(m.ranks)
+    world = m.world_size
     ranks = f"{up}/{world} ranks" if world and up != world else f"{up or world} rank{'s' if (up or world) != 1 else ''}"
+    hosts = m.hosts
     if hosts:
         ranks += f" on {', '.join(hosts[:3])}" + (f" +{len(hosts) - 3}" if len(hosts) > 3 else "")
-    phases = {r.phase for r in state.ranks.values() if r.phase}
+    phases = {r.state.phase for r in m.ranks if r.state.phase}
     phase = phases.pop() if len(phases) == 1 else ("/".join(sorted(phases)) if phases else "-")
-    created = snap.meta.get("created")
-    started = float(created) if isinstance(created, (int, float)) else state.first_t
-    ended = snap.status.exit.ended if snap.status.exit is not None and snap.status.state != "running" else None
-    if ended is None and snap.status.state not in ("running",):
-        ended = state.last_t
+    status = snap.status
+    ended = status.exit.ended if status.exit is not None and status.state != "running" else None
+    if ended is None and status.state != "running":
+        ended = m.state.last_t
     return HeaderInfo(
-        preset=snap.preset,
-        engine=engine or "-",
-        strategy=strategy,
-        held=held,
+        preset=m.meta.title,
+        engine=m.engine or "-",
+        strategy=m.strategy,
+        held=f"held as {m.held_as}" if m.held_as else "",
         ranks=ranks,
-        step=state.step,
+        step=m.step,
         phase=phase,
-        status=snap.status.describe(),
-        state=snap.status.state,
+        status=m.status_text,
+        state=status.state,
         run_id=snap.run.id,
         path=display_path(snap.run.path),
-        started=started,
+        started=m.meta.created or m.state.first_t,
         ended=ended,
-        skipped=state.skipped,
+        skipped=m.state.skipped + m.state.inconsistent,
     )
 
 

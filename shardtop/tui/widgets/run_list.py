@@ -13,9 +13,8 @@ from shardtop.tui.watch.run_catalog import RunRow
 COLUMNS = ("RUN", "STATUS", "RANKS", "STEP", "STARTED", "NOTE")
 
 
-def status_text(status: str) -> Text:
+def status_text(state: str, status: str) -> Text:
     """``✗ failed (exit 1)`` styled by its state word (CSS-free: the table renders Rich text)."""
-    state = status.split(" ", 1)[0]
     mark = STATUS_MARKS.get(state, "·")
     style = {"running": "bold", "failed": "bold", "lost": "italic"}.get(state, "")
     return Text(f"{mark} {status}", style=style)
@@ -23,7 +22,7 @@ def status_text(status: str) -> Text:
 
 def run_cells(row: RunRow) -> tuple[str | Text, ...]:
     s = row.summary
-    return (short_run_id(s.id), status_text(s.status), str(s.ranks or "-"), str(s.step), s.started, s.note)
+    return (short_run_id(s.id), status_text(s.state, s.status), str(s.ranks or "-"), str(s.step), s.started, s.note)
 
 
 class RunList(DataTable[str | Text]):

@@ -1,0 +1,52 @@
+"""Read a run directory into its read model: the one place a whole run is read from disk.
+
+``shardtop report``, ``shardtop runs`` and tests call ``read_run``; the TUI's
+feed reads incrementally and builds the same ``RunModel`` with ``RunModel.of``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from shardtop.events import read_all
+from shardtop.run_meta import RunMeta
+from shardtop.run_model import RunModel
+from shardtop.run_state import fold
+from shardtop.runs import RunDirectory
+
+LOG_TAIL_LINES = 12
+"""Lines of a rank's log kept to say why a run recorded nothing."""
+
+LOG_TAIL_BYTES = 16 << 10
+
+
+def read_log_tail(run: RunDirectory, rank: int, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
+    """The last ``lines`` non-empty lines of a rank's log (the runner's log stands in for rank -1)."""
+    path = run.runner_log if rank < 0 else run.rank_log(rank)
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - LOG_TAIL_BYTES))
+            data = f.read()
+    except OSError:
+        return ()
+    text = data.decode("utf-8", errors="replace").splitlines()
+    return tuple(line for line in text if line.strip())[-lines:]
+
+
+def log_tails(run: RunDirectory, world_size: int) -> Mapping[int, tuple[str, ...]]:
+    """Every rank's log tail, and the runner's as rank -1; only for runs that recorded no event."""
+    tails = {rank: read_log_tail(run, rank) for rank in range(max(world_size, 1))}
+    tails[-1] = read_log_tail(run, -1)
+    return {rank: tail for rank, tail in tails.items() if tail}
+
+
+def read_run(run: RunDirectory) -> RunModel:
+    """The whole run as it stands: events folded, ``run.json`` parsed, status read."""
+    events, skipped = read_all(run.events_dir)
+    state = fold(events, skipped)
+    meta = RunMeta.parse(run.read_meta())
+    status = run.status()
+    tails = log_tails(run, meta.world_size) if state.events == 0 else {}
+    return RunModel.of(state, meta, status, tails)

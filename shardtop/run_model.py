@@ -1,0 +1,478 @@
+"""The read model: every fact a view or a rule asks about a run, derived once.
+
+``RunModel.of(state, meta, status)`` wraps a folded ``RunState`` (events),
+the parsed ``run.json`` and the run's status, and answers: the engine (one
+precedence), the OOMs (earliest first, ties to the lowest rank) told as
+``OomStory``s, each rank's holdings and status, the run's status in words,
+the one-line summary, and the samples rank-to-rank comparisons may use (all
+ranks alive, same step and phase).  The TUI, the report in every format,
+``shardtop runs``, the headless follower and the diagnosis render it; none
+works a fact out again.  Pure Python: no torch, no textual, no I/O.
+"""
+
+from __future__ import annotations
+
+import signal as signals
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
+from typing import Literal
+
+from shardtop.events import Exit, Hello, Memory, Oom, Scalar, Shards, Tree
+from shardtop.oom_story import OomStory, user_type
+from shardtop.run_meta import RunMeta
+from shardtop.run_state import TRAINING_PHASES, GpuSample, RankState, RunState
+from shardtop.runs import RunStatus
+from shardtop.shard_model import subtree_sums
+from shardtop.tree_facts import Block, find_block
+
+STORED_NOWHERE = frozenset({"meta"})
+"""Devices that store nothing (deferred initialisation)."""
+
+PHASE_ORDER = {"forward": 0, "backward": 1, "optimizer": 2}
+
+RankState_ = Literal["starting", "running", "finished", "failed", "out of memory", "interrupted", "killed", "lost"]
+
+RANK_MARKS: Mapping[str, str] = MappingProxyType(
+    {
+        "starting": "…",
+        "running": "●",
+        "finished": "✓",
+        "failed": "✗",
+        "out of memory": "✗",
+        "interrupted": "■",
+        "killed": "✗",
+        "lost": "?",
+    }
+)
+"""A symbol beside each rank status, so no view says it in colour alone."""
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """How one rank stands: from its own exit record, its OOM, and the run's liveness."""
+
+    state: RankState_
+    detail: str = ""
+
+    @property
+    def words(self) -> str:
+        return self.state + (f" ({self.detail})" if self.detail else "")
+
+    @property
+    def mark(self) -> str:
+        return RANK_MARKS[self.state]
+
+    @property
+    def ended(self) -> bool:
+        return self.state not in ("starting", "running")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signals.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def rank_status(rs: RankState, run_running: bool | None) -> RankStatus:
+    """``run_running``: whether any process of the run is alive (None: not known)."""
+    e = rs.exit
+    if e is not None:
+        return _exit_status(e)
+    if rs.oom is not None:
+        return RankStatus("out of memory")
+    if run_running is False:
+        return RankStatus("lost", "it left no exit record: killed hard, or its host went away")
+    if rs.hello is None:
+        return RankStatus("starting")
+    return RankStatus("running")
+
+
+def _exit_status(e: Exit) -> RankStatus:
+    if e.status == "ok":
+        return RankStatus("finished")
+    if e.status == "oom":
+        return RankStatus("out of memory")
+    if e.status in ("interrupted", "killed"):
+        return RankStatus(e.status, _first_line(e.error))
+    # a SystemExit carrying a signal's exit status (128 + n) is a signal, not a failure
+    if e.code > 128 and e.code - 128 in (signals.SIGTERM, signals.SIGINT, signals.SIGHUP):
+        return RankStatus("interrupted", _signal_name(e.code - 128))
+    return RankStatus("failed", _first_line(e.error) or f"exit {e.code}")
+
+
+DETAIL_CHARS = 80
+
+
+def _first_line(text: str | None) -> str:
+    """A status detail short enough for a table cell: the first line of an error, cut at a word."""
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return line if len(line) <= DETAIL_CHARS else line[: DETAIL_CHARS - 1].rsplit(" ", 1)[0] + " …"
+
+
+@dataclass(frozen=True)
+class RankFacts:
+    """One rank: who it is, how it stands, and its holdings summed over the tree."""
+
+    rank: int
+    host: str
+    device: str
+    pid: int | None
+    status: RankStatus
+    state: RankState
+    shards: Shards | None
+    """The latest snapshot taken once the engine held the model (not ``setup``)."""
+    setup: Shards | None
+    param_bytes: int = 0
+    grad_bytes: int | None = None
+    optim_bytes: int | None = None
+    by_device: Mapping[str, int] = field(default_factory=dict)
+    """Stored parameter bytes per device (meta excluded)."""
+
+    @property
+    def hello(self) -> Hello | None:
+        return self.state.hello
+
+    @property
+    def memory(self) -> Memory | None:
+        return self.state.memory
+
+    @property
+    def oom(self) -> Oom | None:
+        return self.state.oom
+
+    @property
+    def exit(self) -> Exit | None:
+        return self.state.exit
+
+    @property
+    def holdings(self) -> Shards | None:
+        """The best snapshot there is: after the engine, else the set-up one."""
+        return self.shards or self.setup
+
+    @property
+    def allocator_peak(self) -> int | None:
+        """The allocator's peak, else its highest reading; None on CPU (no allocator to ask)."""
+        values = [
+            v
+            for m in (self.state.peak_memory, self.state.memory)
+            if m is not None
+            for v in (m.peak, m.allocated)
+            if v is not None
+        ]
+        if self.oom is not None and self.oom.allocated is not None:
+            values.append(self.oom.allocated)
+        return max(values) if values else None
+
+
+def _sum(values: Sequence[int] | None) -> int | None:
+    return None if values is None else sum(values)
+
+
+def rank_facts(rs: RankState, run_running: bool | None) -> RankFacts:
+    latest = rs.shards
+    engine_shards = latest if latest is not None and latest.stage != "setup" else None
+    held = engine_shards or rs.setup_shards
+    by_device: dict[str, int] = {}
+    if held is not None:
+        for b, d in zip(held.bytes, held.device):
+            if b and 0 <= d < len(held.devices) and held.devices[d] not in STORED_NOWHERE:
+                name = held.devices[d]
+                by_device[name] = by_device.get(name, 0) + b
+    return RankFacts(
+        rank=rs.rank,
+        host=rs.host,
+        device=rs.device,
+        pid=rs.pid,
+        status=rank_status(rs, run_running),
+        state=rs,
+        shards=engine_shards,
+        setup=rs.setup_shards,
+        param_bytes=sum(by_device.values()),
+        grad_bytes=_sum(held.grad_bytes) if held is not None else None,
+        optim_bytes=_sum(held.optim_bytes) if held is not None else None,
+        by_device=MappingProxyType(by_device),
+    )
+
+
+@dataclass(frozen=True)
+class ComparableMemory:
+    """Every rank's allocator sample from one step and phase: a like-with-like comparison."""
+
+    step: int
+    phase: str
+    samples: Mapping[int, Memory]
+
+
+@dataclass(frozen=True)
+class RunModel:
+    """A run as every view sees it."""
+
+    state: RunState
+    meta: RunMeta = field(default_factory=RunMeta)
+    status: RunStatus | None = None
+    """The run's status from its directory (None: events alone, no directory read)."""
+    log_tails: Mapping[int, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    """The last lines of each rank's log, read only when the ranks recorded nothing."""
+
+    @classmethod
+    def of(
+        cls,
+        state: RunState,
+        meta: RunMeta | None = None,
+        status: RunStatus | None = None,
+        log_tails: Mapping[int, tuple[str, ...]] | None = None,
+    ) -> RunModel:
+        return cls(state, meta or RunMeta(), status, MappingProxyType(dict(log_tails or {})))
+
+    # -- ranks ------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool | None:
+        return None if self.status is None else self.status.state == "running"
+
+    @cached_property
+    def ranks(self) -> tuple[RankFacts, ...]:
+        return tuple(rank_facts(rs, self.running) for rs in self.state.rank_list())
+
+    def rank(self, rank: int) -> RankFacts | None:
+        return next((r for r in self.ranks if r.rank == rank), None)
+
+    @property
+    def world_size(self) -> int:
+        for r in self.ranks:
+            if r.hello is not None:
+                return r.hello.world_size
+        return self.meta.world_size or len(self.ranks)
+
+    @property
+    def missing_ranks(self) -> tuple[int, ...]:
+        """Ranks the run should have that never wrote an event."""
+        seen = {r.rank for r in self.ranks}
+        return tuple(r for r in range(self.world_size) if r not in seen)
+
+    @cached_property
+    def hosts(self) -> tuple[str, ...]:
+        return tuple(sorted({r.host for r in self.ranks if r.host}))
+
+    @property
+    def step(self) -> int:
+        return max((r.state.step for r in self.ranks), default=0)
+
+    @property
+    def engine_ranks(self) -> list[RankFacts]:
+        """Ranks with a snapshot taken after the engine wrapped the model."""
+        return [r for r in self.ranks if r.shards is not None]
+
+    def first_engine_rank(self) -> RankFacts | None:
+        ranks = self.engine_ranks
+        return ranks[0] if ranks else None
+
+    # -- the engine -------------------------------------------------------------------------
+
+    @cached_property
+    def engine(self) -> str:
+        """How the ranks hold the model: the lowest rank's engine snapshot, else what the ranks
+        announced, else a set-up snapshot (which reads ``plain``: nothing is wrapped yet)."""
+        for r in self.ranks:
+            if r.shards is not None and r.shards.engine:
+                return r.shards.engine
+        for r in self.ranks:
+            if r.hello is not None and r.hello.engine:
+                return r.hello.engine
+        for r in self.ranks:
+            if r.setup is not None and r.setup.engine:
+                return r.setup.engine
+        return ""
+
+    @property
+    def held_as(self) -> str:
+        """Where the shards in hand still read otherwise than the engine: ``plain at setup`` (story 2)."""
+        r = self.ranks[0] if self.ranks else None
+        if r is None or r.shards is not None or r.setup is None or r.setup.engine in ("", self.engine):
+            return ""
+        return f"{r.setup.engine} at setup"
+
+    @cached_property
+    def strategy(self) -> str:
+        return next((r.hello.strategy for r in self.ranks if r.hello is not None and r.hello.strategy), "")
+
+    @cached_property
+    def program(self) -> str:
+        return next((r.hello.program for r in self.ranks if r.hello is not None and r.hello.program), "") or (
+            self.meta.program
+        )
+
+    @cached_property
+    def versions(self) -> Mapping[str, str]:
+        for r in self.ranks:
+            if r.hello is not None and r.hello.versions:
+                return MappingProxyType(dict(r.hello.versions))
+        return MappingProxyType({})
+
+    @cached_property
+    def info(self) -> Mapping[str, Scalar]:
+        """Engine-wide facts from the lowest rank's best snapshot (set-up facts under them)."""
+        merged: dict[str, Scalar] = {}
+        for r in reversed(self.ranks):
+            if r.setup is not None:
+                merged.update(r.setup.info)
+        for r in reversed(self.ranks):
+            if r.shards is not None:
+                merged.update(r.shards.info)
+        return MappingProxyType(merged)
+
+    @property
+    def driver(self) -> str:
+        return str(self.info.get("driver") or "")
+
+    @property
+    def lightning(self) -> bool:
+        """Driven through a Lightning Trainer (the fix is then said in Lightning's words)."""
+        if self.driver:
+            return self.driver.startswith("Lightning")
+        return self.strategy.endswith("Strategy")
+
+    # -- the model --------------------------------------------------------------------------
+
+    @property
+    def tree(self) -> Tree | None:
+        return self.state.tree
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return self.state.paths
+
+    def path(self, row: int) -> str:
+        return self.paths[row] if 0 <= row < len(self.paths) else ""
+
+    @cached_property
+    def row_of_path(self) -> Mapping[str, int]:
+        return MappingProxyType({p: i for i, p in enumerate(self.paths)})
+
+    def type_of(self, row: int) -> str:
+        tree = self.tree
+        return tree.type_names[tree.types[row]] if tree is not None and 0 <= row < len(tree.types) else ""
+
+    @cached_property
+    def subtree_bytes(self) -> list[int]:
+        tree = self.tree
+        return subtree_sums(tree.bytes, tree.parents) if tree is not None else []
+
+    @property
+    def full_bytes(self) -> int:
+        """Bytes of every parameter at full size (the whole model, once)."""
+        return self.subtree_bytes[0] if self.subtree_bytes else 0
+
+    @property
+    def full_params(self) -> int:
+        return sum(self.tree.params) if self.tree is not None else 0
+
+    @cached_property
+    def block(self) -> Block | None:
+        if self.tree is None or not self.paths:
+            return None
+        return find_block(self.tree, self.paths, self.subtree_bytes)
+
+    def aligned(self, shards: Shards | None) -> bool:
+        """Do ``shards``' arrays line up with the current tree?"""
+        tree = self.tree
+        return (
+            shards is not None
+            and tree is not None
+            and shards.tree_id == tree.tree_id
+            and len(shards.bytes) == len(tree.names)
+        )
+
+    # -- OOMs -------------------------------------------------------------------------------
+
+    @cached_property
+    def ooms(self) -> tuple[OomStory, ...]:
+        """Every rank's OOM, the earliest first (ties: the lowest rank first)."""
+        found = sorted((r.oom for r in self.ranks if r.oom is not None), key=lambda o: (o.t, o.rank))
+        known = self.tree.type_names if self.tree is not None else ()
+        return tuple(OomStory(o, user_type(o.module_type, self._tree_type(o.module), known)) for o in found)
+
+    @property
+    def first_oom(self) -> OomStory | None:
+        return self.ooms[0] if self.ooms else None
+
+    def _tree_type(self, path: str | None) -> str | None:
+        row = self.row_of_path.get(path) if path is not None else None
+        return self.type_of(row) if row is not None else None
+
+    # -- status -----------------------------------------------------------------------------
+
+    @property
+    def status_text(self) -> str:
+        """The run's status, told from the ranks' own exits when no launcher recorded one.
+
+        A script run with ``ShardtopCallback`` or ``shardtop.probe`` has no
+        supervisor to write ``exit.json``: once its processes are gone it would
+        read ``lost``, although every rank said how it left.
+        """
+        if self.status is None:
+            return "not known"
+        described = self.status.describe()
+        if self.status.state != "lost" or not self.ranks or any(r.exit is None for r in self.ranks):
+            return described
+        ok = all(r.status.state == "finished" for r in self.ranks)
+        return f"{'finished' if ok else 'failed'} (every rank reported its exit; no launcher recorded one)"
+
+    @property
+    def recorded_nothing(self) -> bool:
+        return self.state.events == 0
+
+    @property
+    def summary_note(self) -> str:
+        """One line for ``shardtop runs`` and the run list: the first OOM, or what went wrong reading it."""
+        first = self.first_oom
+        if first is not None:
+            return first.short
+        if self.state.inconsistent:
+            return f"{self.state.inconsistent} inconsistent event(s) left out"
+        if self.state.skipped:
+            return f"{self.state.skipped} unreadable event line(s)"
+        if self.recorded_nothing and self.status is not None and self.status.state != "running":
+            return "no events recorded"
+        return ""
+
+    # -- like-with-like samples -------------------------------------------------------------
+
+    @cached_property
+    def comparable_memory(self) -> ComparableMemory | None:
+        """Every rank's allocator sample from the latest step and phase that all of them reached
+        alive; None unless every rank of the run has one (a rank gone or not yet training
+        leaves nothing to compare it with)."""
+        if len(self.ranks) < max(self.world_size, 2):
+            return None
+        keyed = [{(p.step, p.phase): p.memory for p in r.state.phase_samples} for r in self.ranks]
+        common = set(keyed[0]).intersection(*keyed[1:])
+        if not common:
+            return None
+        step, phase = max(common, key=lambda k: (k[0], PHASE_ORDER.get(k[1], -1)))
+        return ComparableMemory(step, phase, MappingProxyType({r.rank: k[(step, phase)] for r, k in zip(self.ranks, keyed)}))
+
+    def comparable_gpus(self, host: str) -> GpuSample | None:
+        """The latest NVML sample of ``host`` taken while every rank there was up and training."""
+        on_host = [r for r in self.ranks if r.host == host]
+        if not on_host:
+            return None
+        ups = [r.hello.t for r in on_host if r.hello is not None]
+        if len(ups) < len(on_host):
+            return None
+        lefts = [t for r in on_host if (t := r.state.left_at) is not None]
+        for sample in reversed(self.state.gpu_samples.get(host, ())):
+            if sample.t < max(ups) or (lefts and sample.t >= min(lefts)):
+                continue
+            if all(any(p.step >= sample.step for p in r.state.phase_samples) for r in on_host):
+                return sample
+        return None
+
+    @property
+    def training(self) -> bool:
+        """Some rank is (or was) past set-up."""
+        return any(r.state.phase in TRAINING_PHASES or r.state.step > 0 for r in self.ranks)
+

@@ -1,0 +1,31 @@
+"""How module paths and lists of them are written for people, in every view and finding."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+ROOT_LABEL = "(root)"
+"""How the root module (path ``""``) is written for people: not ``model``, which is also the
+name of many a LightningModule's attribute."""
+
+
+def display_path(path: str) -> str:
+    """A tree path for people: the root (``""``) is ``(root)``."""
+    return path or ROOT_LABEL
+
+
+def list_names(names: Sequence[str], limit: int = 6) -> str:
+    """``a, b, c and 4 more``: a list of names short enough for one sentence."""
+    shown = [display_path(n) for n in names[:limit]]
+    if not shown:
+        return ""
+    if len(names) > limit:
+        return ", ".join(shown) + f" and {len(names) - limit} more"
+    if len(shown) == 1:
+        return shown[0]
+    return ", ".join(shown[:-1]) + " and " + shown[-1]
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """``1 rank``, ``2 ranks``."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
