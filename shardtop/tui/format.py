@@ -9,7 +9,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from shardtop.config import format_bytes
+from shardtop.units import format_bytes
 
 __all__ = [
     "BAR_EMPTY",

@@ -1,0 +1,171 @@
+"""Every view tells every recorded run the same way: the TUI, the report in all three formats and `runs`.
+
+For each run under tests/fixtures/runs (real runs on H200s and CPUs), the first OOM's rank and
+module, the engine, the status, and each module's state and device per rank are read back from
+what each view shows, and must agree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardtop.cli import main
+from shardtop.report import render_report
+from shardtop.runs import RunDirectory
+from shardtop.tui.app import ShardtopApp
+from shardtop.tui.screens.run_view import RunScreen
+from shardtop.tui.widgets.oom_panel import OomPanel
+from shardtop.tui.widgets.rank_memory import RankMemory
+from shardtop.tui.widgets.run_header import RunHeader
+from shardtop.tui.widgets.shard_tree import ShardTree
+from tests.tui.conftest import H200_HOST, RecordedHost, recorded_h200
+from tests.tui.waiting import wait_for
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "runs"
+RECORDED = sorted(p for p in FIXTURES.glob("*/*") if (p / "run.json").is_file())
+
+
+@dataclass(frozen=True)
+class Told:
+    """What one view says about a run."""
+
+    engine: str | None
+    status: str | None
+    oom_rank: int | None
+    oom_module: str | None
+    """As the view writes it (the root is ``(root)``)."""
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / "runs" / run.name
+    shutil.copytree(run, dest)
+    return dest
+
+
+def _row(text: str, key: str, sep: str = ":") -> str | None:
+    found = re.search(rf"^{re.escape(key)}{sep}\s*(.*)$", text, re.MULTILINE)
+    return found.group(1).strip() if found else None
+
+
+def from_json(data: dict[str, Any]) -> Told:
+    oom = data["oom"]
+    module = oom["module"] if oom else None
+    return Told(
+        engine=data["engine"],
+        status=data["run"]["status_text"],
+        oom_rank=oom["rank"] if oom else None,
+        oom_module=(module or "(root)") if module is not None else None,
+    )
+
+
+def _module_of(cell: str | None) -> str | None:
+    """``model.net.15330 (Linear)`` or ``not known: …`` -> the path, or None."""
+    if cell is None or cell.startswith("not known"):
+        return None
+    return re.sub(r" \([^)]*\)$", "", cell).strip("`")
+
+
+def from_text(text: str) -> Told:
+    oom = text[text.index("Out of memory\n") :] if "Out of memory\n" in text else ""
+    rank = _row(oom, "rank") if oom else None
+    engine = _row(text, "engine")
+    return Told(
+        engine=engine.split(" (")[0] if engine and engine != "not known yet" else None,
+        status=_row(text, "status"),
+        oom_rank=int(rank.split()[0].rstrip(",")) if rank else None,
+        oom_module=_module_of(_row(oom, "module")) if oom else None,
+    )
+
+
+def from_markdown(md: str) -> Told:
+    plain = re.sub(r"^- \*\*([^*]+):\*\* ", r"\1: ", md, flags=re.MULTILINE)
+    return from_text(plain.replace("## Out of memory", "Out of memory"))
+
+
+def from_runs(out: str, run_id: str) -> tuple[str, str]:
+    """(status, note) of the run's line in `shardtop runs`."""
+    header, *lines = out.splitlines()
+    line = next(x for x in lines if x.startswith(run_id))
+    cols = {name: header.index(name) for name in ("STATUS", "RANKS", "NOTE")}
+    return line[cols["STATUS"] : cols["RANKS"]].strip(), line[cols["NOTE"] :].strip()
+
+
+async def from_tui(root: Path, run: Path) -> tuple[Told, dict[str, list[tuple[int, str, str]]], dict[str, tuple[str, str]]]:
+    app = ShardtopApp(
+        root, run=str(run), read_only=True, gpu_source=recorded_h200(),  # type: ignore[arg-type]
+        host_probe=RecordedHost(H200_HOST),  # type: ignore[arg-type]
+    )
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.snapshot is not None, what="the run")
+        screen = app.screen
+        assert isinstance(screen, RunScreen)
+        header = screen.query_one(RunHeader).info
+        assert header is not None
+        panel = screen.query_one(OomPanel)
+        tree = screen.query_one(ShardTree).model
+        cells: dict[str, list[tuple[int, str, str]]] = {}
+        placed: dict[str, tuple[str, str]] = {}
+        if tree is not None:
+            for row, path in enumerate(tree.paths):
+                if tree.tree.params[row]:
+                    cells[path] = [(c.rank, c.state, c.device) for c in tree.rank_cells(row)]
+                p = tree.placement(row)
+                placed[path] = (p.state, p.device)
+        statuses = [r.status.state for r in screen.query_one(RankMemory).rows]
+        assert len(statuses) == len(screen.snapshot.model.ranks)  # type: ignore[union-attr]
+        story = panel.oom
+        module = story.module if story is not None else None
+        told = Told(
+            engine=None if header.engine == "-" else header.engine,
+            status=header.status,
+            oom_rank=story.rank if story is not None else None,
+            oom_module=(module or "(root)") if module is not None else None,
+        )
+    return told, cells, placed
+
+
+@pytest.mark.parametrize("run", RECORDED, ids=[f"{p.parent.name}/{p.name}" for p in RECORDED])
+async def test_every_view_tells_the_same_facts(run: Path, tmp_path: Path) -> None:
+    path = _copy(run, tmp_path)
+    data = json.loads(render_report(RunDirectory(path), "json"))
+    told = from_json(data)
+    assert from_text(render_report(RunDirectory(path), "text")) == told, "text report"
+    assert from_markdown(render_report(RunDirectory(path), "markdown")) == told, "markdown report"
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["runs", "--runs-dir", str(path.parent)]) == 0
+    status, note = from_runs(out.getvalue(), path.name)
+    assert status == told.status, "runs: the status"
+    if told.oom_rank is not None:
+        assert note.startswith(f"OOM on rank {told.oom_rank} during "), "runs: the first OOM"
+        if told.oom_module is not None:
+            assert f" in {told.oom_module}" in note
+    else:
+        assert "OOM" not in note
+
+    tui, cells, placed = await from_tui(path.parent, path)
+    assert tui == told, "the TUI"
+
+    for module in data["modules"]:
+        if module["ranks"]:
+            assert cells[module["path"]] == [(r["rank"], r["state"], r["device"]) for r in module["ranks"]], module["path"]
+    text = render_report(RunDirectory(path), "text")
+    tree = text[text.index("Shard tree\n") :]
+    checked = 0
+    for path_, (state, device) in placed.items():
+        label = path_.rsplit(".", 1)[-1] if path_ else "(root)"
+        line = re.search(rf"^[│├└─ ]*{re.escape(label)}\s.*$", tree, re.MULTILINE)
+        if line is not None and state:
+            assert f"  {state}  " in line.group(0) and device in line.group(0), (path_, line.group(0))
+            checked += 1
+    assert checked or not any(state for state, _ in placed.values()), "the report's tree shows the TUI's placement"
