@@ -59,6 +59,7 @@ EXPECTED: dict[str, list[str]] = {
     "fsdp2-default-mesh": ["fsdp2-no-data-parallel"],
     "pipeline-split": ["placement-imbalance"],
     "zero3-built-whole": ["zero3-not-partitioned-at-init"],
+    "killed-before-probe": ["nothing-recorded"],
 }
 """Exactly the findings of each real run, in order: each rule appears on a run that shows it
 and is absent from the runs that do not."""
@@ -74,6 +75,7 @@ RULE_CASES = {
     "zero3-single-rank": ("zero3-one-rank-capped", ["zero3-linear"]),
     "oom": ("zero3-one-rank-capped", ["zero3-built-whole"]),
     "cpu-offload-not-applied": ("fsdp-not-sharding", ["fsdp-auto-wrap"]),
+    "nothing-recorded": ("killed-before-probe", ["zero3-one-rank-capped", "fsdp2-mlp"]),
 }
 
 
@@ -138,6 +140,14 @@ def test_story_1_hand_wrapped_layers_are_outside_every_unit(reports: Any) -> Non
     assert p["evidence"] == {"param_dtype": "float16", "reduce_dtype": "float16", "precision": "32-true", "lightning": True}
     assert 'precision="16-mixed"' in p["fix"] and "bf16" in p["fix"]
     assert finding(report, "cpu-offload-not-applied")["severity"] == "info"
+
+
+def test_ranks_killed_before_the_probe_leave_a_run_that_says_so(reports: Any) -> None:
+    report = reports("killed-before-probe")
+    assert report["events"]["read"] == 0 and report["run"]["status"] == "failed"
+    f = finding(report, "nothing-recorded")
+    assert f["severity"] == "error" and "before shardtop's probe came up" in f["detail"]
+    assert "No findings" not in f["detail"]
 
 
 def test_fsdp_without_a_policy_names_the_repeated_block(reports: Any) -> None:

@@ -14,10 +14,13 @@ abort at interpreter exit now and then (DESIGN.md).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,6 +164,31 @@ def lightning_run(base: Path, script: str, *args: str, timeout: float = 300) -> 
     return _runs[key]
 
 
+def killed_before_the_probe(base: Path, timeout: float = 120) -> RealRun:
+    """A preset run whose ranks are killed (SIGKILL) as soon as they exist, before the probe comes up."""
+    key = ("killed-before-probe",)
+    if key not in _runs:
+        runs_dir = _fresh(base, "killed-before-probe")
+        env = {**os.environ, **CPU_ENV, "SHARDTOP_RUNS_DIR": str(runs_dir)}
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "shardtop", "launch", "preset=fsdp2-mlp", "accelerator=cpu", "--headless"],
+            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        deadline = time.monotonic() + timeout
+        killed: set[int] = set()
+        while len(killed) < 2 and time.monotonic() < deadline:
+            for run in list_runs(runs_dir):
+                for entry in run.read_meta().get("rank_pids", []):
+                    if entry["pid"] not in killed:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(entry["pid"], signal.SIGKILL)
+                        killed.add(entry["pid"])
+            time.sleep(0.01)
+        out, _ = launcher.communicate(timeout=timeout)
+        _runs[key] = _only_run(runs_dir, launcher.returncode, out)
+    return _runs[key]
+
+
 def report_json(real: RealRun) -> dict[str, Any]:
     """``shardtop report RUN --format json``, through the real CLI."""
     done = shardtop("report", str(real.path), "--format", "json", runs_dir=real.path.parent, timeout=120)
@@ -200,6 +228,8 @@ STORIES: dict[str, Any] = {
     "fsdp2-default-mesh": lambda base: lightning_run(base, "fsdp2_default_mesh.py", "--devices", "2"),
     "pipeline-split": lambda base: script_run(base, "pipeline_split.py", 2),
     "zero3-built-whole": lambda base: script_run(base, "zero3_built_whole.py", 2),
+    # both ranks killed the moment they exist: the run records nothing
+    "killed-before-probe": killed_before_the_probe,
 }
 """Every real run the diagnosis and report tests read, by name."""
 
