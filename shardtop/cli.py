@@ -7,6 +7,8 @@ it, so ``shardtop --help`` and ``shardtop runs`` start at once.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -31,23 +33,62 @@ class UsageError(Exception):
     """A mistake on the command line: message, exit code 2, no traceback."""
 
 
+INTERVAL_RANGE = (0.05, 60.0)
+"""Seconds between screen updates that ``--interval`` accepts."""
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    low, high = INTERVAL_RANGE
+    if not low <= value <= high:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds between {low} and {high:g}, e.g. --interval 2")
+    return value
+
+
+def _global_options(parser: argparse.ArgumentParser, here: bool) -> None:
+    """The options every command takes, before or after the command's name.
+
+    On the main parser (``here``) they get their defaults; on each command's
+    parser they are suppressed when absent, so ``shardtop --runs-dir X runs``
+    keeps X instead of the command's default overwriting it.
+    """
+    absent = None if here else argparse.SUPPRESS
+    parser.add_argument(
+        "--runs-dir",
+        metavar="DIR",
+        default=absent,
+        help="where runs live (default: $SHARDTOP_RUNS_DIR, else ~/.local/state/shardtop/runs)",
+    )
+    parser.add_argument(
+        "--read-only",
+        action="store_true",
+        default=False if here else argparse.SUPPRESS,
+        help="no action that changes anything (no launch, no stop)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=_interval,
+        metavar="SECONDS",
+        default=absent,
+        help="seconds between screen updates (default: $SHARDTOP_REFRESH, else 1)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from shardtop import __version__
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--runs-dir",
-        metavar="DIR",
-        help="where runs live (default: $SHARDTOP_RUNS_DIR, else ~/.local/state/shardtop/runs)",
-    )
+    _global_options(common, here=False)
     parser = argparse.ArgumentParser(
         prog="shardtop",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        parents=[common],
     )
+    _global_options(parser, here=True)
     parser.add_argument("--version", action="version", version=f"shardtop {__version__}")
-    parser.add_argument("--read-only", action="store_true", help="no action that changes anything (no launch, no stop)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("launch", parents=[common], help="start a preset run and watch it",
@@ -60,7 +101,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("attach", parents=[common], help="watch a run (the newest by default)")
     p.add_argument("run", nargs="?", help="run id, a unique part of it, or a run directory")
-    p.add_argument("--read-only", action="store_true", help="no action that changes anything")
 
     p = sub.add_parser("runs", parents=[common], help="list runs and their status")
     p.add_argument("--limit", type=int, default=20, metavar="N", help="show the N newest (0: all)")
@@ -96,6 +136,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_went_away()
+
+
+def _reader_went_away() -> int:
+    """``shardtop runs | head -1``: the reader closed the pipe; leave quietly, as ``ls`` would.
+
+    Python would otherwise print a second BrokenPipeError while flushing
+    stdout at exit, so stdout is pointed at /dev/null first.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 def _root(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -120,7 +174,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from shardtop.launch import follow, resolve_devices, start
     from shardtop.runs import RunDirectory, ensure_root
 
-    if getattr(args, "read_only", False):
+    if args.read_only:
         raise UsageError("--read-only forbids launching a run.")
     preset, overrides = split_overrides(args.settings)
     config = resolve_devices(resolve(preset, overrides), gpu_count)
@@ -130,12 +184,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
         config["preset"],
         {"config": config, "command": ["shardtop", "launch", *args.settings]},
     )
-    proc = start(run)
+    start(run)
     if args.headless:
         print(f"[{run.id}] launched {config['preset']} on {config['world_size']} {config['accelerator']} "
               f"process(es); run directory {run.path}", flush=True)
-        return follow(run, proc, sys.stdout, every=args.every)
-    return _open_tui(args, run_id=run.id, launched=True)
+        return follow(run, sys.stdout, every=args.every)
+    return _open_tui(args, run_id=run.id)
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
@@ -149,7 +203,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     return _open_tui(args, run_id=None)
 
 
-def _open_tui(args: argparse.Namespace, run_id: str | None, launched: bool = False) -> int:
+def _open_tui(args: argparse.Namespace, run_id: str | None) -> int:
     if not sys.stdout.isatty():
         if run_id is None:
             raise UsageError("the monitor needs a terminal; try `shardtop runs` or `shardtop launch --headless`.")
@@ -157,16 +211,10 @@ def _open_tui(args: argparse.Namespace, run_id: str | None, launched: bool = Fal
         from shardtop.runs import find_run
 
         run = find_run(_root(args), run_id)
-        return follow(run, None, sys.stdout)
-    try:
-        from shardtop.tui.app import run_app
-    except ImportError as e:  # pragma: no cover - while the TUI is being built
-        raise UsageError(f"the TUI is not available: {e}") from None
-    return run_app(
-        runs_root=_root(args),
-        run=run_id,
-        read_only=bool(getattr(args, "read_only", False)),
-    )
+        return follow(run, sys.stdout)
+    from shardtop.tui.app import run_app
+
+    return run_app(runs_root=_root(args), run=run_id, read_only=args.read_only, refresh=args.interval)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -194,7 +242,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from shardtop.launch import stop
     from shardtop.runs import find_run
 
-    if getattr(args, "read_only", False):
+    if args.read_only:
         raise UsageError("--read-only forbids stopping a run.")
     run = find_run(_root(args), args.run)
     if not stop(run, grace=args.grace):

@@ -1,22 +1,27 @@
 """Presets and ``key=value`` overrides, resolved into one validated run config.
 
-A preset is a YAML file in ``shardtop/presets/``.  Its keys are the settings a
-user may override; each override must name an existing key (dotted for nested
-ones, ``model.n_layers=64``) and carry a value of that key's type.  Anything
-else is a ``ConfigError`` whose message says what was wrong and what to type.
-No torch here.
+A preset is a YAML file in the top-level ``presets/`` directory (shipped inside
+the package as ``shardtop/presets/``).  Its keys are the settings a user may
+override; each override must name an existing key (dotted for nested ones,
+``model.n_layers=64``) and carry a value of that key's type.  Anything else is
+a ``ConfigError`` whose message says what was wrong and what to type.  No torch
+here.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
+from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-PRESETS_DIR = Path(__file__).parent / "presets"
+if TYPE_CHECKING:
+    from importlib.abc import Traversable
 
 FIXED_KEYS = ("description", "program", "engine", "single_process", "on_cpu")
 """Keys that describe a preset rather than tune it: not overridable.
@@ -28,7 +33,12 @@ ACCELERATORS = ("auto", "cpu", "cuda")
 SIZE_KEYS = ("gpu_mem_limit",)
 """Keys whose value is a byte size (``15GiB``, ``512MB``, ``1073741824``) or null."""
 
-
+MAX_INT = 2**63 - 1
+"""The largest integer setting: what the engines (and C) can hold."""
+MAX_SIZE = 2**50
+"""The largest byte size (1 PiB): more than any GPU or machine has."""
+SHOWN_CHARS = 80
+"""A value quoted back in a message is cut to this many characters."""
 class ConfigError(Exception):
     """Bad preset name, key or value; the message tells the user what to type."""
 
@@ -45,7 +55,11 @@ _UNITS = {
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes in ``15GiB``, ``15G`` (binary), ``15GB`` (decimal) or a plain number."""
+    """Bytes in ``15GiB``, ``15G`` (binary), ``15GB`` (decimal) or a plain number.
+
+    Exact for any number of digits (no float rounding, no overflow): the caller
+    bounds the result.
+    """
     if isinstance(text, bool):
         raise ValueError(text)
     if isinstance(text, int):
@@ -55,7 +69,7 @@ def parse_size(text: str | int) -> int:
     m = _SIZE.match(str(text))
     if not m or (m.group(2) or "").lower() not in _UNITS:
         raise ValueError(text)
-    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+    return int(Decimal(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
 
 
 def format_bytes(n: int | float | None) -> str:
@@ -79,24 +93,61 @@ class Preset:
     defaults: Mapping[str, Any]
 
 
+_PRESET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def presets_dir() -> Traversable:
+    """The preset files: inside the installed package, or the checkout's top-level ``presets/``.
+
+    A wheel ships them as ``shardtop/presets/``; a source checkout (an editable
+    install, or ``PYTHONPATH`` pointing at it) keeps them next to the package.
+    Both are found from ``__file__``, so the working directory does not matter.
+    """
+    packaged = files("shardtop").joinpath("presets")
+    if packaged.is_dir():
+        return packaged
+    checkout = Path(__file__).resolve().parent.parent / "presets"
+    if checkout.is_dir():
+        return checkout
+    raise ConfigError(
+        f"shardtop's presets are missing (looked in {packaged} and {checkout}); reinstall shardtop."
+    )
+
+
 def preset_names() -> list[str]:
-    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+    return sorted(p.name[: -len(".yaml")] for p in presets_dir().iterdir() if p.name.endswith(".yaml"))
 
 
 def load_preset(name: str) -> Preset:
-    path = PRESETS_DIR / f"{name}.yaml"
-    if not name or not path.is_file():
-        names = preset_names()
-        close = difflib.get_close_matches(name, names, n=3, cutoff=0.4)
-        hint = f"Did you mean: {', '.join(close)}?\n" if close else ""
-        raise ConfigError(
-            f"unknown preset {name!r}.\n{hint}Presets: {', '.join(names)}.\n"
-            f"`shardtop presets` describes each."
-        )
+    names = preset_names()
+    if name not in names:
+        raise ConfigError(_unknown_preset(name, names))
     import yaml
 
-    data = yaml.safe_load(path.read_text()) or {}
+    data = yaml.safe_load(presets_dir().joinpath(f"{name}.yaml").read_text()) or {}
     return Preset(name=name, description=str(data.get("description", "")), defaults=data)
+
+
+def _unknown_preset(name: str, names: list[str]) -> str:
+    """What to say about a preset name that is not one: a path, a typo, or nothing like it."""
+    listing = f"Presets: {', '.join(names)}.\n`shardtop presets` describes each."
+    if not _PRESET_NAME.match(name) or name.endswith((".yaml", ".yml")):
+        stem = re.sub(r"\.ya?ml$", "", name.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1])
+        hint = f" To run that preset, type its name: {stem}." if stem in names else ""
+        return (
+            f"{_shown(name)} is not a preset name: presets are chosen by name, not by path or file.{hint}\n"
+            + listing
+        )
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.4)
+    hint = f"Did you mean: {', '.join(close)}?\n" if close else ""
+    return f"unknown preset {_shown(name)}.\n{hint}{listing}"
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted for a message, cut so a 5000-character value does not flood the terminal."""
+    if len(text) <= SHOWN_CHARS:
+        return repr(text)
+    return f"{text[: SHOWN_CHARS - 1]!r}… ({len(text)} characters)"
 
 
 def list_presets() -> list[Preset]:
@@ -123,58 +174,89 @@ def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def _parse_value(text: str) -> Any:
+    """The override's value as YAML reads it; text YAML cannot read stays text.
+
+    Any failure of the reader counts as unreadable: besides ``YAMLError``, a
+    5000-digit integer raises ``ValueError`` and deep nesting ``RecursionError``.
+    """
     import yaml
 
+    if not text.strip():
+        return ""
     try:
-        return yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:
+        return yaml.safe_load(text)
+    except Exception:
         return text
 
 
 def _type_name(value: Any) -> str:
-    return {bool: "true/false", int: "an integer", float: "a number", str: "text"}.get(type(value), type(value).__name__)
+    names = {bool: "true/false", int: "an integer", float: "a number", str: "text"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check(key: str, default: Any, value: Any, raw: str) -> Any:
     """The override's value, converted to the key's type, or a ConfigError."""
+    said = f"{key}={raw}" if len(raw) <= SHOWN_CHARS else f"{key}={raw[:SHOWN_CHARS]}… ({len(raw)} characters)"
     if key in SIZE_KEYS:
-        if value is None:
-            return None
-        try:
-            return parse_size(value)
-        except ValueError:
-            raise ConfigError(
-                f"{key}={raw}: expected a size such as 15GiB, 512MiB or 16GB (or null for no limit)."
-            ) from None
+        return _check_size(said, value)
     if key == "accelerator":
         if value not in ACCELERATORS:
-            raise ConfigError(f"accelerator={raw}: expected one of {', '.join(ACCELERATORS)}.")
+            raise ConfigError(f"{said}: expected one of {', '.join(ACCELERATORS)}.")
         return value
     if key == "devices":
-        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        if value == "auto" or (_is_int(value) and 1 <= value <= MAX_INT):
             return value
-        raise ConfigError(f"devices={raw}: expected a number of devices (1 or more) or auto.")
+        raise ConfigError(f"{said}: expected a number of devices (1 or more) or auto.")
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{key}={raw}: expected true or false.")
+        raise ConfigError(f"{said}: expected true or false.")
     if isinstance(default, int):
-        if isinstance(value, int) and not isinstance(value, bool):
-            if value < 0 or (value == 0 and key.endswith(("steps", "size", "layers", "hidden", "devices"))):
-                raise ConfigError(f"{key}={raw}: expected a positive integer.")
-            return value
-        raise ConfigError(f"{key}={raw}: expected an integer (the preset's value is {default}).")
+        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():  # too many digits for YAML
+            raise ConfigError(f"{said}: too large; expected an integer up to {MAX_INT}.")
+        if not _is_int(value):
+            raise ConfigError(f"{said}: expected an integer (the preset's value is {default}).")
+        if value < 0 or (value == 0 and key.endswith(("steps", "size", "layers", "hidden", "devices"))):
+            raise ConfigError(f"{said}: expected a positive integer.")
+        if value > MAX_INT:
+            raise ConfigError(f"{said}: too large; expected an integer up to {MAX_INT}.")
+        return value
     if isinstance(default, float):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(f"{key}={raw}: expected a number (the preset's value is {default}).")
+            try:
+                number = float(value)
+            except OverflowError:
+                number = math.inf
+            if math.isfinite(number):
+                return number
+        raise ConfigError(f"{said}: expected a number (the preset's value is {default}).")
     if isinstance(default, str):
         if isinstance(value, (dict, list)):
-            raise ConfigError(f"{key}={raw}: expected text (the preset's value is {default!r}).")
+            raise ConfigError(f"{said}: expected text (the preset's value is {default!r}).")
         return raw if value is None else str(value) if not isinstance(value, str) else value
     if default is None:
         return value
-    raise ConfigError(f"{key}={raw}: expected {_type_name(default)}.")
+    raise ConfigError(f"{said}: expected {_type_name(default)}.")
+
+
+def _check_size(said: str, value: Any) -> int | None:
+    """A byte size above zero and at most ``MAX_SIZE``, or None (no limit)."""
+    if value is None:
+        return None
+    expected = "expected a size such as 15GiB, 512MiB or 16GB (or null for no limit)"
+    try:
+        size = parse_size(value)
+    except ValueError:
+        raise ConfigError(f"{said}: {expected}.") from None
+    if size == 0:
+        raise ConfigError(f"{said}: a limit of 0 bytes leaves nothing to run in; {expected}.")
+    if size > MAX_SIZE:
+        raise ConfigError(f"{said}: more than any GPU or machine has (over 1 PiB); {expected}.")
+    return size
 
 
 def split_overrides(args: Iterable[str]) -> tuple[str | None, list[tuple[str, str]]]:
@@ -186,16 +268,21 @@ def split_overrides(args: Iterable[str]) -> tuple[str | None, list[tuple[str, st
             if i == 0 and preset is None:
                 preset = arg
                 continue
-            raise ConfigError(f"{arg!r}: expected key=value, e.g. max_steps=3 or model.n_layers=64.")
+            raise ConfigError(f"{_shown(arg)}: expected key=value, e.g. max_steps=3 or model.n_layers=64.")
         key, _, raw = arg.partition("=")
         key = key.strip()
         if not key:
-            raise ConfigError(f"{arg!r}: the key before '=' is empty; expected key=value.")
+            raise ConfigError(f"{_shown(arg)}: the key before '=' is empty; expected key=value.")
         if key == "preset":
             preset = raw.strip()
         else:
             pairs.append((key, raw))
     return preset, pairs
+
+
+def settable_keys(preset: Preset) -> dict[str, Any]:
+    """The dotted keys a user may set for ``preset``, with the preset's values."""
+    return {k: v for k, v in flatten(preset.defaults).items() if k.split(".")[0] not in FIXED_KEYS}
 
 
 def resolve(preset_name: str | None, overrides: Iterable[tuple[str, str]] = ()) -> dict[str, Any]:
@@ -208,17 +295,19 @@ def resolve(preset_name: str | None, overrides: Iterable[tuple[str, str]] = ()) 
     import copy
 
     config: dict[str, Any] = copy.deepcopy(dict(preset.defaults))
-    known = {k: v for k, v in flatten(config).items() if k.split(".")[0] not in FIXED_KEYS}
+    known = settable_keys(preset)
     overridden: list[str] = []
     for key, raw in overrides:
         if key.split(".")[0] in FIXED_KEYS:
-            raise ConfigError(f"{key} is part of the preset and cannot be overridden; choose another preset.")
+            raise ConfigError(
+                f"{_shown(key)} is part of the preset and cannot be overridden; choose another preset."
+            )
         if key not in known:
             settable = list(known)
             close = difflib.get_close_matches(key, settable, n=3, cutoff=0.5)
             hint = f" Did you mean {', '.join(close)}?" if close else ""
             raise ConfigError(
-                f"unknown key {key!r} for preset {preset_name}.{hint}\nValid keys: {', '.join(settable)}."
+                f"unknown key {_shown(key)} for preset {preset_name}.{hint}\nValid keys: {', '.join(settable)}."
             )
         value = _check(key, known[key], _parse_value(raw), raw)
         _set(config, key, value)

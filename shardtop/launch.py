@@ -1,8 +1,11 @@
 """Start a run in its own session, follow it headless, stop it.
 
-The runner is started with ``start_new_session=True``: it leads its own
-process group, has no controlling terminal, and so survives the terminal (or
-SSH connection) that launched it.  Stopping a run signals exactly that group.
+The run's supervisor is started through a short-lived intermediate that forks
+it into a session of its own and exits at once (a double fork).  The
+supervisor is then nobody's child here: it survives the terminal (or SSH
+connection) that launched it, and neither the CLI nor the TUI ever has a
+process to reap.  It leads its own process group; stopping a run signals
+exactly that group.  The supervisor writes ``exit.json``; readers only read it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 from shardtop.config import ConfigError, apply_cpu_defaults, format_bytes
@@ -21,9 +26,51 @@ from shardtop.runs import RunDirectory, RunError, is_running, process_start_time
 
 CPU_DEFAULT_DEVICES = 2
 """Processes a preset runs on a machine without GPUs when ``devices=auto``."""
+CPU_RANKS_PER_CORE = 4
+"""CPU ranks a core may carry: gloo ranks mostly wait on each other, more only thrash."""
+CPU_RANK_MEMORY = 3 * 2**29
+"""Memory set aside per CPU rank (1.5 GiB): a DeepSpeed ZeRO-3 rank of ``zero3-linear``
+on CPU was measured at about 1.3 GiB resident, torch and the engine included."""
 
 
-def resolve_devices(config: dict[str, Any], gpu_count: Callable[[], int]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CpuRoom:
+    """What this machine offers CPU ranks: the cores this process may use, and its memory."""
+
+    cores: int
+    memory: int
+    """Bytes: physical memory, or the cgroup's limit when that is lower."""
+
+    @property
+    def ranks(self) -> int:
+        return max(1, min(CPU_RANKS_PER_CORE * self.cores, self.memory // CPU_RANK_MEMORY))
+
+    def describe(self) -> str:
+        return (
+            f"this machine has {self.cores} CPU core(s) and {format_bytes(self.memory)} of memory, "
+            f"room for at most {self.ranks} CPU process(es) ({CPU_RANKS_PER_CORE} per core, "
+            f"{format_bytes(CPU_RANK_MEMORY)} each)"
+        )
+
+
+def cpu_room() -> CpuRoom:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:  # a container's memory limit (cgroup v2), when it is lower
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            memory = min(memory, int(limit))
+    except OSError:
+        pass
+    return CpuRoom(cores=max(1, cores), memory=memory)
+
+
+def resolve_devices(
+    config: dict[str, Any], gpu_count: Callable[[], int], cpu: Callable[[], CpuRoom] = cpu_room
+) -> dict[str, Any]:
     """Fix ``accelerator`` to cpu/cuda and ``world_size`` to a number, or say why not."""
     config = dict(config)
     accelerator = config.get("accelerator", "auto")
@@ -45,27 +92,68 @@ def resolve_devices(config: dict[str, Any], gpu_count: Callable[[], int]) -> dic
         config = apply_cpu_defaults(config)
         if devices == "auto":
             devices = CPU_DEFAULT_DEVICES
+        room = cpu()
+        if devices > room.ranks and not config.get("single_process"):
+            raise ConfigError(
+                f"devices={devices} on CPU: {room.describe()}. Use devices={room.ranks} or fewer."
+            )
     config["accelerator"] = accelerator
     config["devices"] = devices
     config["world_size"] = 1 if config.get("single_process") else devices
     return config
 
 
-def start(run: RunDirectory) -> subprocess.Popen[bytes]:
-    """Start the run's supervisor detached from this terminal; record its pid and group."""
-    log = os.fdopen(os.open(run.runner_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab", buffering=0)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "shardtop.runner", str(run.path)],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        close_fds=True,
-        umask=0o077,
-    )
-    log.close()
-    run.update_meta(pid=proc.pid, pgid=proc.pid, pid_started=process_start_time(proc.pid))
-    return proc
+@dataclass(frozen=True)
+class Supervisor:
+    """The run's supervisor as recorded in ``run.json``."""
+
+    pid: int
+    pgid: int
+    started: float | None
+    """Its start time, so a later reader can tell it from a process that reused the pid."""
+
+
+def start(run: RunDirectory) -> Supervisor:
+    """Start the run's supervisor, detached from this process and its terminal; record it.
+
+    ``python -m shardtop.runner --detach`` forks the supervisor into a new
+    session, the supervisor prints its pid, and the intermediate exits at once:
+    it is reaped here, and the supervisor is re-parented away from us.  The
+    supervisor starts no rank until this function has written its pid,
+    process group and start time to ``run.json`` and closed its stdin, so no
+    reader ever sees ranks of a run without a recorded supervisor.
+    """
+    log = os.open(run.runner_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        intermediate = subprocess.Popen(
+            [sys.executable, "-m", "shardtop.runner", "--detach", str(run.path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+            umask=0o077,
+        )
+    finally:
+        os.close(log)
+    assert intermediate.stdin is not None and intermediate.stdout is not None
+    with intermediate.stdin, intermediate.stdout:
+        line = intermediate.stdout.readline()
+        code = intermediate.wait()
+        if not line.strip().isdigit():
+            run.write_exit(1, reason="the supervisor did not start")
+            raise RunError(
+                f"the run's supervisor did not start (exit {code}); its output is in {run.runner_log}"
+            )
+        pid = int(line)
+        try:
+            pgid = os.getpgid(pid)
+        except ProcessLookupError:
+            pgid = pid  # it already ended; its own exit record says how
+        supervisor = Supervisor(pid=pid, pgid=pgid, started=process_start_time(pid))
+        run.update_meta(pid=supervisor.pid, pgid=supervisor.pgid, pid_started=supervisor.started)
+    # leaving the block closed the supervisor's stdin: its signal to start the ranks
+    return supervisor
 
 
 def stop(run: RunDirectory, grace: float = 10.0, out: Callable[[str], None] = print) -> bool:
@@ -168,18 +256,17 @@ class HeadlessFollower:
         return code
 
 
-def follow(run: RunDirectory, proc: subprocess.Popen[bytes] | None, out: TextIO, every: int = 10) -> int:
-    """Print milestones until the run ends; returns the run's exit code."""
+def follow(run: RunDirectory, out: TextIO, every: int = 10) -> int:
+    """Print milestones until the run ends; returns the run's exit code (from ``exit.json``).
+
+    The run is over once it has an exit record or none of its processes is
+    left (a supervisor killed with SIGKILL writes no record: the run is lost).
+    """
     follower = HeadlessFollower(run, out, every)
     try:
         while True:
             follower.poll()
-            if proc is not None:
-                if proc.poll() is not None:
-                    code, sig = (128 - proc.returncode, -proc.returncode) if proc.returncode < 0 else (proc.returncode, None)
-                    run.write_exit(code, signal=sig, reason="supervisor ended")
-                    break
-            elif run.status().state != "running":
+            if run.status().state != "running":
                 break
             time.sleep(0.2)
     except KeyboardInterrupt:

@@ -6,7 +6,10 @@ Layout of a run directory::
     events/rank-N.jsonl   one append-only event file per rank
     logs/rank-N.log   each rank's stdout and stderr
     runner.log        the rank supervisor's own output
-    exit.json         how the run ended (code, signal), written once at the end
+    exit.json         how the run ended: code, signal, reason, every rank's exit, and
+                      whether shardtop stopped the other ranks after one failed;
+                      written once, by the supervisor (or by ``stop`` when the
+                      supervisor could not)
 
 No torch here: the TUI and the CLI read runs without importing it.
 """
@@ -18,9 +21,8 @@ import json
 import os
 import secrets
 import socket
-import stat
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,8 @@ def check_owned(path: Path) -> None:
         st = path.stat()
     except FileNotFoundError:
         return
+    except OSError as e:
+        raise RunError(_unusable(path, e)) from None
     if st.st_uid != os.getuid():
         try:
             import pwd
@@ -65,13 +69,31 @@ def check_owned(path: Path) -> None:
         )
 
 
+def _unusable(path: Path, error: OSError) -> str:
+    """Why ``path`` cannot hold runs, in words, and what to do instead."""
+    import errno
+
+    why = {
+        errno.ENOTDIR: "part of that path is a file, not a directory",
+        errno.EROFS: "it is on a read-only file system",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "permission denied",
+        errno.ENOSPC: "the disk is full",
+        errno.EDQUOT: "the disk quota is exhausted",
+        errno.ENAMETOOLONG: "the path is too long",
+    }.get(error.errno or 0, error.strerror or str(error))
+    return f"cannot use {path} for runs: {why}.\nChoose another directory with --runs-dir DIR or {RUNS_DIR_ENV}=DIR."
+
+
 def ensure_root(root: Path) -> Path:
-    """Create the runs root (0700) if needed and make sure it is ours."""
+    """Create the runs root (0700) if needed and make sure it is ours and writable."""
     check_owned(root)
     try:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:
+        raise RunError(f"{root} is not a directory; choose another with --runs-dir DIR.") from None
     except OSError as e:
-        raise RunError(f"cannot create the runs directory {root}: {e.strerror}") from None
+        raise RunError(_unusable(root, e)) from None
     if not root.is_dir():
         raise RunError(f"{root} is not a directory; choose another with --runs-dir DIR.")
     return root
@@ -84,15 +106,87 @@ def new_run_id(preset: str, now: float | None = None) -> str:
 
 
 @dataclass(frozen=True)
+class RankExit:
+    """How one rank ended, as its supervisor saw it."""
+
+    rank: int
+    code: int
+    """Shell-style: the process's exit code, or 128 + the signal that ended it."""
+    signal: int | None = None
+    """The signal that ended it, if one did."""
+    stopped: bool = False
+    """shardtop's supervisor signalled it (after another rank failed, or on ``stop``).
+
+    ``signal=9, stopped=False`` is a SIGKILL from elsewhere (the kernel's OOM
+    killer, a user); ``signal=9, stopped=True`` is shardtop ending a rank that
+    did not stop within the grace period."""
+
+
+@dataclass(frozen=True)
+class PeersStopped:
+    """The supervisor stopped the remaining ranks because one rank failed."""
+
+    after_rank: int
+    """The rank whose failure made the supervisor stop the others."""
+    at: float
+    """When it sent them SIGTERM (Unix time)."""
+    killed: bool = False
+    """Some did not end within the grace period and got SIGKILL."""
+
+
+@dataclass(frozen=True)
 class ExitStatus:
     code: int | None
     signal: int | None = None
     ended: float | None = None
     reason: str = ""
+    ranks: tuple[RankExit, ...] = ()
+    """Every rank's exit, by rank; empty when no supervisor wrote the record."""
+    peers_stopped: PeersStopped | None = None
 
     @property
     def ok(self) -> bool:
         return self.code == 0
+
+    @classmethod
+    def from_json(cls, data: Any) -> ExitStatus | None:
+        """Parse ``exit.json``; None if it is not an exit record. Unknown fields are ignored."""
+        if not isinstance(data, dict):
+            return None
+        ranks: list[RankExit] = []
+        for entry in data.get("ranks") or ():
+            try:
+                ranks.append(
+                    RankExit(
+                        rank=int(entry["rank"]),
+                        code=int(entry["code"]),
+                        signal=None if entry.get("signal") is None else int(entry["signal"]),
+                        stopped=bool(entry.get("stopped", False)),
+                    )
+                )
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue
+        peers = data.get("peers_stopped")
+        peers_stopped: PeersStopped | None = None
+        if isinstance(peers, dict):
+            try:
+                peers_stopped = PeersStopped(
+                    after_rank=int(peers["after_rank"]), at=float(peers["at"]), killed=bool(peers.get("killed"))
+                )
+            except (KeyError, TypeError, ValueError):
+                pass
+        return cls(
+            code=_int_or_none(data.get("code")),
+            signal=_int_or_none(data.get("signal")),
+            ended=data.get("ended") if isinstance(data.get("ended"), (int, float)) else None,
+            reason=str(data.get("reason") or ""),
+            ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
+            peers_stopped=peers_stopped,
+        )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True)
@@ -155,8 +249,17 @@ class RunDirectory:
 
     @classmethod
     def create(cls, root: Path, preset: str, meta: dict[str, Any]) -> RunDirectory:
-        """A new, empty run directory (0700) with its ``run.json``."""
+        """A new, empty run directory (0700) with its ``run.json``; a RunError if the root cannot hold it."""
         ensure_root(root)
+        try:
+            return cls._create(root, preset, meta)
+        except RunError:
+            raise
+        except OSError as e:
+            raise RunError(_unusable(root, e)) from None
+
+    @classmethod
+    def _create(cls, root: Path, preset: str, meta: dict[str, Any]) -> RunDirectory:
         for _ in range(10):
             path = root / new_run_id(preset)
             try:
@@ -197,20 +300,26 @@ class RunDirectory:
             data = json.loads(self.exit_path.read_text())
         except (OSError, ValueError):
             return None
-        return ExitStatus(
-            code=data.get("code"),
-            signal=data.get("signal"),
-            ended=data.get("ended"),
-            reason=data.get("reason", ""),
-        )
+        return ExitStatus.from_json(data)
 
-    def write_exit(self, code: int | None, signal: int | None = None, reason: str = "") -> None:
-        """Record how the run ended; the first record wins."""
-        if self.exit_path.exists():
-            return
-        _write_json_atomic(
-            self.exit_path, {"code": code, "signal": signal, "ended": time.time(), "reason": reason}
-        )
+    def write_exit(
+        self,
+        code: int | None,
+        signal: int | None = None,
+        reason: str = "",
+        ranks: tuple[RankExit, ...] = (),
+        peers_stopped: PeersStopped | None = None,
+    ) -> bool:
+        """Record how the run ended; the first record wins (atomically). True if this one did."""
+        record = {
+            "code": code,
+            "signal": signal,
+            "ended": time.time(),
+            "reason": reason,
+            "ranks": [asdict(r) for r in ranks],
+            "peers_stopped": asdict(peers_stopped) if peers_stopped is not None else None,
+        }
+        return _write_json_once(self.exit_path, record)
 
     def is_alive(self) -> bool:
         """Is a process this run started still there (same pid *and* start time)?"""
@@ -285,12 +394,31 @@ def is_running(pid: int, started: float | None) -> bool:
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp = _write_tmp(path, data)
+    os.replace(tmp, path)
+
+
+def _write_json_once(path: Path, data: dict[str, Any]) -> bool:
+    """Create ``path`` with ``data`` unless it exists: two writers never both win."""
+    if path.exists():
+        return False
+    tmp = _write_tmp(path, data)
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+
+
+def _write_tmp(path: Path, data: dict[str, Any]) -> Path:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=2, sort_keys=True, default=str)
         f.write("\n")
-    os.replace(tmp, path)
+    return tmp
 
 
 def list_runs(root: Path) -> list[RunDirectory]:
@@ -302,7 +430,7 @@ def list_runs(root: Path) -> list[RunDirectory]:
 
 
 def find_run(root: Path, ref: str | None) -> RunDirectory:
-    """A run by id, unique prefix or suffix of it, a path, or ``None``/``latest`` for the newest."""
+    """A run by id, any unique part of it, a path, or ``None``/``latest`` for the newest."""
     if ref and os.sep in ref or (ref and Path(ref).is_dir() and (Path(ref) / "run.json").exists()):
         path = Path(ref).expanduser()
         if not (path / "run.json").exists():
@@ -316,7 +444,7 @@ def find_run(root: Path, ref: str | None) -> RunDirectory:
         run = runs[-1]
     else:
         exact = [r for r in runs if r.id == ref]
-        matches = exact or [r for r in runs if r.id.startswith(ref) or r.id.endswith(ref)]
+        matches = exact or [r for r in runs if ref in r.id]
         if not matches:
             raise RunError(f"no run {ref!r} under {root}. `shardtop runs` lists them.")
         if len(matches) > 1:
@@ -325,8 +453,3 @@ def find_run(root: Path, ref: str | None) -> RunDirectory:
         run = matches[0]
     check_owned(run.path)
     return run
-
-
-def is_private(path: Path) -> bool:
-    """Only its owner can enter it."""
-    return stat.S_IMODE(path.stat().st_mode) & 0o077 == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def test_stop_ends_every_process_of_the_run_and_nothing_else(runs_dir: Path) -> 
     bystander = subprocess.Popen(["sleep", "120"], start_new_session=True)
     try:
         launched = subprocess.Popen(
-            ["python", "-m", "shardtop", "launch", "fsdp2-mlp", "--headless", "max_steps=1000000"],
+            [sys.executable, "-m", "shardtop", "launch", "fsdp2-mlp", "--headless", "max_steps=1000000"],
             env={**os.environ, "SHARDTOP_RUNS_DIR": str(runs_dir)},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )

@@ -1,7 +1,8 @@
-"""A non-editable install carries what the package reads at run time."""
+"""A non-editable install carries what the package reads at run time, and finds it from anywhere."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -9,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from shardtop.config import preset_names
 from tests.conftest import ROOT
 
 
-def test_wheel_ships_presets_and_stylesheet(tmp_path: Path) -> None:
+def test_wheel_ships_every_module_the_presets_and_the_stylesheet(tmp_path: Path) -> None:
     pytest.importorskip("setuptools")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
@@ -21,6 +21,29 @@ def test_wheel_ships_presets_and_stylesheet(tmp_path: Path) -> None:
     )
     (wheel,) = tmp_path.glob("shardtop-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {f"shardtop/presets/{p}.yaml" for p in preset_names()} <= names
+    presets = sorted(p.stem for p in (ROOT / "presets").glob("*.yaml"))
+    assert presets, "the top-level presets/ directory holds the preset files"
+    assert not (ROOT / "shardtop" / "presets").exists(), "the presets live in presets/, not inside the package"
+    assert {f"shardtop/presets/{p}.yaml" for p in presets} <= names
     assert "shardtop/tui/shardtop.tcss" in names
-    assert not any(n.startswith("tests/") for n in names)
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "shardtop").rglob("*.py")}
+    assert modules <= names, f"modules missing from the wheel (add their package to pyproject.toml): {modules - names}"
+    assert not any(n.startswith(("tests/", "presets/")) for n in names)
+
+    # installed from the wheel, run from an unrelated directory: the presets are found inside the package
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site), str(wheel)],
+        check=True, capture_output=True, timeout=300,
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code = "from shardtop.config import preset_names, presets_dir; print(presets_dir()); print(' '.join(preset_names()))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=elsewhere, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(site)},
+    )
+    assert done.returncode == 0, done.stderr
+    where, listed = done.stdout.splitlines()
+    assert Path(where).is_relative_to(site), where
+    assert listed.split() == presets

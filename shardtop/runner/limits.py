@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 MEM_LIMIT_ENV = "SHARDTOP_MEM_LIMIT"
 """Tells the probe which cap the rank runs under."""
+RLIMIT_MAX = 2**63 - 1
+"""The largest limit ``setrlimit`` takes (a C long long)."""
 
 if TYPE_CHECKING:
     from shardtop.runner.rank import RankContext
@@ -27,23 +29,32 @@ def data_segment_bytes() -> int:
 
 
 def apply_memory_limit(ctx: RankContext) -> int | None:
+    """Cap this rank's memory at ``gpu_mem_limit``; the cap in bytes, or None if none applies.
+
+    A limit at or above the GPU's whole memory caps nothing (a fraction above
+    1 is an error in torch): the rank runs uncapped and says so in its log.
+    """
     limit = ctx.config.get("gpu_mem_limit")
-    if not limit:
+    if limit is None:
         return None
+    limit = int(limit)
     if ctx.accelerator == "cuda":
         import torch
 
         index = ctx.local_rank
         torch.cuda.set_device(index)
         total = torch.cuda.get_device_properties(index).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), index)
+        if limit >= total:
+            print(f"gpu_mem_limit: {limit} bytes is at least cuda:{index}'s {total}; nothing to cap", flush=True)
+            return None
+        torch.cuda.set_per_process_memory_fraction(limit / total, index)
         print(f"gpu_mem_limit: {limit} bytes of {total} on cuda:{index}", flush=True)
     else:
         _, hard = resource.getrlimit(resource.RLIMIT_DATA)
-        cap = data_segment_bytes() + int(limit)
+        cap = min(data_segment_bytes() + limit, RLIMIT_MAX)
         if hard != resource.RLIM_INFINITY:
             cap = min(cap, hard)
         resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
         print(f"gpu_mem_limit on CPU: at most {limit} more bytes of data segment", flush=True)
-    os.environ[MEM_LIMIT_ENV] = str(int(limit))
-    return int(limit)
+    os.environ[MEM_LIMIT_ENV] = str(limit)
+    return limit

@@ -3,25 +3,32 @@
 It starts one rank process per device with the usual torch.distributed
 environment (so Lightning sees externally created processes and does not
 spawn its own), sends each rank's output to ``logs/rank-N.log``, and writes
-``exit.json``.  When one rank fails, the others are usually stuck in a
-collective waiting for it: after a short grace they are stopped, so a failed
-run ends instead of hanging for NCCL/gloo's 30-minute timeout.
+``exit.json`` with every rank's exit.  When one rank fails, the others are
+usually stuck in a collective waiting for it: after a short grace they are
+stopped, so a failed run ends instead of hanging for NCCL/gloo's 30-minute
+timeout, and the record says that shardtop stopped them.
+
+Each rank is told by the kernel to die with its supervisor
+(``PR_SET_PDEATHSIG``): a supervisor killed with SIGKILL leaves no rank behind
+training with nobody to collect it.
 
 No torch here: the supervisor stays small and starts fast.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardtop.runs import RUN_DIR_ENV, RunDirectory, process_start_time
+from shardtop.runs import RUN_DIR_ENV, PeersStopped, RankExit, RunDirectory, process_start_time
 
 PEER_GRACE_S = 15.0
 """How long surviving ranks get to finish on their own after one rank failed."""
@@ -34,14 +41,46 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+PR_SET_PDEATHSIG = 1
+"""prctl(2): the signal a process gets when the thread that started it exits."""
+
+
 @dataclass
 class RankProcess:
     rank: int
     proc: subprocess.Popen[bytes]
+    stopped: bool = False
+    """This supervisor sent it a signal."""
 
     @property
     def code(self) -> int | None:
         return self.proc.poll()
+
+    def exit(self) -> RankExit:
+        code, sig = exit_code_of(self.proc.returncode)
+        return RankExit(rank=self.rank, code=code, signal=sig, stopped=self.stopped)
+
+
+def die_with_parent(parent: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when ``parent`` (this process) ends.
+
+    It runs in the child between fork and exec.  If the parent already ended
+    before the prctl took effect, the child would be orphaned and never get the
+    signal: it checks its parent afterwards and leaves at once instead.  SIGKILL,
+    not SIGTERM: a rank blocked in a collective cannot act on SIGTERM, and with
+    its supervisor gone nobody would follow up.  None where prctl is missing.
+    """
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(128 + signal.SIGKILL)
+
+    return preexec
 
 
 def rank_env(config: dict, run: RunDirectory, rank: int, world_size: int, port: int) -> dict[str, str]:
@@ -79,6 +118,8 @@ def exit_code_of(code: int) -> tuple[int, int | None]:
 def supervise(run_dir: Path) -> int:
     run = RunDirectory(run_dir)
     meta = run.read_meta()
+    if meta.get("pid") != os.getpid():  # started by hand, or the launcher died before recording us
+        run.update_meta(pid=os.getpid(), pgid=os.getpgid(0), pid_started=process_start_time(os.getpid()))
     config = meta["config"]
     world_size = int(config["world_size"])
     stopping: list[int] = []
@@ -86,11 +127,12 @@ def supervise(run_dir: Path) -> int:
     def on_signal(signum: int, _frame: object) -> None:
         stopping.append(signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     port = free_port()
+    preexec = die_with_parent(os.getpid())
     ranks: list[RankProcess] = []
     for rank in range(world_size):
         log = open(run.rank_log(rank), "ab", buffering=0)
@@ -100,6 +142,7 @@ def supervise(run_dir: Path) -> int:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=preexec,
         )
         log.close()
         ranks.append(RankProcess(rank, proc))
@@ -113,6 +156,7 @@ def supervise(run_dir: Path) -> int:
     first_failure: RankProcess | None = None
     failed_at = 0.0
     stop_sent_at = 0.0
+    peers_stopped: PeersStopped | None = None
     while True:
         codes = [r.code for r in ranks]
         if all(c is not None for c in codes):
@@ -131,30 +175,39 @@ def supervise(run_dir: Path) -> int:
             print("stopping the remaining ranks", flush=True)
             _signal_all(ranks, signal.SIGTERM)
             stop_sent_at = now
-        if stop_sent_at and now - stop_sent_at > STOP_GRACE_S:
-            _signal_all(ranks, signal.SIGKILL)
+            peers_stopped = PeersStopped(after_rank=first_failure.rank, at=time.time())
+        overdue = stop_sent_at and now - stop_sent_at > STOP_GRACE_S
+        if overdue and _signal_all(ranks, signal.SIGKILL) and peers_stopped is not None:
+            peers_stopped = PeersStopped(peers_stopped.after_rank, peers_stopped.at, killed=True)
         time.sleep(0.1)
 
+    exits = tuple(r.exit() for r in ranks)
     if stopping:
-        run.write_exit(128 + stopping[0], signal=stopping[0], reason="stopped")
+        run.write_exit(128 + stopping[0], signal=stopping[0], reason="stopped", ranks=exits)
         print(f"stopped by signal {stopping[0]}", flush=True)
         return 128 + stopping[0]
     if first_failure is None:
         first_failure = next((r for r in ranks if r.code != 0), None)
     if first_failure is None:
-        run.write_exit(0, reason="finished")
+        run.write_exit(0, reason="finished", ranks=exits)
         print("all ranks finished", flush=True)
         return 0
     code, sig = exit_code_of(first_failure.code or 0)
-    run.write_exit(code, signal=sig, reason=f"rank {first_failure.rank} failed")
+    run.write_exit(
+        code, signal=sig, reason=f"rank {first_failure.rank} failed", ranks=exits, peers_stopped=peers_stopped
+    )
     print(f"run failed: rank {first_failure.rank} exit {code}", flush=True)
     return code
 
 
-def _signal_all(ranks: list[RankProcess], sig: int) -> None:
+def _signal_all(ranks: list[RankProcess], sig: int) -> bool:
+    """Send ``sig`` to every rank still running; True if there was one."""
+    sent = False
     for r in ranks:
         if r.code is None:
             try:
                 r.proc.send_signal(sig)
+                r.stopped = sent = True
             except ProcessLookupError:
                 pass
+    return sent

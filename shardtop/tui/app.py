@@ -144,8 +144,12 @@ def refresh_setting(environ: Mapping[str, str] = os.environ) -> float:
     return min(60.0, max(0.05, value))
 
 
-def run_app(runs_root: Path, run: str | None = None, read_only: bool = False) -> int:
-    """Open the TUI; returns the exit code (0: the user quit)."""
-    app = ShardtopApp(runs_root=runs_root, run=run, read_only=read_only, refresh=refresh_setting())
+def run_app(runs_root: Path, run: str | None = None, read_only: bool = False, refresh: float | None = None) -> int:
+    """Open the TUI; returns the exit code (0: the user quit).
+
+    ``refresh``: seconds between screen updates (``--interval``); None reads ``$SHARDTOP_REFRESH``.
+    """
+    refresh = refresh_setting() if refresh is None else refresh
+    app = ShardtopApp(runs_root=runs_root, run=run, read_only=read_only, refresh=refresh)
     result = app.run()
     return int(result or app.return_code or 0)

@@ -7,11 +7,9 @@ bindings do not exist at all.
 
 from __future__ import annotations
 
-import subprocess
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 from textual import on, work
 from textual.app import ComposeResult, SystemCommand
@@ -208,10 +206,6 @@ class ControlledHomeScreen(HomeScreen):
         Binding("k", "stop", "Stop run"),
     ]
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._launched: list[subprocess.Popen[bytes]] = []
-
     def choose_preset(self, name: str) -> None:
         self.action_launch(name)
 
@@ -227,11 +221,10 @@ class ControlledHomeScreen(HomeScreen):
         if request is None:
             return
         try:
-            run, process = launch_run(self.runs_root, request)
+            run = launch_run(self.runs_root, request)
         except (ConfigError, RunError, OSError) as e:
             self.notify(f"Nothing launched: {e}", severity="error", timeout=10)
             return
-        self._launched.append(process)  # held so only our feeds reap it (and record its exit)
         self._poke.set()
         self.app.open_run(run)  # type: ignore[attr-defined]
 
@@ -264,10 +257,11 @@ class ControlledHomeScreen(HomeScreen):
             )
 
 
-def launch_run(runs_root: Path, request: LaunchRequest) -> tuple[RunDirectory, subprocess.Popen[bytes]]:
-    """Create the run directory and start the run, as ``shardtop launch`` does."""
+def launch_run(runs_root: Path, request: LaunchRequest) -> RunDirectory:
+    """Create the run directory and start the run, as ``shardtop launch`` does (no child is left here)."""
     root = ensure_root(runs_root)
     run = RunDirectory.create(
         root, request.config["preset"], {"config": request.config, "command": ["shardtop", "launch", *request.settings]}
     )
-    return run, start(run)
+    start(run)
+    return run
