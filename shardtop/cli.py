@@ -26,6 +26,8 @@ a running FSDP or DeepSpeed engine, and why a rank ran out of memory.
   shardtop report RUN --format markdown     the post-mortem, for a bug report
   shardtop stop RUN                         stop a run's processes
   shardtop presets                          the presets, one line each
+
+--runs-dir DIR, --read-only and --interval SECONDS work before or after the command.
 """
 
 

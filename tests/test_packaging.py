@@ -38,7 +38,7 @@ def test_wheel_ships_every_module_the_presets_and_the_stylesheet(tmp_path: Path)
     )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    code = "from shardtop.config import preset_names, presets_dir; print(presets_dir()); print(' '.join(preset_names()))"
+    code = "from shardtop.config import preset_names as n, presets_dir as d; print(d()); print(' '.join(n()))"
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=elsewhere, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(site)},

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from shardtop.run_status import PeersStopped, RankExit
 from shardtop.runs import RunDirectory, RunError, find_run, list_runs, runs_root
 
 
@@ -68,3 +69,33 @@ def test_someone_elses_directory_is_refused(tmp_path: Path) -> None:
     os.chown(root, 12345, 12345)
     with pytest.raises(RunError, match="belongs to user"):
         RunDirectory.create(root, "p", {})
+
+
+def test_find_by_any_unique_part_of_the_id(tmp_path: Path) -> None:
+    a = RunDirectory.create(tmp_path, "fsdp2-mlp", {})
+    b = RunDirectory.create(tmp_path, "zero3-linear", {})
+    assert find_run(tmp_path, "zero3-lin").id == b.id  # the middle: neither prefix nor suffix
+    assert find_run(tmp_path, "2-mlp-").id == a.id
+    with pytest.raises(RunError, match="matches 2 runs"):
+        find_run(tmp_path, "-")
+
+
+def test_exit_record_keeps_every_rank_and_the_first_writer_wins(tmp_path: Path) -> None:
+    run = RunDirectory.create(tmp_path, "p", {})
+    ranks = (RankExit(0, 137, signal=9, stopped=True), RankExit(1, 137, signal=9))
+    assert run.write_exit(137, signal=9, reason="rank 1 failed", ranks=ranks, peers_stopped=PeersStopped(1, 5.0, True))
+    assert not run.write_exit(143, signal=15, reason="stopped"), "a later record never replaces the first"
+    record = run.read_exit()
+    assert record is not None and record.reason == "rank 1 failed"
+    assert record.ranks == ranks and record.peers_stopped == PeersStopped(1, 5.0, killed=True)
+    assert stat.S_IMODE(run.exit_path.stat().st_mode) == 0o600
+    assert [p.name for p in run.path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_garbled_or_older_exit_record_is_read_as_far_as_it_goes(tmp_path: Path) -> None:
+    run = RunDirectory.create(tmp_path, "p", {})
+    run.exit_path.write_text('{"code": 1, "signal": null, "reason": "supervisor ended", "ranks": [{"rank": "x"}, 3]}')
+    record = run.read_exit()
+    assert record is not None and record.code == 1 and record.ranks == () and record.peers_stopped is None
+    run.exit_path.write_text("[1, 2")
+    assert run.read_exit() is None and run.status().state == "lost"

@@ -92,6 +92,39 @@ def test_start_leaves_no_child_and_the_record_tells_a_kill_from_a_stop(tmp_path:
     wait(lambda: not alive(supervisor.pid), 10, "the supervisor to leave")
 
 
+def test_the_run_outlives_the_terminal_that_launched_it(tmp_path: Path) -> None:
+    """The terminal hangs up (SSH dropped): the headless launcher gets SIGHUP and dies; training goes on."""
+    runs_dir = tmp_path / "runs"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "shardtop", "launch", "ddp-baseline", "--headless", f"max_steps={MAX_STEPS}"],
+        env={**os.environ, "SHARDTOP_RUNS_DIR": str(runs_dir), "CUDA_VISIBLE_DEVICES": ""},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+    )
+    try:
+        wait(lambda: list_runs(runs_dir) and stepping(list_runs(runs_dir)[0]), 120, "the run to train")
+        (run,) = list_runs(runs_dir)
+        launcher.send_signal(signal.SIGHUP)
+        assert launcher.wait(timeout=30) == -signal.SIGHUP
+        steps_then = last_step(run)
+        wait(lambda: last_step(run) > steps_then + 5, 60, "training to go on")
+        assert run.status().state == "running" and run.read_exit() is None
+        stopped = shardtop("stop", run.id, "--grace", "20", runs_dir=runs_dir)
+        assert stopped.returncode == 0, stopped.stderr
+    finally:
+        launcher.kill()
+        launcher.wait()
+        for leftover in list_runs(runs_dir):
+            stop(leftover, grace=2.0, out=lambda _line: None)
+    record = run.read_exit()
+    assert record is not None and record.reason == "stopped" and run.status().describe() == "stopped (SIGTERM)"
+    assert [r.rank for r in record.ranks] == [0, 1]
+
+
+def last_step(run: RunDirectory) -> int:
+    events, _ = read_all(run.events_dir)
+    return max((e.step for e in events if isinstance(e, Step) and e.rank == 0), default=0)
+
+
 @pytest.fixture(scope="module")
 def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunDirectory, subprocess.Popen[str]]]:
     """A headless launch of a long ``ddp-baseline`` run, training."""

@@ -28,7 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardtop.runs import RUN_DIR_ENV, PeersStopped, RankExit, RunDirectory, process_start_time
+from shardtop.run_status import PeersStopped, RankExit
+from shardtop.runs import RUN_DIR_ENV, RunDirectory, process_start_time
 
 PEER_GRACE_S = 15.0
 """How long surviving ranks get to finish on their own after one rank failed."""

@@ -74,6 +74,8 @@ async def test_launch_from_home_then_stop_with_confirmation(tmp_path: Path) -> N
             )
             processes = run.processes()
             assert len(alive(processes)) >= 3, "the supervisor and two ranks run"
+            ours = {p.pid for p in psutil.Process().children(recursive=True)}
+            assert not ours & {pid for pid, _ in processes}, "the TUI has no child of the run to reap"
 
             await pilot.press("k")
             assert isinstance(app.screen, ConfirmScreen)
