@@ -217,3 +217,16 @@ def test_supervisor_killed_with_sigkill_takes_its_ranks_along(
     assert run.status().state == "lost"
     listed = shardtop("runs", runs_dir=run.path.parent).stdout
     assert f"{run.id}  lost" in listed, listed
+
+
+def test_a_supervisor_that_fails_records_why(tmp_path: Path) -> None:
+    """A damaged run.json (no world size): the supervisor fails before any rank, and says so in exit.json."""
+    run = RunDirectory.create(tmp_path, "ddp-baseline", {"config": {"preset": "ddp-baseline"}})
+    supervisor = start(run)
+    wait(lambda: run.read_exit() is not None, 60, "the exit record")
+    record = run.read_exit()
+    assert record is not None and record.code == 1
+    assert record.reason == "the supervisor failed: KeyError: 'world_size'"
+    assert run.status().state == "failed"
+    assert "KeyError" in run.runner_log.read_text()
+    wait(lambda: not alive(supervisor.pid), 10, "the supervisor to leave")

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,7 +118,21 @@ def exit_code_of(code: int) -> tuple[int, int | None]:
 
 
 def supervise(run_dir: Path) -> int:
+    """Run the ranks to the end and write ``exit.json``; returns the run's exit code.
+
+    A failure of the supervisor itself is recorded too (code 1, the error as
+    the reason); its ranks then die with it.
+    """
     run = RunDirectory(run_dir)
+    try:
+        return _supervise(run)
+    except Exception as e:
+        traceback.print_exc()
+        run.write_exit(1, reason=f"the supervisor failed: {type(e).__name__}: {e}")
+        return 1
+
+
+def _supervise(run: RunDirectory) -> int:
     meta = run.read_meta()
     if meta.get("pid") != os.getpid():  # started by hand, or the launcher died before recording us
         run.update_meta(pid=os.getpid(), pgid=os.getpgid(0), pid_started=process_start_time(os.getpid()))
