@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -15,8 +16,15 @@ from tests.conftest import ROOT
 
 def test_wheel_ships_every_module_the_presets_and_the_stylesheet(tmp_path: Path) -> None:
     pytest.importorskip("setuptools")
+    # built from a fresh copy of the sources: a build/ left in the checkout by an earlier build
+    # would otherwise be packed again, and could hide files the configuration no longer ships
+    source = tmp_path / "source"
+    for part in ("shardtop", "presets"):
+        shutil.copytree(ROOT / part, source / part, ignore=shutil.ignore_patterns("__pycache__"))
+    for part in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / part, source / part)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(source)],
         check=True, capture_output=True, timeout=300,
     )
     (wheel,) = tmp_path.glob("shardtop-*.whl")
