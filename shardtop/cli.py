@@ -173,7 +173,8 @@ def cmd_presets(args: argparse.Namespace) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     from shardtop.config import resolve, split_overrides
     from shardtop.gpus import gpu_count
-    from shardtop.launch import follow, resolve_devices, start
+    from shardtop.headless import follow
+    from shardtop.launch import resolve_devices, start
     from shardtop.runs import RunDirectory, ensure_root
 
     if args.read_only:
@@ -209,7 +210,7 @@ def _open_tui(args: argparse.Namespace, run_id: str | None) -> int:
     if not sys.stdout.isatty():
         if run_id is None:
             raise UsageError("the monitor needs a terminal; try `shardtop runs` or `shardtop launch --headless`.")
-        from shardtop.launch import follow
+        from shardtop.headless import follow
         from shardtop.runs import find_run
 
         run = find_run(_root(args), run_id)

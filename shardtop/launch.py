@@ -1,4 +1,4 @@
-"""Start a run in its own session, follow it headless, stop it.
+"""Start a run in its own session and stop it (``shardtop.headless`` follows it).
 
 The run's supervisor is started through a short-lived intermediate that forks
 it into a session of its own and exits at once (a double fork).  The
@@ -18,10 +18,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from shardtop.config import ConfigError, apply_cpu_defaults, format_bytes
-from shardtop.events import EventReader, Exit, Hello, Oom, Step
 from shardtop.runs import RunDirectory, RunError, is_running, process_start_time
 
 CPU_DEFAULT_DEVICES = 2
@@ -216,73 +215,3 @@ def _kill(pid: int, sig: int) -> None:
         raise RunError(f"not allowed to signal process {pid}: it is someone else's.") from None
 
 
-class HeadlessFollower:
-    """Turns a run's events into one line per milestone: ranks up, every N steps, OOM, exit."""
-
-    def __init__(self, run: RunDirectory, out: TextIO, every: int = 10) -> None:
-        self.run = run
-        self.out = out
-        self.every = max(1, every)
-        self.reader = EventReader(run.events_dir)
-        self.world_size = int(run.read_meta().get("config", {}).get("world_size", 1))
-        self.up: dict[int, Hello] = {}
-        self.last_step_printed = 0
-
-    def say(self, text: str) -> None:
-        print(f"[{self.run.id}] {text}", file=self.out, flush=True)
-
-    def poll(self) -> None:
-        for event in sorted(self.reader.read_new(), key=lambda e: e.t):
-            if isinstance(event, Hello):
-                self.up[event.rank] = event
-                if len(self.up) == self.world_size:
-                    devices = ", ".join(f"rank {r}: {h.device}" for r, h in sorted(self.up.items()))
-                    first = next(iter(self.up.values()))
-                    self.say(f"{len(self.up)} rank(s) up ({first.engine}, {first.strategy}) - {devices}")
-            elif isinstance(event, Step) and event.rank == 0:
-                if event.step == 1 or event.step - self.last_step_printed >= self.every:
-                    self.last_step_printed = event.step
-                    loss = f" loss {event.loss:.4g}" if event.loss is not None else ""
-                    secs = f" ({event.seconds * 1000:.0f} ms)" if event.seconds is not None else ""
-                    self.say(f"step {event.step}{loss}{secs}")
-            elif isinstance(event, Oom):
-                where = f"in {event.module} ({event.module_type})" if event.module else "(module unknown)"
-                asked = f", tried to allocate {format_bytes(event.requested_bytes)}" if event.requested_bytes else ""
-                step = f" during {event.engine_step}" if event.engine_step else ""
-                self.say(f"OOM on rank {event.rank} in {event.phase}{step} {where}{asked}")
-            elif isinstance(event, Exit) and event.status != "ok":
-                self.say(f"rank {event.rank} left: {event.status}" + (f" - {event.error}" if event.error else ""))
-
-    def finish(self) -> int:
-        self.poll()
-        self.reader.finish()
-        if self.reader.skipped_total:
-            self.say(f"skipped {self.reader.skipped_total} unreadable event line(s): {self.reader.skipped}")
-        status = self.run.status()
-        code = status.exit.code if status.exit and status.exit.code is not None else 1
-        self.say(f"exit {code}: {status.describe()}  (run directory {self.run.path})")
-        return code
-
-
-def follow(run: RunDirectory, out: TextIO, every: int = 10) -> int:
-    """Print milestones until the run ends; returns the run's exit code (from ``exit.json``).
-
-    The run is over once it has an exit record or none of its processes is
-    left (a supervisor killed with SIGKILL writes no record: the run is lost).
-    """
-    follower = HeadlessFollower(run, out, every)
-    try:
-        while True:
-            follower.poll()
-            if run.status().state != "running":
-                break
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        print(
-            f"\nstopped following; the run goes on. `shardtop attach {run.id}` to watch, "
-            f"`shardtop stop {run.id}` to end it.",
-            file=out,
-            flush=True,
-        )
-        return 130
-    return follower.finish()

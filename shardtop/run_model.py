@@ -23,7 +23,7 @@ from shardtop.events import Exit, Hello, Memory, Oom, Scalar, Shards, Tree
 from shardtop.oom_story import OomStory, user_type
 from shardtop.run_meta import RunMeta
 from shardtop.run_state import TRAINING_PHASES, GpuSample, RankState, RunState
-from shardtop.runs import RunStatus
+from shardtop.run_status import RankExit, RunStatus
 from shardtop.shard_model import subtree_sums
 from shardtop.tree_facts import Block, find_block
 
@@ -76,18 +76,37 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def rank_status(rs: RankState, run_running: bool | None) -> RankStatus:
-    """``run_running``: whether any process of the run is alive (None: not known)."""
+def rank_status(rs: RankState, run: RunStatus | None) -> RankStatus:
+    """From the rank's own records first (its exit, its OOM), then its supervisor's (``exit.json``),
+    then the run's liveness (``run``: None when not known)."""
+    record = _supervisor_record(run, rs.rank)
+    peers = run.exit.peers_stopped if run is not None and run.exit is not None else None
+    stopped_after = f"stopped after rank {peers.after_rank} failed" if peers is not None else "stopped by shardtop"
     e = rs.exit
     if e is not None:
-        return _exit_status(e)
+        status = _exit_status(e)
+        if status.state == "interrupted" and record is not None and record.stopped:
+            return RankStatus("interrupted", stopped_after)
+        return status
     if rs.oom is not None:
         return RankStatus("out of memory")
-    if run_running is False:
+    if record is not None:
+        if record.stopped:
+            return RankStatus("interrupted", stopped_after)
+        if record.signal:
+            return RankStatus("killed", _signal_name(record.signal))
+        return RankStatus("finished") if record.code == 0 else RankStatus("failed", f"exit {record.code}")
+    if run is not None and run.state != "running":
         return RankStatus("lost", "it left no exit record: killed hard, or its host went away")
     if rs.hello is None:
         return RankStatus("starting")
     return RankStatus("running")
+
+
+def _supervisor_record(run: RunStatus | None, rank: int) -> RankExit | None:
+    if run is None or run.exit is None:
+        return None
+    return next((r for r in run.exit.ranks if r.rank == rank), None)
 
 
 def _exit_status(e: Exit) -> RankStatus:
@@ -171,7 +190,7 @@ def _sum(values: Sequence[int] | None) -> int | None:
     return None if values is None else sum(values)
 
 
-def rank_facts(rs: RankState, run_running: bool | None) -> RankFacts:
+def rank_facts(rs: RankState, run: RunStatus | None) -> RankFacts:
     latest = rs.shards
     engine_shards = latest if latest is not None and latest.stage != "setup" else None
     held = engine_shards or rs.setup_shards
@@ -186,7 +205,7 @@ def rank_facts(rs: RankState, run_running: bool | None) -> RankFacts:
         host=rs.host,
         device=rs.device,
         pid=rs.pid,
-        status=rank_status(rs, run_running),
+        status=rank_status(rs, run),
         state=rs,
         shards=engine_shards,
         setup=rs.setup_shards,
@@ -235,7 +254,7 @@ class RunModel:
 
     @cached_property
     def ranks(self) -> tuple[RankFacts, ...]:
-        return tuple(rank_facts(rs, self.running) for rs in self.state.rank_list())
+        return tuple(rank_facts(rs, self.status) for rs in self.state.rank_list())
 
     def rank(self, rank: int) -> RankFacts | None:
         return next((r for r in self.ranks if r.rank == rank), None)

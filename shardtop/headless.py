@@ -1,0 +1,111 @@
+"""``--headless``: a run told one line per milestone, rendered from the read model like every view.
+
+Ranks up, every N steps, each OOM (the first first), each rank that ended
+otherwise than finishing, and at the end the run's status and the findings
+that explain a failure.  No torch, no textual.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TextIO
+
+from shardtop.diagnose import diagnose
+from shardtop.events import EventReader
+from shardtop.run_meta import RunMeta
+from shardtop.run_model import RunModel
+from shardtop.run_state import RunStateBuilder
+from shardtop.runs import RunDirectory
+from shardtop.units import format_bytes
+
+
+class HeadlessFollower:
+    """Turns a run's events into one line per milestone: ranks up, every N steps, OOM, exit."""
+
+    def __init__(self, run: RunDirectory, out: TextIO, every: int = 10) -> None:
+        self.run = run
+        self.out = out
+        self.every = max(1, every)
+        self.reader = EventReader(run.events_dir)
+        self.builder = RunStateBuilder()
+        self.meta = RunMeta.parse(run.read_meta())
+        self.said_up = False
+        self.last_step_said = 0
+        self.ooms_said = 0
+        self.ended_said: set[int] = set()
+
+    def say(self, text: str) -> None:
+        print(f"[{self.run.id}] {text}", file=self.out, flush=True)
+
+    def model(self) -> RunModel:
+        self.builder.apply(self.reader.read_new())
+        self.builder.note_skipped(self.reader.skipped)
+        return RunModel.of(self.builder.snapshot(), self.meta, self.run.status())
+
+    def poll(self) -> RunModel:
+        m = self.model()
+        up = [r for r in m.ranks if r.hello is not None]
+        if not self.said_up and up and len(up) >= m.world_size:
+            self.said_up = True
+            devices = ", ".join(f"rank {r.rank}: {r.device}" for r in up)
+            how = ", ".join(x for x in (m.engine, m.strategy) if x)
+            self.say(f"{len(up)} rank(s) up ({how}) - {devices}")
+        first = m.rank(0) or (m.ranks[0] if m.ranks else None)
+        last = first.state.last_step if first is not None else None
+        due = last is not None and (last.step == 1 or last.step - self.last_step_said >= self.every)
+        if last is not None and due and last.step != self.last_step_said:
+            self.last_step_said = last.step
+            loss = f" loss {last.loss:.4g}" if last.loss is not None else ""
+            secs = f" ({last.seconds * 1000:.0f} ms)" if last.seconds is not None else ""
+            self.say(f"step {last.step}{loss}{secs}")
+        for story in m.ooms[self.ooms_said :]:
+            asked = f", asking for {format_bytes(story.oom.requested_bytes)}" if story.oom.requested_bytes else ""
+            engine = f" in {story.oom.engine_step}" if story.oom.engine_step else ""
+            self.say(f"{story.headline}{engine if story.module is not None else ''}{asked}")
+        self.ooms_said = len(m.ooms)
+        for r in m.ranks:
+            if r.rank not in self.ended_said and r.status.ended and r.status.state not in ("finished", "out of memory"):
+                self.ended_said.add(r.rank)
+                self.say(f"rank {r.rank} {r.status.mark} {r.status.words}")
+        return m
+
+    def finish(self) -> int:
+        m = self.poll()
+        self.reader.finish()
+        self.builder.note_skipped(self.reader.skipped)
+        m = RunModel.of(self.builder.snapshot(), self.meta, self.run.status())
+        st = m.state
+        if st.skipped or st.inconsistent:
+            self.say(f"left out {st.skipped + st.inconsistent} event line(s): {dict(st.skipped_by)}"
+                     + (f", {st.inconsistent} inconsistent" if st.inconsistent else ""))
+        for f in diagnose(m):
+            if f.severity == "error":
+                self.say(f"why: {f.title} [{f.code}] - `shardtop report {self.run.id}` says more")
+        status = m.status
+        code = status.exit.code if status is not None and status.exit and status.exit.code is not None else 1
+        self.say(f"exit {code}: {m.status_text}  (run directory {self.run.path})")
+        return code
+
+
+def follow(run: RunDirectory, out: TextIO, every: int = 10) -> int:
+    """Print milestones until the run ends; returns the run's exit code (from ``exit.json``).
+
+    The run is over once it has an exit record or none of its processes is
+    left (a supervisor killed with SIGKILL writes no record: the run is lost).
+    """
+    follower = HeadlessFollower(run, out, every)
+    try:
+        while True:
+            m = follower.poll()
+            if m.status is not None and m.status.state != "running":
+                break
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        print(
+            f"\nstopped following; the run goes on. `shardtop attach {run.id}` to watch, "
+            f"`shardtop stop {run.id}` to end it.",
+            file=out,
+            flush=True,
+        )
+        return 130
+    return follower.finish()
