@@ -19,6 +19,7 @@ import pytest
 from shardtop.config import resolve
 from shardtop.events import Step, read_all
 from shardtop.launch import resolve_devices, start, stop
+from shardtop.run_files import read_run
 from shardtop.runs import RunDirectory, list_runs
 from tests.conftest import ROOT, shardtop
 
@@ -89,6 +90,9 @@ def test_start_leaves_no_child_and_the_record_tells_a_kill_from_a_stop(tmp_path:
     assert record.peers_stopped is not None
     assert record.peers_stopped.after_rank == 1 and record.peers_stopped.killed
     assert run.status().describe() == "failed (SIGKILL)"
+    told = {r.rank: r.status for r in read_run(run).ranks}  # what every view shows beside each rank
+    assert (told[1].state, told[1].detail) == ("killed", "SIGKILL"), "the killed rank is marked"
+    assert (told[0].state, told[0].detail) == ("interrupted", "stopped after rank 1 failed"), "not an error of its own"
     wait(lambda: not alive(supervisor.pid), 10, "the supervisor to leave")
 
 
