@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from shardtop.events import GpuMemory
 from shardtop.tui.format import bar, fraction, sparkline, truncate
+from shardtop.tui.repaint import PaintsChanges
 
 SPARK_WIDTH = 16
 
@@ -37,8 +37,8 @@ def gpu_line_parts(gpu: GpuMemory, width: int) -> dict[str, str]:
     return parts
 
 
-class GpuBar(Widget):
-    """A single GPU's line in the ``GpuPanel``."""
+class GpuBar(PaintsChanges):
+    """A single GPU's line in the ``GpuPanel``; a new sample repaints only the cells it changed."""
 
     COMPONENT_CLASSES = {
         "gpu-bar--label",
@@ -59,16 +59,21 @@ class GpuBar(Widget):
     }
     """
 
-    gpu: reactive[GpuMemory | None] = reactive(None, layout=False)
+    gpu: reactive[GpuMemory | None] = reactive(None, repaint=False)
     """The latest NVML sample of this GPU."""
-    spark: reactive[str] = reactive("")
+    spark: reactive[str] = reactive("", repaint=False)
     """Memory over time as drawn (16 cells); compared as drawn, so a longer history alone repaints nothing."""
-    owners: reactive[str] = reactive("")
+    owners: reactive[str] = reactive("", repaint=False)
     """Which run/rank/pid is on this GPU, in words."""
-    owner_room: reactive[int] = reactive(0)
+    owner_room: reactive[int] = reactive(0, repaint=False)
     """Cells the panel keeps for the owners on every line (the longest), so that bars and figures line up."""
 
-    def render(self) -> Text:
+    def show(self, gpu: GpuMemory, spark: str, owners: str, owner_room: int) -> None:
+        """Take a new sample; the terminal gets only the cells that differ from what it shows."""
+        self.gpu, self.spark, self.owners, self.owner_room = gpu, spark, owners, owner_room
+        self.repaint_changes()
+
+    def draw(self) -> Text:
         gpu = self.gpu
         if gpu is None:
             return Text("")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from shardtop.gpus import HostSample
 from shardtop.run_state import RankState
 from shardtop.tui.format import bar, format_bytes, fraction, short_bytes, short_run_id, sparkline
+from shardtop.tui.repaint import PaintsChanges
 
 
 def rank_memory_words(run_id: str, rs: RankState) -> str:
@@ -23,8 +23,12 @@ def rank_memory_words(run_id: str, rs: RankState) -> str:
     return f"{head}: rss {format_bytes(m.host_rss)}"
 
 
-class HostPanel(Widget):
-    """One line for the machine; one more per live rank where NVML cannot show them."""
+class HostPanel(PaintsChanges):
+    """One line for the machine; one more per live rank where NVML cannot show them.
+
+    A new sample repaints only the cells it changed (the CPU figure, say); a rank
+    that comes or goes changes the panel's height.
+    """
 
     COMPONENT_CLASSES = {"host-panel--label", "host-panel--used", "host-panel--free", "host-panel--history"}
 
@@ -36,14 +40,29 @@ class HostPanel(Widget):
     }
     """
 
-    host: reactive[HostSample | None] = reactive(None, layout=True)
+    host: reactive[HostSample | None] = reactive(None, repaint=False)
     """The latest host sample."""
-    ranks: reactive[tuple[tuple[str, RankState], ...]] = reactive((), layout=True)
+    ranks: reactive[tuple[tuple[str, RankState], ...]] = reactive((), repaint=False)
     """(run id, rank) of live runs; shown only when ``show_ranks``."""
-    show_ranks: reactive[bool] = reactive(False, layout=True)
+    show_ranks: reactive[bool] = reactive(False, repaint=False)
     """True where there are no GPUs to show the ranks on."""
 
-    def render(self) -> Text:
+    def show(
+        self,
+        host: HostSample | None = None,
+        show_ranks: bool | None = None,
+        ranks: tuple[tuple[str, RankState], ...] | None = None,
+    ) -> None:
+        """Take what changed (None: keep it); the terminal gets only the cells that differ."""
+        if host is not None:
+            self.host = host
+        if show_ranks is not None:
+            self.show_ranks = show_ranks
+        if ranks is not None:
+            self.ranks = ranks
+        self.repaint_changes()
+
+    def draw(self) -> Text:
         width = self.size.width or 80
         label = self.get_component_rich_style("host-panel--label")
         text = Text(no_wrap=True, overflow="ellipsis")
