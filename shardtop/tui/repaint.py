@@ -9,6 +9,10 @@ only the region that differs, through the public ``Widget.refresh(*regions)``:
 - ``PaintsChanges``: for a widget whose ``render()`` is a Rich ``Text``; it
   compares the text now on screen with the text it would draw now, cell by
   cell, and refreshes the spans that differ.
+- ``PiecedLine``: a one-line widget made of side-by-side ``LinePiece``s.
+  Textual resends a changed line of a widget from the widget's left edge up to
+  the last changed cell; a figure at the end of a long line would resend the
+  whole line.  As pieces, a changed figure resends only its own piece.
 - ``CellsTable``: for a ``DataTable``; a row's cells are written only where
   they differ, and only those cells are refreshed (``update_cell`` alone
   refreshes the whole table).
@@ -16,14 +20,15 @@ only the region that differs, through the public ``Widget.refresh(*regions)``:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
+from textual.app import ComposeResult
 from textual.coordinate import Coordinate
-from textual.geometry import Region
+from textual.geometry import Region, Size
 from textual.widget import Widget
 from textual.widgets import DataTable
 
@@ -104,6 +109,97 @@ class PaintsChanges(Widget):
             self.refresh(layout=self.styles.height is not None and self.styles.height.is_auto)
         elif regions:
             self.refresh(*regions)
+
+
+class LinePiece(PaintsChanges):
+    """One piece of a ``PiecedLine``: as wide as its text, or (the last) as the rest of the line."""
+
+    DEFAULT_CSS = """
+    LinePiece {
+        width: auto;
+        height: 1;
+        text-wrap: nowrap;
+    }
+    LinePiece.-fill {
+        width: 1fr;
+    }
+    """
+
+    def __init__(self, fill: bool = False) -> None:
+        super().__init__(classes="-fill" if fill else None)
+        self.text = Text()
+        """What this piece shows; set through ``show``."""
+        self.fill = fill
+        """Takes the rest of the line, so its text can grow or shrink without moving anything."""
+
+    def draw(self) -> Text:
+        return self.text
+
+    def get_content_width(self, container: Size, viewport: Size) -> int:
+        return self.text.cell_len
+
+    def show(self, text: Text) -> None:
+        """Show ``text``: a relayout of the line if the piece's width changed, else only the cells that differ."""
+        old, self.text = self.text, text
+        if not self.is_mounted:
+            return
+        if text.cell_len != old.cell_len and not self.fill:
+            self.refresh(layout=True)  # the pieces after it move
+        else:
+            self.repaint_changes()
+
+
+def cut_at(pieces: Sequence[Text], width: int) -> list[Text]:
+    """The pieces cut at ``width`` cells with an ellipsis, as one text of them all would be cut."""
+    if sum(p.cell_len for p in pieces) <= width:
+        return list(pieces)
+    line = Text("").join(pieces)
+    line.truncate(width, overflow="ellipsis")
+    out, at = [], 0
+    for piece in pieces:
+        out.append(line[at : at + len(piece)])
+        at += len(piece)
+    return out
+
+
+class PiecedLine(Widget):
+    """One line drawn as ``pieces()`` side by side, each its own ``LinePiece``; call ``lay_out()`` after a change."""
+
+    DEFAULT_CSS = """
+    PiecedLine {
+        layout: horizontal;
+        height: 1;
+    }
+    """
+
+    PIECES = 1
+    """How many pieces ``pieces()`` returns."""
+
+    def __init__(self, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self._pieces = [LinePiece(fill=i == self.PIECES - 1) for i in range(self.PIECES)]
+
+    def compose(self) -> ComposeResult:
+        yield from self._pieces
+
+    def pieces(self) -> list[Text]:
+        """The line's pieces, left to right."""
+        raise NotImplementedError
+
+    def line(self) -> Text:
+        """The whole line, as the pieces show it side by side."""
+        return Text("").join(cut_at(self.pieces(), self.size.width or 80))
+
+    def on_mount(self) -> None:
+        self.lay_out()
+
+    def on_resize(self) -> None:
+        self.lay_out()
+
+    def lay_out(self) -> None:
+        """Give each piece its text; only what changed reaches the terminal."""
+        for piece, text in zip(self._pieces, cut_at(self.pieces(), self.size.width or 80), strict=True):
+            piece.show(text)
 
 
 class CellsTable(DataTable[Any]):
