@@ -42,11 +42,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
 
-from recorded_nvml import write_samples  # noqa: E402
-from terminal import Terminal  # noqa: E402
-
+from bench.recorded_nvml import write_samples  # noqa: E402
+from bench.terminal import Terminal  # noqa: E402
 from tests.tui.recorded import copy_runs  # noqa: E402
 
 RANK = """
@@ -121,8 +119,7 @@ def start_ranks(nvml: str, seconds: float) -> list[subprocess.Popen[bytes]]:
     """Two stand-ins for a job's ranks: CPU loops for recorded NVML, one CUDA load per GPU (up to 2) for real."""
     if nvml == "recorded":
         return [subprocess.Popen([sys.executable, "-c", RANK]) for _ in range(2)]
-    from bench_gpu_panel import GPU_LOAD
-
+    from bench.bench_gpu_panel import GPU_LOAD
     from shardtop.gpus import gpu_count
 
     loads = [

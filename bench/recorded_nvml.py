@@ -109,7 +109,9 @@ def install(samples: list[list[dict[str, Any]]], nvitop: bool) -> None:
     pynvml._nvmlGetFunctionPointer = not_supported  # what nvitop's own wrappers call into
     if not nvitop:
         return
-    from nvitop.api import libnvml  # it keeps copies of pynvml's functions, and wraps a few itself
+    from nvitop.api import (
+        libnvml,  # it keeps copies of pynvml's functions, and wraps a few itself
+    )
 
     for name, answer in answers.items():
         if name not in ("nvmlInit", "nvmlInitWithFlags", "nvmlShutdown"):

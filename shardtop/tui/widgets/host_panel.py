@@ -9,7 +9,14 @@ from textual.widget import Widget
 
 from shardtop.gpus import HostSample
 from shardtop.run_state import RankState
-from shardtop.tui.format import bar, format_bytes, fraction, short_bytes, short_run_id, sparkline
+from shardtop.tui.format import (
+    bar,
+    format_bytes,
+    fraction,
+    short_bytes,
+    short_run_id,
+    sparkline,
+)
 from shardtop.tui.repaint import PaintsChanges, PiecedLine
 
 
