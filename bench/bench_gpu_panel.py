@@ -17,22 +17,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import fcntl
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
-import termios
-import threading
 import time
 from pathlib import Path
 
-import psutil
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.terminal import Terminal  # noqa: E402
 
 GPU_LOAD = """
 import sys, time, torch
@@ -65,45 +61,13 @@ async def screenshot(out: Path, size: tuple[int, int], runs_root: Path) -> Path:
 
 def cpu_percent_in_pty(argv: list[str], seconds: float, env: dict[str, str]) -> float:
     """% of one core the program used over ``seconds`` (after 3 s to start), in a 160x48 pty."""
-    master, slave = os.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 48, 160, 0, 0))
-    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True)
-    os.close(slave)
-    stop = threading.Event()
-
-    def drain() -> None:
-        while not stop.is_set():
-            try:
-                if not os.read(master, 65536):
-                    break
-            except OSError:
-                break
-
-    threading.Thread(target=drain, daemon=True).start()
+    term = Terminal(argv, size=(160, 48), env=env)
     try:
         time.sleep(3.0)
-        p = psutil.Process(proc.pid)
-
-        def cpu() -> float:
-            total = sum(p.cpu_times()[:2])
-            for child in p.children(recursive=True):
-                try:
-                    total += sum(child.cpu_times()[:2])
-                except psutil.Error:
-                    pass
-            return total
-
-        before, t0 = cpu(), time.monotonic()
-        time.sleep(seconds)
-        used, wall = cpu() - before, time.monotonic() - t0
-        if proc.poll() is not None:
-            raise RuntimeError(f"{argv[0]} exited early with {proc.returncode}")
-        return 100.0 * used / wall
+        cpu, _rate = term.measure(seconds)
+        return cpu
     finally:
-        stop.set()
-        os.killpg(proc.pid, 15)
-        proc.wait(timeout=10)
-        os.close(master)
+        term.close()
 
 
 def main() -> None:

@@ -24,18 +24,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import fcntl
 import os
-import pty
-import select
 import shutil
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
-import termios
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,6 +39,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.terminal import Terminal  # noqa: E402
 from shardtop.events import Oom, encode, event_file  # noqa: E402
 from shardtop.tui.app import ShardtopApp  # noqa: E402
 from shardtop.tui.screens.run_view import ControlledRunScreen  # noqa: E402
@@ -67,68 +62,6 @@ def bench_help() -> float:
         subprocess.run([*SHARDTOP, "--help"], check=True, capture_output=True)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
-
-
-class Terminal:
-    """A command in a pseudo-terminal; a thread drains and counts what it writes."""
-
-    def __init__(self, args: list[str], size: tuple[int, int] = (160, 48), env: dict[str, str] | None = None) -> None:
-        master, slave = pty.openpty()
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
-        self.started = time.perf_counter()
-        self.proc = subprocess.Popen(
-            args,
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            close_fds=True,
-            env={**os.environ, "TERM": "xterm-256color", **(env or {})},
-            start_new_session=True,
-        )
-        os.close(slave)
-        self.master = master
-        self.output = bytearray()
-        self.written = 0
-        self._lock = threading.Lock()
-        self._reader = threading.Thread(target=self._drain, daemon=True)
-        self._reader.start()
-
-    def _drain(self) -> None:
-        while True:
-            try:
-                ready, _, _ = select.select([self.master], [], [], 0.2)
-                if not ready:
-                    if self.proc.poll() is not None:
-                        return
-                    continue
-                chunk = os.read(self.master, 65536)
-            except OSError:
-                return
-            if not chunk:
-                return
-            with self._lock:
-                self.written += len(chunk)
-                if len(self.output) < 4_000_000:
-                    self.output += chunk
-
-    def wait_for(self, *needles: bytes, timeout: float = 30.0) -> float:
-        """Seconds from start until every needle has been written."""
-        deadline = time.perf_counter() + timeout
-        while time.perf_counter() < deadline:
-            with self._lock:
-                if all(n in self.output for n in needles):
-                    return time.perf_counter() - self.started
-            time.sleep(0.005)
-        raise TimeoutError(f"{needles} not on screen after {timeout}s")
-
-    def close(self) -> None:
-        try:
-            os.write(self.master, b"q")
-            self.proc.wait(5)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait()
-        os.close(self.master)
 
 
 def bench_first_frame(root: Path, run: Path) -> tuple[float, float]:

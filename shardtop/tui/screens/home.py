@@ -170,12 +170,12 @@ class HomeScreen(Screen[None]):
             if gpus is not None:
                 self.query_one(GpuPanel).show(gpus, owners)
                 self.query_one(ProcessTable).show(gpus.processes, owners)
-                host = self.query_one(HostPanel)
-                host.host = gpus.host
-                host.show_ranks = not gpus.gpus
                 self.query_one(ProcessTable).display = bool(gpus.gpus)
-            if runs is not None:
-                self.query_one(HostPanel).ranks = runs.live_ranks
+            self.query_one(HostPanel).show(
+                host=gpus.host if gpus is not None else None,
+                show_ranks=not gpus.gpus if gpus is not None else None,
+                ranks=runs.live_ranks if runs is not None else None,
+            )
 
     # -- opening runs ------------------------------------------------------------
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from shardtop.events import GpuMemory
 from shardtop.tui.format import bar, fraction, sparkline, truncate
+from shardtop.tui.repaint import PiecedLine
 
 SPARK_WIDTH = 16
 
@@ -37,8 +37,12 @@ def gpu_line_parts(gpu: GpuMemory, width: int) -> dict[str, str]:
     return parts
 
 
-class GpuBar(Widget):
-    """A single GPU's line in the ``GpuPanel``."""
+FIELDS = ("head", "bar", "memory", "util", "temperature", "power", "history", "owner")
+"""The pieces of a GPU line, left to right: a new power figure resends only its own few cells."""
+
+
+class GpuBar(PiecedLine):
+    """A single GPU's line in the ``GpuPanel``; a new sample repaints only the pieces, and cells, it changed."""
 
     COMPONENT_CLASSES = {
         "gpu-bar--label",
@@ -52,26 +56,31 @@ class GpuBar(Widget):
 
     DEFAULT_CSS = """
     GpuBar {
-        text-wrap: nowrap;
-        text-overflow: ellipsis;
-        height: 1;
         width: 1fr;
     }
     """
 
-    gpu: reactive[GpuMemory | None] = reactive(None, layout=False)
+    PIECES = len(FIELDS)
+
+    gpu: reactive[GpuMemory | None] = reactive(None, repaint=False)
     """The latest NVML sample of this GPU."""
-    spark: reactive[str] = reactive("")
+    spark: reactive[str] = reactive("", repaint=False)
     """Memory over time as drawn (16 cells); compared as drawn, so a longer history alone repaints nothing."""
-    owners: reactive[str] = reactive("")
+    owners: reactive[str] = reactive("", repaint=False)
     """Which run/rank/pid is on this GPU, in words."""
-    owner_room: reactive[int] = reactive(0)
+    owner_room: reactive[int] = reactive(0, repaint=False)
     """Cells the panel keeps for the owners on every line (the longest), so that bars and figures line up."""
 
-    def render(self) -> Text:
+    def show(self, gpu: GpuMemory, spark: str, owners: str, owner_room: int) -> None:
+        """Take a new sample; the terminal gets only the cells that differ from what it shows."""
+        self.gpu, self.spark, self.owners, self.owner_room = gpu, spark, owners, owner_room
+        self.lay_out()
+
+    def pieces(self) -> list[Text]:
+        """The line's pieces, one per name in ``FIELDS``."""
         gpu = self.gpu
         if gpu is None:
-            return Text("")
+            return [Text() for _ in FIELDS]
         width = self.size.width or 80
         parts = gpu_line_parts(gpu, width)
         label = self.get_component_rich_style("gpu-bar--label")
@@ -83,24 +92,18 @@ class GpuBar(Widget):
         bar_width = max(8, min(48, width - fixed - owner_width - 2))
         filled, empty = bar(frac, bar_width)
         used_style = self.get_component_rich_style("gpu-bar--high" if frac >= HIGH else "gpu-bar--used")
-        text = Text.assemble(
-            (parts["index"] + " ", label),
-            (parts["name"].ljust(len(parts["name"])) + " ", label),
-            (filled, used_style),
-            (empty, self.get_component_rich_style("gpu-bar--free")),
-            " ",
-            parts["memory"],
-            "  ",
-            (parts["util"], muted if gpu.util is None else ""),
-            no_wrap=True,
-            overflow="ellipsis",
-        )
-        if wide:
-            text.append("  " + parts["temperature"], muted if gpu.temperature is None else "")
-            text.append("  " + parts["power"], muted if gpu.power_w is None else "")
-            text.append("  ")
-            text.append(self.spark, self.get_component_rich_style("gpu-bar--history"))
-        if self.owners:
-            text.append("  ")
-            text.append(truncate(self.owners, max(owner_width, 10)), self.get_component_rich_style("gpu-bar--owner"))
-        return text
+        return [
+            Text.assemble((parts["index"] + " ", label), (parts["name"] + " ", label)),
+            Text.assemble((filled, used_style), (empty, self.get_component_rich_style("gpu-bar--free"))),
+            Text(" " + parts["memory"] + "  "),
+            Text(parts["util"], muted if gpu.util is None else ""),
+            Text("  " + parts["temperature"], muted if gpu.temperature is None else "") if wide else Text(),
+            Text("  " + parts["power"], muted if gpu.power_w is None else "") if wide else Text(),
+            Text.assemble("  ", (self.spark, self.get_component_rich_style("gpu-bar--history"))) if wide else Text(),
+            Text.assemble(
+                "  ",
+                (truncate(self.owners, max(owner_width, 10)), self.get_component_rich_style("gpu-bar--owner")),
+            )
+            if self.owners
+            else Text(),
+        ]

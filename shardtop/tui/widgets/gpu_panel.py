@@ -1,4 +1,4 @@
-"""``GpuPanel``: one ``GpuBar`` per GPU, kept in step with NVML by GPU index."""
+"""``GpuPanel``: one ``GpuBar`` per GPU, kept in step with NVML by GPU index; unchanged cells are not resent."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from shardtop.tui.format import short_run_id
+from shardtop.tui.repaint import set_border_text
 from shardtop.tui.watch.gpu_feed import GpuSnapshot
 from shardtop.tui.watch.run_catalog import RankOwner
 from shardtop.tui.widgets.gpu_bar import GpuBar, memory_spark
@@ -41,6 +42,7 @@ class GpuPanel(Vertical):
         super().__init__(id=id, classes=classes)
         self.border_title = "GPUs"
         self._notice: Static | None = None
+        self._notice_text = ""
 
     def show(self, snapshot: GpuSnapshot, owners: Mapping[int, RankOwner]) -> None:
         """Update, add or remove one bar per GPU; never rebuild the ones that stay."""
@@ -66,19 +68,17 @@ class GpuPanel(Vertical):
             else:
                 gpu_bar = GpuBar(id=key)
                 self.mount(gpu_bar)
-            gpu_bar.gpu = gpu
-            gpu_bar.spark = memory_spark(snapshot.history.get(gpu.index, ()), gpu.total)
-            gpu_bar.owners = words[gpu.index]
-            gpu_bar.owner_room = room
+            gpu_bar.show(gpu, memory_spark(snapshot.history.get(gpu.index, ()), gpu.total), words[gpu.index], room)
         for gpu_bar in self.query(GpuBar):
             if gpu_bar.id not in seen:
                 gpu_bar.remove()
         count = len(snapshot.gpus)
-        self.border_title = f"GPUs ({count})" if count else "GPUs"
+        set_border_text(self, title=f"GPUs ({count})" if count else "GPUs")
 
     def _show_notice(self, text: str) -> None:
         if self._notice is None:
             self._notice = Static(text, classes="gpu-panel--notice")
             self.mount(self._notice)
-        else:
+        elif self._notice_text != text:
             self._notice.update(text)
+        self._notice_text = text

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 from rich.text import Text
+from textual.app import ComposeResult
 from textual.reactive import reactive
 from textual.widget import Widget
 
 from shardtop.gpus import HostSample
 from shardtop.run_state import RankState
-from shardtop.tui.format import bar, format_bytes, fraction, short_bytes, short_run_id, sparkline
+from shardtop.tui.format import (
+    bar,
+    format_bytes,
+    fraction,
+    short_bytes,
+    short_run_id,
+    sparkline,
+)
+from shardtop.tui.repaint import PaintsChanges, PiecedLine
 
 
 def rank_memory_words(run_id: str, rs: RankState) -> str:
@@ -23,48 +32,105 @@ def rank_memory_words(run_id: str, rs: RankState) -> str:
     return f"{head}: rss {format_bytes(m.host_rss)}"
 
 
+class HostLine(PiecedLine):
+    """The machine's line: CPU, then the RAM bar and figure, each piece repainted on its own."""
+
+    PIECES = 3
+
+    def pieces(self) -> list[Text]:
+        panel = self.parent
+        host = panel.host if isinstance(panel, HostPanel) else None
+        if host is None or not isinstance(panel, HostPanel):
+            return [Text() for _ in range(self.PIECES)]
+        width = self.size.width or 80
+        frac = fraction(host.memory_used, host.memory_total)
+        filled, empty = bar(frac, max(8, min(30, width - 50)))
+        return [
+            Text.assemble(
+                ("host ", panel.get_component_rich_style("host-panel--label")),
+                f"CPU {host.cpu_percent:3.0f}% of {host.cores} cores  RAM ",
+            ),
+            Text.assemble(
+                (filled, panel.get_component_rich_style("host-panel--used")),
+                (empty, panel.get_component_rich_style("host-panel--free")),
+            ),
+            Text(f" {short_bytes(host.memory_used)}/{short_bytes(host.memory_total)}"),
+        ]
+
+
+class RankLines(PaintsChanges):
+    """One line per live rank, where there are no GPUs to show them on."""
+
+    DEFAULT_CSS = """
+    RankLines {
+        height: auto;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
+    }
+    """
+
+    def draw(self) -> Text:
+        panel = self.parent
+        text = Text(no_wrap=True, overflow="ellipsis")
+        if not isinstance(panel, HostPanel):
+            return text
+        if not panel.ranks:
+            text.append("no live run: the ranks' own memory shows here while one runs")
+        for i, (run_id, rs) in enumerate(panel.ranks):
+            if i:
+                text.append("\n")
+            text.append(rank_memory_words(run_id, rs))
+            if rs.allocated_history:
+                text.append("  ")
+                text.append(sparkline(rs.allocated_history, 12), panel.get_component_rich_style("host-panel--history"))
+        return text
+
+
 class HostPanel(Widget):
-    """One line for the machine; one more per live rank where NVML cannot show them."""
+    """One line for the machine; one more per live rank where NVML cannot show them.
+
+    A new sample repaints only the cells it changed (the CPU figure, say); a rank
+    that comes or goes changes the panel's height.
+    """
 
     COMPONENT_CLASSES = {"host-panel--label", "host-panel--used", "host-panel--free", "host-panel--history"}
 
     DEFAULT_CSS = """
     HostPanel {
-        text-wrap: nowrap;
-        text-overflow: ellipsis;
         height: auto;
+    }
+    HostPanel > RankLines {
+        display: none;
+    }
+    HostPanel.-ranks > RankLines {
+        display: block;
     }
     """
 
-    host: reactive[HostSample | None] = reactive(None, layout=True)
+    host: reactive[HostSample | None] = reactive(None, repaint=False)
     """The latest host sample."""
-    ranks: reactive[tuple[tuple[str, RankState], ...]] = reactive((), layout=True)
+    ranks: reactive[tuple[tuple[str, RankState], ...]] = reactive((), repaint=False)
     """(run id, rank) of live runs; shown only when ``show_ranks``."""
-    show_ranks: reactive[bool] = reactive(False, layout=True)
+    show_ranks: reactive[bool] = reactive(False, repaint=False)
     """True where there are no GPUs to show the ranks on."""
 
-    def render(self) -> Text:
-        width = self.size.width or 80
-        label = self.get_component_rich_style("host-panel--label")
-        text = Text(no_wrap=True, overflow="ellipsis")
-        host = self.host
-        if host is not None:
-            frac = fraction(host.memory_used, host.memory_total)
-            filled, empty = bar(frac, max(8, min(30, width - 50)))
-            text.append("host ", label)
-            text.append(f"CPU {host.cpu_percent:3.0f}% of {host.cores} cores  RAM ")
-            text.append(filled, self.get_component_rich_style("host-panel--used"))
-            text.append(empty, self.get_component_rich_style("host-panel--free"))
-            text.append(f" {short_bytes(host.memory_used)}/{short_bytes(host.memory_total)}")
-        if self.show_ranks:
-            if not self.ranks:
-                text.append("\nno live run: the ranks' own memory shows here while one runs")
-            for run_id, rs in self.ranks:
-                text.append("\n")
-                text.append(rank_memory_words(run_id, rs))
-                if rs.allocated_history:
-                    text.append("  ")
-                    text.append(
-                        sparkline(rs.allocated_history, 12), self.get_component_rich_style("host-panel--history")
-                    )
-        return text
+    def compose(self) -> ComposeResult:
+        yield HostLine()
+        yield RankLines()
+
+    def show(
+        self,
+        host: HostSample | None = None,
+        show_ranks: bool | None = None,
+        ranks: tuple[tuple[str, RankState], ...] | None = None,
+    ) -> None:
+        """Take what changed (None: keep it); the terminal gets only the cells that differ."""
+        if host is not None and host != self.host:
+            self.host = host
+            self.query_one(HostLine).lay_out()
+        if show_ranks is not None:
+            self.show_ranks = show_ranks
+            self.set_class(show_ranks, "-ranks")
+        if ranks is not None and ranks != self.ranks:
+            self.ranks = ranks
+            self.query_one(RankLines).repaint_changes()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from textual.widgets import DataTable
-from textual.widgets.data_table import CellDoesNotExist, RowDoesNotExist
+from textual.widgets.data_table import RowDoesNotExist
 
 from shardtop.gpus import GpuProcessInfo
 from shardtop.tui.format import short_bytes, short_run_id, truncate
+from shardtop.tui.repaint import CellsTable
 from shardtop.tui.watch.run_catalog import RankOwner
 
 COLUMNS = ("PID", "USER", "GPU", "GPU MEM", "CPU %", "RSS", "RUN / RANK", "COMMAND")
@@ -36,8 +36,8 @@ def process_cells(p: GpuProcessInfo, owners: Mapping[int, RankOwner]) -> tuple[s
     return (str(p.pid), user, gpus, short_bytes(p.gpu_memory), cpu, short_bytes(p.host_rss), run, command)
 
 
-class ProcessTable(DataTable[str]):
-    """Processes on the GPUs (NVML + psutil); rows keyed by pid, cells updated in place."""
+class ProcessTable(CellsTable):
+    """Processes on the GPUs (NVML + psutil); rows keyed by pid, only changed cells repainted."""
 
     DEFAULT_CSS = """
     ProcessTable {
@@ -60,15 +60,10 @@ class ProcessTable(DataTable[str]):
             self.remove_row(gone)
         for key, cells in wanted.items():
             try:
-                current = self.get_row(key)
+                self.get_row(key)
             except RowDoesNotExist:
                 self.add_row(*cells, key=key)
                 continue
-            for name, old, new in zip(COLUMNS, current, cells, strict=True):
-                if old != new:
-                    try:
-                        self.update_cell(key, name, new)
-                    except CellDoesNotExist:  # pragma: no cover - columns are fixed
-                        pass
+            self.update_row(key, zip(COLUMNS, cells, strict=True))
         count = len(processes)
-        self.border_subtitle = f"{count} process{'es' if count != 1 else ''}" if processes else "none"
+        self.set_border_text(subtitle=f"{count} process{'es' if count != 1 else ''}" if processes else "none")

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from rich.text import Text
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from shardtop.tui.format import STATUS_MARKS, display_path, duration
+from shardtop.tui.repaint import PaintsChanges
 from shardtop.tui.watch.run_feed import RunSnapshot
 
 
@@ -67,8 +67,11 @@ def header_info(snap: RunSnapshot) -> HeaderInfo:
     )
 
 
-class RunHeader(Widget):
-    """Preset, engine and strategy, ranks and hosts, step, phase, status, elapsed."""
+class RunHeader(PaintsChanges):
+    """Preset, engine and strategy, ranks and hosts, step, phase, status, elapsed.
+
+    The elapsed clock ticks every second: only its cells are repainted.
+    """
 
     COMPONENT_CLASSES = {"run-header--title", "run-header--label", "run-header--status", "run-header--muted"}
 
@@ -80,9 +83,9 @@ class RunHeader(Widget):
     }
     """
 
-    info: reactive[HeaderInfo | None] = reactive(None)
+    info: reactive[HeaderInfo | None] = reactive(None, repaint=False)
     """The facts shown; set from each run snapshot."""
-    elapsed: reactive[str] = reactive("")
+    elapsed: reactive[str] = reactive("", repaint=False)
     """Time since the run started (frozen at its end), re-read every second."""
 
     def __init__(self, clock: Callable[[], float] = time.time, id: str | None = None) -> None:
@@ -105,7 +108,13 @@ class RunHeader(Widget):
         end = info.ended if info.ended is not None else self._clock()
         self.elapsed = duration(max(0.0, end - info.started))
 
-    def render(self) -> Text:
+    def watch_info(self) -> None:
+        self.repaint_changes()
+
+    def watch_elapsed(self) -> None:
+        self.repaint_changes()
+
+    def draw(self) -> Text:
         info = self.info
         if info is None:
             return Text("reading the run directory…")

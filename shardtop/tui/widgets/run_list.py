@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.binding import Binding
-from textual.widgets import DataTable
 from textual.widgets.data_table import RowDoesNotExist
 
 from shardtop.tui.format import STATUS_MARKS, short_run_id
+from shardtop.tui.repaint import CellsTable
 from shardtop.tui.watch.run_catalog import RunRow
 
 COLUMNS = ("RUN", "STATUS", "RANKS", "STEP", "STARTED", "NOTE")
@@ -25,8 +25,8 @@ def run_cells(row: RunRow) -> tuple[str | Text, ...]:
     return (short_run_id(s.id), status_text(s.state, s.status), str(s.ranks or "-"), str(s.step), s.started, s.note)
 
 
-class RunList(DataTable[str | Text]):
-    """The runs under the runs root; rows keyed by run id and updated in place."""
+class RunList(CellsTable):
+    """The runs under the runs root; rows keyed by run id, only changed cells repainted."""
 
     BINDINGS = [Binding("enter", "select_cursor", "Open run", show=True)]
 
@@ -59,11 +59,10 @@ class RunList(DataTable[str | Text]):
         else:
             for key in order:
                 if self._run_rows.get(key) != wanted[key]:
-                    for name, cell in zip(COLUMNS, run_cells(wanted[key]), strict=True):
-                        self.update_cell(key, name, cell)
+                    self.update_row(key, zip(COLUMNS, run_cells(wanted[key]), strict=True))
         self._run_rows = wanted
         live = sum(1 for r in rows if r.live)
-        self.border_subtitle = f"{live} live · {len(rows)} shown" if rows else "none yet: launch a preset"
+        self.set_border_text(subtitle=f"{live} live · {len(rows)} shown" if rows else "none yet: launch a preset")
 
     def selected(self) -> RunRow | None:
         if not self.row_count:

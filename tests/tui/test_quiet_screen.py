@@ -1,0 +1,63 @@
+"""Over SSH every byte counts: an unchanged screen sends nothing, a changed figure sends only itself.
+
+The real app runs in a pseudo-terminal (Textual's own Linux driver writing to
+it, as over SSH) on recorded hardware: the H200 at story 2's OOM and its host,
+sampled four times a second.  The bytes it writes are counted.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from bench.terminal import Terminal
+from tests.tui.recorded import copy_runs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+APP = """
+import sys
+from pathlib import Path
+import msgspec
+from shardtop.tui.app import ShardtopApp
+from tests.tui.recorded import H200_HOST, RecordedHost, h200_processes, nvml_samples
+
+runs, flag = Path(sys.argv[1]), Path(sys.argv[2])
+before = nvml_samples()[-1]
+after = [msgspec.structs.replace(before[0], power_w=before[0].power_w + 7.0)]
+
+class OneChange:
+    '''The recorded sample, over and over; seven watts more once ``flag`` exists.'''
+    def sample(self):
+        return after if flag.exists() else before
+
+ShardtopApp(runs, refresh=0.25, gpu_source=OneChange(), host_probe=RecordedHost(H200_HOST, h200_processes())).run()
+"""
+
+
+def test_an_unchanged_home_screen_sends_nothing_and_a_new_figure_only_itself(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    copy_runs(runs, "h200/zero3-linear")
+    flag = tmp_path / "more-power"
+    term = Terminal(
+        [sys.executable, "-c", APP, str(runs), str(flag)], size=(120, 40), env={"PYTHONPATH": str(ROOT)}
+    )
+    try:
+        term.wait_for(b"H200", b"zero3-linear", b"Presets", timeout=60)
+        time.sleep(1.0)  # the first frames settle (the run list arrives, the table sizes its columns)
+        quiet_from = term.written
+        time.sleep(2.0)  # eight samples, all equal to what is on screen
+        quiet = term.written - quiet_from
+        changed_from, shown = term.written, len(term.screen_text())
+        flag.touch()
+        time.sleep(1.0)
+        changed = term.written - changed_from
+        sent = term.screen_text()[shown:]
+    finally:
+        term.close()
+    assert quiet == 0, f"an unchanged screen wrote {quiet} bytes in 2 s"
+    assert "131" in sent, "the new power figure (124 W -> 131 W) reached the terminal"
+    assert not any(w in sent for w in ("H200", "GiB", "°C", "%", "pid")), f"only what changed was sent, not {sent!r}"
+    # the power figure and the memory history (it grew meanwhile), with their colours; the line is ~600 bytes
+    assert changed < 250, f"a new power figure cost {changed} bytes: {sent!r}"
