@@ -7,7 +7,9 @@ free of torch.
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # not typing's: every Python process of a `shardtop run` command imports this package
+if TYPE_CHECKING:
+    from typing import Any
 
 __version__ = "0.1.0"
 __all__ = ["ShardtopCallback", "__version__"]

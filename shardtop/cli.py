@@ -21,6 +21,8 @@ a running FSDP or DeepSpeed engine, and why a rank ran out of memory.
   shardtop                                  the monitor: GPUs, processes, runs, presets
   shardtop launch preset=zero3-linear       start a preset run and watch it
   shardtop launch fsdp2-mlp --headless max_steps=3
+  shardtop run -- torchrun --nproc_per_node 8 train.py
+                                            your own command as a run, unchanged
   shardtop attach [RUN]                     watch a run (the newest by default)
   shardtop runs                             list runs and their status
   shardtop report RUN --format markdown     the post-mortem, for a bug report
@@ -100,6 +102,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--headless", action="store_true",
                    help="no TUI: print one line per milestone and exit with the run's exit code")
     p.add_argument("--every", type=int, default=10, metavar="N", help="with --headless, print every N steps")
+
+    p = sub.add_parser(
+        "run", parents=[common], help="run your own training command as a shardtop run, unchanged",
+        description="Run any training command (python, torchrun, deepspeed, a Lightning CLI) as a shardtop "
+        "run: the probe enters every Python rank, no change to the script. Detached like launch: it survives "
+        "the terminal, `shardtop attach` finds it. SHARDTOP_DISABLE=1 runs the command without the probe.",
+    )
+    p.add_argument("--run-dir", metavar="DIR",
+                   help="the run's own directory (default: $SHARDTOP_RUN_DIR); on shared storage, the same "
+                   "--run-dir on every host makes one run of all hosts")
+    p.add_argument("--name", metavar="NAME", help="what to call the run (default: the script's name)")
+    p.add_argument("--headless", action="store_true",
+                   help="no TUI: print one line per milestone and exit with the command's own exit code")
+    p.add_argument("--every", type=int, default=10, metavar="N", help="with --headless, print every N steps")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command to run")
 
     p = sub.add_parser("attach", parents=[common], help="watch a run (the newest by default)")
     p.add_argument("run", nargs="?", help="run id, a unique part of it, or a run directory")
@@ -195,6 +212,17 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return _open_tui(args, run_id=run.id)
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from shardtop.own_job.command import follow_command, start_command
+
+    if getattr(args, "read_only", False):
+        raise UsageError("--read-only forbids starting a run.")
+    job = start_command(args.cmd, runs_dir=args.runs_dir, run_dir=args.run_dir, name=args.name)
+    if args.headless:
+        return follow_command(job, sys.stdout, every=args.every)
+    return _open_tui(args, run_id=str(job.run.path), launched=True)
+
+
 def cmd_attach(args: argparse.Namespace) -> int:
     from shardtop.runs import find_run
 
@@ -267,6 +295,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 COMMANDS = {
     "presets": cmd_presets,
     "launch": cmd_launch,
+    "run": cmd_run,
     "attach": cmd_attach,
     "runs": cmd_runs,
     "stop": cmd_stop,

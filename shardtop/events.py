@@ -60,6 +60,10 @@ class Hello(Event, tag="hello"):
     """What the user asked for, e.g. ``ModelParallelStrategy`` or ``deepspeed_stage_3``."""
     program: str = ""
     versions: dict[str, str] = {}
+    slurm_job_id: str = ""
+    """SLURM's job, step and node of the rank ("" outside SLURM)."""
+    slurm_step_id: str = ""
+    slurm_node: str = ""
 
 
 class Tree(Event, tag="tree"):

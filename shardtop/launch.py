@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -67,10 +68,31 @@ def cpu_room() -> CpuRoom:
     return CpuRoom(cores=max(1, cores), memory=memory)
 
 
+def missing_engines(engine: str) -> list[str]:
+    """The training libraries a preset of ``engine`` needs that this Python lacks (imports none of them)."""
+    import importlib.util
+
+    def missing(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):
+            return True
+
+    needed = ["torch", "lightning"] + (["deepspeed"] if engine.startswith("zero") else [])
+    return [name for name in needed if missing(name)]
+
+
 def resolve_devices(
     config: dict[str, Any], gpu_count: Callable[[], int], cpu: Callable[[], CpuRoom] = cpu_room
 ) -> dict[str, Any]:
     """Fix ``accelerator`` to cpu/cuda and ``world_size`` to a number, or say why not."""
+    missing = missing_engines(str(config.get("engine", "")))
+    if missing:
+        raise ConfigError(
+            f"the presets train with {', '.join(missing)}, which this Python ({sys.executable}) does not have.\n"
+            "Install them with: pip install 'shardtop[engines]' (keep the CUDA torch you have on a GPU box). "
+            "Your own scripts need no preset: shardtop run -- python train.py"
+        )
     config = dict(config)
     accelerator = config.get("accelerator", "auto")
     devices = config.get("devices", "auto")
@@ -173,7 +195,8 @@ def stop(run: RunDirectory, grace: float = 10.0, out: Callable[[str], None] = pr
     if not pids:
         return False
     pgid = meta.get("pgid")
-    leader_alive = bool(meta.get("pid")) and is_running(int(meta["pid"]), meta.get("pid_started"))
+    here = meta.get("host") in (None, socket.gethostname())  # another host's pid numbers mean nothing here
+    leader_alive = here and bool(meta.get("pid")) and is_running(int(meta["pid"]), meta.get("pid_started"))
     if pgid and leader_alive:
         _killpg(int(pgid), signal.SIGTERM)
     else:

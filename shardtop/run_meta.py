@@ -36,6 +36,9 @@ class RunMeta:
     """Created by the ranks of a script rather than by ``shardtop launch``."""
     config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     """The resolved preset configuration, for the report's record."""
+    slurm_job_id: str = ""
+    """SLURM's job and step where ``shardtop run`` (or the first rank) made the run ("" outside SLURM)."""
+    slurm_step_id: str = ""
 
     @property
     def command_line(self) -> str:
@@ -50,6 +53,8 @@ class RunMeta:
     def parse(cls, raw: Mapping[str, Any]) -> RunMeta:
         config = raw.get("config")
         config = config if isinstance(config, Mapping) else {}
+        slurm = raw.get("slurm")
+        slurm = slurm if isinstance(slurm, Mapping) else {}
         command = raw.get("command")
         if isinstance(command, str):
             command_words: tuple[str, ...] = (command,)
@@ -70,6 +75,8 @@ class RunMeta:
             memory_limit=_count(config.get("gpu_mem_limit")) or None,
             external=raw.get("external") is True,
             config=MappingProxyType(dict(config)),
+            slurm_job_id=_text(slurm.get("job_id")),
+            slurm_step_id=_text(slurm.get("step_id")),
         )
 
 

@@ -276,6 +276,23 @@ class RunModel:
     def hosts(self) -> tuple[str, ...]:
         return tuple(sorted({r.host for r in self.ranks if r.host}))
 
+    @cached_property
+    def ranks_by_host(self) -> Mapping[str, tuple[int, ...]]:
+        """Each host and the ranks that ran on it, in rank order (a job over several hosts)."""
+        hosts: dict[str, list[int]] = {}
+        for r in sorted(self.ranks, key=lambda r: r.rank):
+            if r.host:
+                hosts.setdefault(r.host, []).append(r.rank)
+        return MappingProxyType({host: tuple(ranks) for host, ranks in sorted(hosts.items())})
+
+    @cached_property
+    def slurm_steps(self) -> tuple[tuple[str, str], ...]:
+        """SLURM (job id, step id) of the run: as its ranks said, else as ``run.json`` recorded it."""
+        steps = {(h.slurm_job_id, h.slurm_step_id) for r in self.ranks if (h := r.hello) is not None and h.slurm_job_id}
+        if not steps and self.meta.slurm_job_id:
+            steps = {(self.meta.slurm_job_id, self.meta.slurm_step_id)}
+        return tuple(sorted(steps))
+
     @property
     def step(self) -> int:
         return max((r.state.step for r in self.ranks), default=0)

@@ -103,10 +103,15 @@ def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+INTERRUPTING_SIGNALS = frozenset({1, 2, 15})
+"""SIGHUP, SIGINT, SIGTERM: someone ended the run (a closed terminal, Ctrl-C, a scheduler)."""
+
+
 @dataclass(frozen=True)
 class RunStatus:
     state: str
-    """running, finished, failed, stopped or lost (no exit record and no process)."""
+    """running, finished, failed, interrupted (a signal or Ctrl-C ended it, not ``shardtop stop``),
+    stopped (``shardtop stop``) or lost (no exit record and no process)."""
     exit: ExitStatus | None = None
 
     def describe(self) -> str:

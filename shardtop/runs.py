@@ -9,6 +9,11 @@ Layout of a run directory::
     exit.json         how the run ended, every rank's exit, and whether shardtop stopped
                       the other ranks after one failed (``run_status`` has its fields)
 
+A run of ``shardtop run`` also holds ``logs/command-HOST.log``, its
+``bootstrap/`` and one record per host in ``supervisors/``; a run its ranks
+made alone (``$SHARDTOP_RUN_DIR`` naming a new directory) holds one
+``.rank-N.pid.json`` per rank (``run_members.py``).
+
 No torch here: the TUI and the CLI read runs without importing it.
 """
 
@@ -18,13 +23,21 @@ import getpass
 import json
 import os
 import secrets
-import socket
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from shardtop.run_status import ExitStatus, PeersStopped, RankExit, RunStatus
+from shardtop.cluster import SlurmIds, host_name
+from shardtop.json_files import write_json_atomic, write_json_once
+from shardtop.run_members import Member, read_members, supervised_end
+from shardtop.run_status import (
+    INTERRUPTING_SIGNALS,
+    ExitStatus,
+    PeersStopped,
+    RankExit,
+    RunStatus,
+)
 
 RUNS_DIR_ENV = "SHARDTOP_RUNS_DIR"
 RUN_DIR_ENV = "SHARDTOP_RUN_DIR"
@@ -69,7 +82,9 @@ def check_owned(path: Path) -> None:
         )
 
 
-def _unusable(path: Path, error: OSError) -> str:
+def _unusable(
+    path: Path, error: OSError, instead: str = f"Choose another directory with --runs-dir DIR or {RUNS_DIR_ENV}=DIR."
+) -> str:
     """Why ``path`` cannot hold runs, in words, and what to do instead."""
     import errno
 
@@ -82,7 +97,7 @@ def _unusable(path: Path, error: OSError) -> str:
         errno.EDQUOT: "the disk quota is exhausted",
         errno.ENAMETOOLONG: "the path is too long",
     }.get(error.errno or 0, error.strerror or str(error))
-    return f"cannot use {path} for runs: {why}.\nChoose another directory with --runs-dir DIR or {RUNS_DIR_ENV}=DIR."
+    return f"cannot use {path} for runs: {why}.\n{instead}"
 
 
 def ensure_root(root: Path) -> Path:
@@ -171,11 +186,44 @@ class RunDirectory:
             "id": run.id,
             "preset": preset,
             "created": time.time(),
-            "host": socket.gethostname(),
+            "host": host_name(),
             "user": getpass.getuser(),
         }
         run.write_meta({**base, **meta})
         return run
+
+    @classmethod
+    def create_or_join(cls, path: Path, meta: dict[str, Any]) -> tuple[RunDirectory, bool]:
+        """The run in ``path``: made here with ``meta`` if nobody made it yet, else joined.
+
+        Any number of processes, on any number of hosts sharing the directory, may
+        call this at once: ``run.json`` is written whole under a private name and
+        hard-linked into place, which succeeds for exactly one of them (the link
+        fails with ``FileExistsError`` for the others, on local disks and NFS
+        alike).  Returns the run and whether this call made it.
+        """
+        path = Path(path).expanduser()
+        instead = f"Name another directory with --run-dir DIR or {RUN_DIR_ENV}=DIR."
+        check_owned(path)
+        try:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunError(_unusable(path, e, instead)) from None
+        if not path.is_dir():
+            raise RunError(f"{path} is not a directory. {instead}")
+        run = cls(path)
+        created = False
+        if not run.meta_path.exists():
+            base = {"id": run.id, "created": time.time(), "host": host_name(), "user": getpass.getuser()}
+            slurm = SlurmIds.from_env()
+            if slurm:
+                base["slurm"] = slurm.as_meta()
+            created = write_json_once(run.meta_path, {**base, **meta})
+            if created:
+                os.chmod(path, 0o700)
+        for sub in (run.events_dir, run.logs_dir):
+            sub.mkdir(mode=0o700, exist_ok=True)
+        return run, created
 
     def read_meta(self) -> dict[str, Any]:
         try:
@@ -184,7 +232,7 @@ class RunDirectory:
             return {}
 
     def write_meta(self, meta: dict[str, Any]) -> None:
-        _write_json_atomic(self.meta_path, meta)
+        write_json_atomic(self.meta_path, meta)
 
     def update_meta(self, **fields: Any) -> None:
         self.write_meta({**self.read_meta(), **fields})
@@ -213,33 +261,55 @@ class RunDirectory:
             "ranks": [asdict(r) for r in ranks],
             "peers_stopped": asdict(peers_stopped) if peers_stopped is not None else None,
         }
-        return _write_json_once(self.exit_path, record)
+        return write_json_once(self.exit_path, record)
+
+    def members(self) -> list[Member]:
+        """The supervisors of ``shardtop run`` and the self-registered ranks, on every host."""
+        return read_members(self.path)
 
     def is_alive(self) -> bool:
-        """Is a process this run started still there (same pid *and* start time)?"""
-        return any(is_running(pid, started) for pid, started in self.processes())
+        """Is a process of this run still there?
+
+        On this host: same pid *and* start time.  On another host (a run on shared
+        storage): its files changed within the last minute.
+        """
+        if any(is_running(pid, started) for pid, started in self.processes()):
+            return True
+        return any(m.alive() for m in self.members() if not m.is_local)
 
     def register_rank(self, rank: int) -> None:
-        """A script's rank says it is part of the run, so ``runs`` sees it running and ``stop`` finds it.
+        """A rank joins the run, making it first if ``$SHARDTOP_RUN_DIR`` named a new directory.
 
-        Only for runs no supervisor of ours started; each rank writes its own small
-        file, so there is no read-modify-write race on ``run.json``.
+        The first rank to get here creates ``run.json`` (marked ``external``: no
+        supervisor of ours will write ``exit.json``, the ranks will), the others
+        join it, without races (``create_or_join``).  In such a run each rank then
+        writes its own small record, so ``runs`` sees it running and ``stop`` finds
+        it, with no read-modify-write race on ``run.json``.
         """
+        import sys
+
+        if not self.meta_path.exists():
+            name = _program_name(sys.argv)
+            world_size = os.environ.get("WORLD_SIZE", "1")
+            self.create_or_join(
+                self.path,
+                {
+                    "config": {"program": name, "world_size": int(world_size) if world_size.isdigit() else 1},
+                    "command": list(sys.argv),
+                    "external": True,
+                },
+            )
         if not self.read_meta().get("external"):
             return
         pid = os.getpid()
-        entry = {"rank": rank, "pid": pid, "started": process_start_time(pid)}
+        entry = {"rank": rank, "pid": pid, "started": process_start_time(pid), "host": host_name()}
         (self.path / f".rank-{rank}.pid.json").write_text(json.dumps(entry))
 
     def processes(self) -> list[tuple[int, float | None]]:
-        """(pid, start time) of the supervisor and of every rank that registered itself."""
-        procs = _run_processes(self.read_meta())
-        for path in sorted(self.path.glob(".rank-*.pid.json")):
-            try:
-                entry = json.loads(path.read_text())
-                procs.append((int(entry["pid"]), entry.get("started")))
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
+        """(pid, start time) of this run's processes *on this host*: the only ones we may signal."""
+        meta = self.read_meta()
+        procs = _run_processes(meta) if meta.get("host", host_name()) == host_name() else []
+        procs.extend((m.pid, m.started) for m in self.members() if m.is_local and m.ended is None)
         return procs
 
     def status(self) -> RunStatus:
@@ -247,11 +317,16 @@ class RunDirectory:
         if exit_status is None:
             if self.is_alive():
                 return RunStatus("running")
-            return RunStatus("lost")
+            end = supervised_end(self.members())  # every host's `shardtop run` recorded its command's end
+            if end is None:
+                return RunStatus("lost")
+            exit_status = ExitStatus(end.code, end.signal, end.ended, end.reason)
         if exit_status.reason == "stopped":
             return RunStatus("stopped", exit_status)
         if exit_status.code == 0 and not exit_status.signal:
             return RunStatus("finished", exit_status)
+        if exit_status.signal in INTERRUPTING_SIGNALS or exit_status.reason.endswith("interrupted"):
+            return RunStatus("interrupted", exit_status)
         return RunStatus("failed", exit_status)
 
 
@@ -287,32 +362,10 @@ def is_running(pid: int, started: float | None) -> bool:
     return started is None or abs(actual - float(started)) < 1.0
 
 
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = _write_tmp(path, data)
-    os.replace(tmp, path)
-
-
-def _write_json_once(path: Path, data: dict[str, Any]) -> bool:
-    """Create ``path`` with ``data`` unless it exists: two writers never both win."""
-    if path.exists():
-        return False
-    tmp = _write_tmp(path, data)
-    try:
-        os.link(tmp, path)
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        os.unlink(tmp)
-
-
-def _write_tmp(path: Path, data: dict[str, Any]) -> Path:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True, default=str)
-        f.write("\n")
-    return tmp
+def _program_name(argv: list[str]) -> str:
+    """``train`` for ``python train.py``; ``script`` where there is no script file."""
+    name = Path(argv[0]).stem if argv and argv[0] else ""
+    return name if name not in ("", "-c", "-m", "__main__") else "script"
 
 
 def list_runs(root: Path) -> list[RunDirectory]:

@@ -34,6 +34,7 @@ def test_wheel_ships_every_module_the_presets_and_the_stylesheet(tmp_path: Path)
     assert not (ROOT / "shardtop" / "presets").exists(), "the presets live in presets/, not inside the package"
     assert {f"shardtop/presets/{p}.yaml" for p in presets} <= names
     assert "shardtop/tui/shardtop.tcss" in names
+    assert "shardtop/inject/site/sitecustomize.py" in names  # the bootstrap of `shardtop run`
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "shardtop").rglob("*.py")}
     assert modules <= names, f"modules missing from the wheel (add their package to pyproject.toml): {modules - names}"
     assert not any(n.startswith(("tests/", "presets/")) for n in names)

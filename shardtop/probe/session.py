@@ -13,6 +13,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from shardtop.cluster import SlurmIds
 from shardtop.events import EventWriter, Exit, Hello, Phase, Shards, Step, Tree, event_file
 from shardtop.probe.names import module_names
 from shardtop.runs import RunDirectory
@@ -64,6 +65,7 @@ class Probe:
             install_cuda_oom_observer()
         self.said_hello = True
         self.pending_hello = None
+        slurm = SlurmIds.from_env()
         self.writer.write(
             Hello(
                 pid=os.getpid(),
@@ -75,6 +77,9 @@ class Probe:
                 strategy=strategy,
                 program=program,
                 versions=_versions(),
+                slurm_job_id=slurm.job_id,
+                slurm_step_id=slurm.step_id,
+                slurm_node=slurm.node,
             )
         )
 

@@ -34,6 +34,15 @@ def _when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "?"
 
 
+def _rank_span(ranks: tuple[int, ...]) -> str:
+    """``rank 0``, ``ranks 0-3`` for consecutive ranks, else ``ranks 0, 2, 5``."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if len(ranks) > 2 and list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))
+
+
 def _skipped_words(data: ReportData) -> str:
     return ", ".join(f"{n} {SKIP_WORDS.get(k, k)}" for k, n in data.skipped.items() if n)
 
@@ -55,10 +64,14 @@ def header(data: ReportData) -> list[Block]:
         (
             "world size",
             f"{m.world_size} rank(s)"
-            + (f" on {', '.join(m.hosts)}" if m.hosts else "")
+            + (f" on {len(m.hosts)} hosts" if len(m.hosts) > 1 else f" on {m.hosts[0]}" if m.hosts else "")
             + (f"; devices {', '.join(devices)}" if devices else ""),
         )
     )
+    if len(m.ranks_by_host) > 1:
+        rows.append(("hosts", "; ".join(f"{host}: {_rank_span(ranks)}" for host, ranks in m.ranks_by_host.items())))
+    if m.slurm_steps:
+        rows.append(("slurm", ", ".join(f"job {job}" + (f" step {step}" if step else "") for job, step in m.slurm_steps)))
     rows.append(("status", m.status_text))
     if m.status is not None and m.status.exit is not None and m.status.exit.reason not in ("", m.status.state):
         rows.append(("reason", m.status.exit.reason))

@@ -161,6 +161,8 @@ def report_dict(data: ReportData) -> dict[str, Any]:
         "driver": m.driver or None,
         "world_size": m.world_size,
         "hosts": list(m.hosts),
+        "ranks_by_host": {host: list(ranks) for host, ranks in m.ranks_by_host.items()},
+        "slurm": [{"job_id": job, "step_id": step or None} for job, step in m.slurm_steps],
         "step": m.step,
         "versions": dict(m.versions),
         "events": {

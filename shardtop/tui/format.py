@@ -34,6 +34,7 @@ STATUS_MARKS = {
     "finished": "✓",
     "failed": "✗",
     "stopped": "■",
+    "interrupted": "■",
     "lost": "?",
 }
 """A symbol in front of every status word, so status never rests on colour."""

@@ -33,6 +33,8 @@ class LogTail:
         if self.run.logs_dir.is_dir():
             logs = [(int(m.group(1)), p) for p in self.run.logs_dir.iterdir() if (m := _RANK_LOG.search(p.name))]
             out.extend((f"r{rank}", p) for rank, p in sorted(logs))
+            # `shardtop run`: each host's command, its ranks' output included
+            out.extend((p.stem.removeprefix("command-"), p) for p in sorted(self.run.logs_dir.glob("command-*.log")))
         return out
 
     def read_new(self) -> list[str]:

@@ -1,0 +1,48 @@
+"""Where a process runs: its host, and the SLURM job and step it belongs to.
+
+A job over several hosts is one run when its run directory is on storage the
+hosts share; what tells the hosts apart is the host name on every event, and
+on a SLURM cluster the job and step ids the scheduler sets.  No torch here.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+HEARTBEAT_S = 5.0
+"""How often a supervisor of ``shardtop run`` touches its record while its command runs."""
+STALE_AFTER_S = 60.0
+"""A process on another host counts as gone once its files have not changed for this long
+(ranks write a memory sample every half second; supervisors touch their record every 5 s)."""
+
+
+def host_name() -> str:
+    return socket.gethostname()
+
+
+@dataclass(frozen=True)
+class SlurmIds:
+    """The SLURM job, step and node of this process ("" outside SLURM)."""
+
+    job_id: str = ""
+    step_id: str = ""
+    node: str = ""
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> SlurmIds:
+        env = dict(os.environ) if env is None else env
+        return cls(
+            job_id=env.get("SLURM_JOB_ID", "") or env.get("SLURM_JOBID", ""),
+            step_id=env.get("SLURM_STEP_ID", "") or env.get("SLURM_STEPID", ""),
+            node=env.get("SLURMD_NODENAME", ""),
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self.job_id)
+
+    def as_meta(self) -> dict[str, str]:
+        """For ``run.json``: only what is known."""
+        fields = {"job_id": self.job_id, "step_id": self.step_id, "node": self.node}
+        return {k: v for k, v in fields.items() if v}

@@ -1,0 +1,182 @@
+"""The model, its phases and its steps, read off the job's own calls.
+
+- Until the job's first optimizer step, a global forward pre-hook looks once
+  at every module called: the first with parameters becomes the *root*, and a
+  later one replaces it when it contains it (an engine's wrapper around the
+  model) or, where no engine wraps it, holds more parameters.  The root's tree
+  and shards are read then: how the engine holds the model, before the first
+  forward (which could run out of memory).
+- On the root, a forward pre-hook (phase ``forward``) and a forward hook that
+  hangs a hook on the output's gradient (phase ``backward`` when it arrives).
+- Global optimizer step hooks: phase ``optimizer``, then a step for every step
+  of the first optimizer that steps.  After the first, the shards are read
+  again with the optimizer (gradients and its state exist only then) and the
+  global forward hook goes.
+
+Per step that is three Python calls and one event each.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from shardtop.inject.this_rank import STATE, guarded, is_rank, rank_probe
+
+
+def install_global_hooks() -> None:
+    """Once torch has loaded (cheap: nothing runs until a module or an optimizer is called)."""
+    from torch.nn.modules.module import register_module_forward_pre_hook
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    STATE.global_hooks = [
+        register_module_forward_pre_hook(_on_module_call),
+        register_optimizer_step_pre_hook(_before_optimizer_step),
+        register_optimizer_step_post_hook(_after_optimizer_step),
+    ]
+
+
+def remove_all() -> None:
+    for handle in (*STATE.global_hooks, *STATE.root_hooks):
+        handle.remove()
+    STATE.global_hooks, STATE.root_hooks = [], []
+
+
+def _stop_looking_for_root() -> None:
+    if STATE.global_hooks:
+        STATE.global_hooks[0].remove()  # the forward pre-hook; the optimizer hooks stay
+
+
+# -- the root -------------------------------------------------------------------------
+
+
+def parameter_count(module: Any) -> int:
+    """Full-size parameter count (a ZeRO-3 parameter is empty locally; ``ds_numel`` is its size)."""
+    return sum(int(getattr(p, "ds_numel", 0) or p.numel()) for p in module.parameters())
+
+
+def contains(outer: Any, inner: Any) -> bool:
+    return outer is not inner and any(m is inner for m in outer.modules())
+
+
+def _is_engine_wrapper(module: Any) -> bool:
+    from shardtop.probe.names import is_wrapper
+
+    return is_wrapper(module) or hasattr(module, "_get_fsdp_state") or type(module).__name__.startswith("FSDP")
+
+
+def _on_module_call(module: Any, args: Any) -> None:
+    if id(module) in STATE.seen:
+        return
+    STATE.seen.add(id(module))
+    _consider(module)
+
+
+@guarded("looking for the model")
+def _consider(module: Any) -> None:
+    if not is_rank():
+        if STATE.off or STATE.lightning:
+            _stop_looking_for_root()
+        return
+    count = parameter_count(module)
+    if not count:
+        return
+    root = STATE.root
+    if root is None or contains(module, root) or (count > STATE.root_params and not _is_engine_wrapper(root)):
+        set_root(module, count, stage="engine")
+        _forward_started()
+
+
+def set_root(module: Any, count: int | None = None, *, stage: str) -> None:
+    """Read ``module`` as the job's model from now on, and hook its calls."""
+    from shardtop.probe.api import attach
+
+    if rank_probe() is None:
+        return
+    for handle in STATE.root_hooks:
+        handle.remove()
+    STATE.root = module
+    STATE.root_params = parameter_count(module) if count is None else count
+    STATE.root_hooks = [
+        module.register_forward_pre_hook(_root_forward),
+        module.register_forward_hook(_root_output),
+    ]
+    attach(module, stage=stage, engine=STATE.engine, strategy=STATE.strategy)
+
+
+# -- phases and steps -------------------------------------------------------------------
+
+
+def _root_forward(module: Any, args: Any) -> None:
+    _forward_started()
+
+
+@guarded("following the forward pass")
+def _forward_started() -> None:
+    p = rank_probe()
+    if p is None:
+        return
+    if STATE.step_started is None:
+        STATE.step_started = time.perf_counter()
+    p.phase("forward", STATE.steps + 1)
+
+
+@guarded("following the backward pass")
+def _root_output(module: Any, args: Any, output: Any) -> None:
+    tensor = _grad_tensor(output)
+    if tensor is not None:
+        tensor.register_hook(_backward_started)
+
+
+def _grad_tensor(output: Any) -> Any:
+    """The first tensor of the output that gradients will flow into, if any."""
+    values = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else [output]
+    for value in values:
+        if getattr(value, "grad_fn", None) is not None:
+            return value
+    return None
+
+
+def _backward_started(grad: Any) -> None:
+    _enter("backward")
+
+
+@guarded("following the steps")
+def _enter(phase: str) -> None:
+    p = rank_probe()
+    if p is not None:
+        p.phase(phase)
+
+
+def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    if STATE.optimizer is None or STATE.optimizer == id(optimizer):
+        _enter("optimizer")
+
+
+@guarded("counting steps")
+def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    p = rank_probe()
+    if p is None:
+        return
+    if STATE.optimizer is None:
+        STATE.optimizer = id(optimizer)
+    elif STATE.optimizer != id(optimizer):
+        return
+    STATE.steps += 1
+    seconds = time.perf_counter() - STATE.step_started if STATE.step_started is not None else None
+    STATE.step_started = None
+    p.step(STATE.steps, seconds=seconds)
+    if not STATE.stepped_snapshot and STATE.root is not None:
+        STATE.stepped_snapshot = True
+        _stop_looking_for_root()
+        p.snapshot(STATE.root, stage="step", optimizer=_engine_optimizer(STATE.root) or optimizer)
+
+
+def _engine_optimizer(root: Any) -> Any:
+    """A DeepSpeed engine's own (ZeRO) optimizer: what its partitions are read from."""
+    if any(c.__name__ == "DeepSpeedEngine" for c in type(root).__mro__):
+        return getattr(root, "optimizer", None)
+    return None

@@ -1,0 +1,55 @@
+"""Small JSON files a run directory holds, written whole: replaced atomically, or created once.
+
+Readers on any host of a shared file system see the old file or the new one,
+never half of one; of several writers racing to create a file, exactly one
+wins.  No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = _write_tmp(path, data)
+    os.replace(tmp, path)
+
+
+def write_json_once(path: Path, data: dict[str, Any]) -> bool:
+    """Create ``path`` with ``data`` unless it exists: two writers never both win. True if this one did.
+
+    The file is written under a private name and hard-linked into place (atomic
+    on local disks and NFS alike); on a file system without hard links,
+    ``O_EXCL`` decides instead.
+    """
+    if path.exists():
+        return False
+    tmp = _write_tmp(path, data)
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(tmp.read_text())
+        return True
+    finally:
+        os.unlink(tmp)
+
+
+def _write_tmp(path: Path, data: dict[str, Any]) -> Path:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True, default=str)
+        f.write("\n")
+    return tmp

@@ -1,0 +1,68 @@
+"""A user's own FSDP2 script, as torchrun starts it: nothing of shardtop in it.
+
+    torchrun --standalone --nproc_per_node 2 tests/own_scripts/fsdp2_train.py
+
+``--os-exit`` leaves with ``os._exit(0)`` after the last step, as many gloo
+scripts do: gloo's teardown at interpreter exit aborts now and then
+("terminate called without an active exception").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc(self.norm(x))
+
+
+class Net(nn.Module):
+    def __init__(self, dim: int, depth: int) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*(Block(dim) for _ in range(depth)))
+        self.head = nn.Linear(dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(x))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--os-exit", action="store_true")
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    torch.manual_seed(0)
+    model = Net(args.dim, depth=3)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(args.steps):
+        x, y = torch.randn(8, args.dim), torch.randn(8, 1)
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    dist.destroy_process_group()
+    if args.os_exit:
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
