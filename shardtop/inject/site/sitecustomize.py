@@ -27,18 +27,30 @@ def _run_hidden_sitecustomize() -> None:
     spec.loader.exec_module(module)
 
 
+def _load_shardtop(path: str) -> None:
+    """The shardtop that wrote this file, even where the command's Python has another (or none):
+    first on the path for this one import only; then last, for its dependencies, so that the
+    command's own packages win."""
+    if "shardtop" in sys.modules:
+        return
+    sys.path.insert(0, path)
+    try:
+        import shardtop  # noqa: F401
+    finally:
+        sys.path.remove(path)
+    if path not in sys.path:
+        sys.path.append(path)
+
+
 def _boot() -> None:
     if os.environ.get("SHARDTOP_INJECT") != "1" or os.environ.get("SHARDTOP_DISABLE") == "1":
         return
     try:
-        try:
-            from shardtop.inject.bootstrap import boot
-        except ImportError:
-            extra = os.environ.get("SHARDTOP_PACKAGE_PATH")
-            if not extra:
-                raise
-            sys.path.append(extra)  # last: the command's own packages win
-            from shardtop.inject.bootstrap import boot
+        path = os.environ.get("SHARDTOP_PACKAGE_PATH")
+        if path:
+            _load_shardtop(path)
+        from shardtop.inject.bootstrap import boot
+
         boot()
     except Exception as e:  # noqa: BLE001 - the command runs, without the probe
         sys.stderr.write(f"shardtop: the probe cannot load in this Python ({type(e).__name__}: {e}); "
