@@ -95,7 +95,7 @@ def test_oom_in_a_named_module_is_attributed_and_the_exit_code_comes_back(runs_b
     runs_dir = runs_base / "oom"
     ran = run_own(runs_dir, "python", str(SCRIPTS / "oom_in_module.py"))
     assert ran.code == 1, ran.describe()  # Python's own exit code for an uncaught error
-    assert "OOM on rank 0 in forward in decoder.1 (Expand)" in ran.output
+    assert "Rank 0 ran out of memory on cpu during forward (step 1) in decoder.1 (Expand)" in ran.output
     assert "exit 1" in ran.run.status().describe()
     report = ran.report(runs_dir)
     oom = report["oom"]
