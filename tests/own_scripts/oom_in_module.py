@@ -23,7 +23,7 @@ class Expand(nn.Module):
         self.ask = ask
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scratch = torch.empty(self.ask // 4, dtype=torch.float32)  # the allocation that fails
+        scratch = torch.empty(self.ask // 4, dtype=torch.float32, device=x.device)  # the allocation that fails
         return self.proj(x) + scratch[:1]
 
 
@@ -41,11 +41,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--ask", type=int, default=64 << 40)
+    parser.add_argument("--cuda", action="store_true", help="train on the GPU (a CUDA OOM instead of the CPU allocator's)")
     args = parser.parse_args()
-    model = Model(args.dim, args.ask)
+    device = torch.device("cuda" if args.cuda else "cpu")
+    model = Model(args.dim, args.ask).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(2):
-        loss = model(torch.randn(4, args.dim)).pow(2).mean()
+        loss = model(torch.randn(4, args.dim, device=device)).pow(2).mean()
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()

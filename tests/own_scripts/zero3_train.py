@@ -20,8 +20,12 @@ def main() -> None:
     parser.add_argument("--local_rank", type=int, default=0)  # the deepspeed launcher passes it
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--cuda", action="store_true", help="NCCL on one GPU per rank instead of gloo on CPU")
     args = parser.parse_args()
-    deepspeed.init_distributed(dist_backend="gloo")
+    device = torch.device("cuda", args.local_rank) if args.cuda else torch.device("cpu")
+    if args.cuda:
+        torch.cuda.set_device(device)
+    deepspeed.init_distributed(dist_backend="nccl" if args.cuda else "gloo")
     config = {
         "train_micro_batch_size_per_gpu": 2,
         "zero_optimization": {"stage": 3},
@@ -33,7 +37,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     for _ in range(args.steps):
-        x, y = torch.randn(2, args.width), torch.randn(2, 1)
+        x, y = torch.randn(2, args.width, device=device), torch.randn(2, 1, device=device)
         loss = nn.functional.mse_loss(engine(x), y)
         engine.backward(loss)
         engine.step()
