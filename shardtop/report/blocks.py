@@ -84,7 +84,7 @@ def header(data: ReportData) -> list[Block]:
     if m.versions:
         rows.append(("versions", ", ".join(f"{k} {v}" for k, v in m.versions.items())))
     events = f"{st.events} read"
-    if data.skipped:
+    if st.skipped:
         events += f", {_skipped_words(data)}"
     if st.inconsistent:
         events += f", {st.inconsistent} inconsistent left out"
