@@ -93,14 +93,14 @@ def parse_gpu(text: str) -> Gpu:
     else:
         if total <= 0:
             raise UnknownGpu(f"gpu={raw}: a GPU needs some memory; expected e.g. gpu=16GiB or gpu=A100-80GB.")
-        return card(format_bytes(total), total, "gpu=")
+        return card(format_bytes(total), total, f"gpu={raw}")
     wanted = _key(raw)
     for name, total in CARDS.items():
         if _key(name) == wanted:
-            return card(name, total, "gpu=")
+            return card(name, total, f"gpu={raw}")
     for alias, name in ALIASES.items():
         if _key(alias) == wanted:
-            return card(name, CARDS[name], "gpu=")
+            return card(name, CARDS[name], f"gpu={raw}")
     raise UnknownGpu(
         f"gpu={raw}: expected a size such as 16GiB or 80GB, or a known card: {known_cards()}."
     )

@@ -15,6 +15,11 @@ phases:
 - optimizer step: gradients, state (created at the first step) and the step's
   own temporaries.
 
+The first forward and backward come before the optimizer has any state (a
+torch optimizer creates it at the first step; ZeRO has only its fp32 master
+copy by then), so a run can pass them and fail at the first step: ``timeline``
+keeps the phases in the order a run meets them, for "where does it run out".
+
 The numbers come from the engines' code (torch 2.4-2.14, DeepSpeed 0.15-0.19,
 Lightning 2.4-2.6); none is fitted to a measurement.  Torch-free.
 """
@@ -31,6 +36,20 @@ CUDA_WORKSPACES = 2 * 32 * 2**20
 for autograd's backward thread, 32 MiB each (PyTorch's default on Hopper and newer; 8 MiB before)."""
 
 PHASES = ("set-up", "forward", "backward", "optimizer step")
+TIMELINE = ("set-up", "forward", "backward", "optimizer step", "next forward", "next backward")
+_IN_WORDS = {
+    "set-up": "at set-up",
+    "forward": "in the first forward pass",
+    "backward": "in the first backward pass",
+    "optimizer step": "at the first optimizer step",
+    "next forward": "in the second step's forward pass",
+    "next backward": "in the second step's backward pass",
+}
+
+
+def when(phase: str) -> str:
+    """``at set-up``, ``in the first backward pass``...: a phase of ``TIMELINE`` in a sentence."""
+    return _IN_WORDS.get(phase, f"at {phase}")
 
 
 @dataclass(frozen=True)
@@ -51,8 +70,12 @@ class PerRank:
     """Moved to CPU memory by an offload policy (not counted in the peak)."""
     step_temporary: int
     """What the optimizer step allocates for itself (copies of gradients, intermediate results)."""
+    unit_grads: int
+    """Whole gradients of the unit being reduced in backward, before they are sharded or offloaded."""
     phases: tuple[int, int, int, int]
-    """Peak of set-up, forward, backward and optimizer step."""
+    """Peak of set-up, forward, backward and optimizer step (forward and backward: from the second step on)."""
+    timeline: tuple[int, int, int, int, int, int]
+    """Peaks in the order a run meets them: ``TIMELINE``."""
 
     @property
     def peak(self) -> int:
@@ -74,6 +97,8 @@ class _Held:
     params: int
     grads: int
     optimizer: int
+    optimizer_before_step: int = 0
+    """Optimizer memory that exists before the first step (ZeRO's fp32 master copy)."""
     buffers: int = 0
     host: int = 0
     gathered_forward: int = 0
@@ -125,15 +150,16 @@ def _phases(
 ) -> PerRank:
     workspace = CUDA_WORKSPACES if gpu else 0
     transient = int(_transient(desc, s) * batch_scale)
-    base = held.params + held.optimizer + held.buffers + workspace
-    if held.grads_persist:
-        base += held.grads
+    persistent_grads = held.grads if held.grads_persist else 0
+    first = held.params + held.optimizer_before_step + held.buffers + workspace + persistent_grads
+    base = held.params + held.optimizer + held.buffers + workspace + persistent_grads
     grads_forward = held.grads if s.grads_kept_through_forward and not held.grads_persist else 0
     autocast_copies = held.params // desc.dtype_bytes * 2 if s.half and s.engine in ("single", "ddp") else 0
-    forward = base + grads_forward + held.gathered_forward + autocast_copies + activations + transient
+    forward = held.gathered_forward + autocast_copies + activations + transient
     growing = 0 if held.grads_persist else held.grads
-    backward = base + held.gathered_backward + max(activations, growing) + held.backward_transient + 2 * transient
+    backward = held.gathered_backward + max(activations, growing) + held.backward_transient + 2 * transient
     step = base + (0 if held.grads_persist else held.grads) + held.step_temporary
+    timeline = (held.setup, first + forward, first + backward, step, base + grads_forward + forward, base + backward)
     return PerRank(
         params=held.params,
         grads=held.grads,
@@ -143,7 +169,9 @@ def _phases(
         buffers=held.buffers,
         host=held.host,
         step_temporary=held.step_temporary,
-        phases=(held.setup, forward, backward, step),
+        unit_grads=held.backward_transient,
+        phases=(held.setup, timeline[4], timeline[5], step),
+        timeline=timeline,
     )
 
 
@@ -218,6 +246,7 @@ def _zero(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> _Held:
         params=params,
         grads=grads,
         optimizer=optimizer,
+        optimizer_before_step=0 if s.offload_optimizer else part * 4,
         buffers=buckets,
         host=host,
         gathered_forward=gathered,
@@ -281,10 +310,13 @@ def _fsdp(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> _Held:
 
 def _manual(desc: ModelDescription, s: Strategy, *, gpu: bool, batch_scale: float) -> PerRank:
     """One process, parts of the model on different devices: the most loaded accelerator (or the CPU)."""
-    best: PerRank | None = None
+    by_device: dict[str, tuple[int, ...]] = {}
     for device, rows in s.placement:
         if gpu and not device.startswith("cuda"):
             continue
+        by_device[device] = by_device.get(device, ()) + tuple(rows)
+    best: PerRank | None = None
+    for rows in by_device.values():
         numel = sum(desc.subtree(desc.numel_upto, r) for r in rows)
         b = desc.dtype_bytes
         held = _Held(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from shardtop.config import format_bytes
 from shardtop.plan.compare import Plan
+from shardtop.plan.memory import when
 from shardtop.plan.verdict import Option
 
 COLUMNS = ("peak", "params", "grads", "optim", "activ")
@@ -43,7 +44,7 @@ def _where(plan: Plan) -> str:
     if plan.gpu is None:
         return f"{ranks}; no GPU given and none here, so \"fits\" is not judged (add gpu=80GB or gpu=A100-80GB)"
     g = plan.gpu
-    return f"{ranks} on {g.name} GPUs ({g.source}): up to {format_bytes(g.usable)} per rank for PyTorch"
+    return f"{ranks} on {g.name} GPUs (from {g.source}): up to {format_bytes(g.usable)} per rank for PyTorch"
 
 
 def verdict_lines(plan: Plan) -> list[str]:
@@ -59,7 +60,7 @@ def verdict_lines(plan: Plan) -> list[str]:
                      f"({format_bytes(free)} to spare); largest part: {asked.dominant} "
                      f"({format_bytes(asked.dominant_bytes)}).")
     else:
-        lines.append(f"As run it does not fit: out of memory at {asked.runs_out_at}, where the largest part is "
+        lines.append(f"As run it does not fit: out of memory {when(asked.runs_out_at or '')}, where the largest part is "
                      f"{asked.dominant} ({format_bytes(asked.dominant_bytes)}); "
                      f"peak {format_bytes(asked.per_rank.peak)} per rank.")
     if plan.build_note:

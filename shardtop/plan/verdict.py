@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shardtop.plan.cards import Gpu
-from shardtop.plan.memory import PHASES, PerRank
+from shardtop.plan.memory import TIMELINE, PerRank, when
 from shardtop.plan.options import change_cost
 from shardtop.plan.strategies import Strategy
 
@@ -31,7 +31,7 @@ class Option:
     def note(self) -> str:
         from shardtop.config import format_bytes
 
-        where = f"out of memory at {self.runs_out_at}" if self.runs_out_at else f"peak at {self.per_rank.peak_phase}"
+        where = f"out of memory {when(self.runs_out_at)}" if self.runs_out_at else f"peak at {self.per_rank.peak_phase}"
         return f"{where}: {self.dominant} ({format_bytes(self.dominant_bytes)})"
 
 
@@ -51,9 +51,10 @@ def fits(per_rank: PerRank, gpu: Gpu | None) -> bool | None:
 
 
 def runs_out_at(per_rank: PerRank, gpu: Gpu | None) -> str | None:
+    """The first phase, in the order a run meets them, whose peak is over what the GPU allows."""
     if gpu is None:
         return None
-    return next((phase for phase, size in zip(PHASES, per_rank.phases) if size > gpu.usable), None)
+    return next((phase for phase, size in zip(TIMELINE, per_rank.timeline) if size > gpu.usable), None)
 
 
 def dominant(s: Strategy, p: PerRank, phase: str) -> tuple[str, int]:
@@ -68,9 +69,11 @@ def dominant(s: Strategy, p: PerRank, phase: str) -> tuple[str, int]:
         "gradients": p.grads,
         "engine buffers": p.buffers,
     }
-    if phase in ("forward", "backward"):
+    if phase.endswith(("forward", "backward")):
         parts["activations"] = p.activations
         parts["gathered parameters"] = p.gathered
+        if phase.endswith("backward"):
+            parts["whole gradients of the unit being reduced"] = p.unit_grads
     else:
         parts["the step's temporary copies"] = p.step_temporary
     return max(parts.items(), key=lambda kv: kv[1])
