@@ -19,9 +19,9 @@ from typing import Any
 def raw_preset_grads(rank: int, world_size: int, out_dir: Path, presets: list[list[str]]) -> dict[str, int]:
     """``{preset: gradient bytes on this rank}`` after one backward of each ``[preset, *overrides]``."""
     import shardtop.probe as st
-    import shardtop.runner.raw_run as raw_run
     from shardtop.config import resolve, split_overrides
     from shardtop.launch import resolve_devices
+    from shardtop.runner import raw_run
     from shardtop.runner.programs import load_program
     from shardtop.runner.rank import RankContext
     from shardtop.runs import RUN_DIR_ENV

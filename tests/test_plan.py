@@ -43,7 +43,7 @@ def shardtop_plan(*args: str, timeout: float = 120) -> tuple[subprocess.Complete
     started = time.perf_counter()
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "shardtop", "plan", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)
+                          timeout=timeout, env=env, cwd=ROOT, check=False)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -72,7 +72,7 @@ def test_story2_as_asked_runs_out_at_setup_with_the_whole_fp32_model(story2: dic
     assert asked["fits"] is False and asked["runs_out_at"] == "set-up"
     assert asked["per_rank"]["phases"]["setup"] == 4 * STORY2_PARAMS  # 17.6 GiB on every rank
     assert plan["verdict"]["fits"] is False and plan["verdict"]["runs_out_at"] == "set-up"
-    text = story2["text"]
+    text = " ".join(story2["text"].split())
     assert "does not fit: out of memory at set-up" in text and "whole model as built" in text and "17.6 GiB" in text
     assert "outside deepspeed.zero.Init" in text
 
@@ -109,8 +109,9 @@ def test_text_and_markdown_say_the_same_verdict() -> None:
     plan = plan_config(request.config, devices=request.devices, accelerator=request.accelerator, gpu=request.gpu)
     text, md = render_text(plan), render_markdown(plan)
     assert plan.verdict.fits is False and plan.verdict.change is not None
+    flat_text = " ".join(text.split())
     for line in verdict_lines(plan):
-        assert line in text and f"- {line}" in md
+        assert " ".join(line.split()) in flat_text and f"- {line}" in md
     assert f"| **{plan.asked.strategy.label}** (as run) |" in md
     assert "hand in configure_sharded_model" in text
 

@@ -14,7 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shardtop.config import ConfigError, apply_cpu_defaults, preset_names, resolve, split_overrides
+from shardtop.config import (
+    ConfigError,
+    apply_cpu_defaults,
+    preset_names,
+    resolve,
+    split_overrides,
+)
 from shardtop.plan.cards import Gpu, UnknownGpu, limited, local_gpu, parse_gpu
 
 CPU_DEFAULT_DEVICES = 2

@@ -26,7 +26,7 @@ Lightning 2.4-2.6); none is fitted to a measurement.  Torch-free.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardtop.plan.description import ModelDescription
 from shardtop.plan.strategies import Strategy
@@ -193,15 +193,8 @@ def _single(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> _Held:
 
 def _ddp(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> _Held:
     """Whole everywhere, plus gradient buckets as large as the gradients (``gradient_as_bucket_view=False``)."""
-    b, psi = desc.dtype_bytes, desc.params
-    return _Held(
-        params=psi * b,
-        grads=psi * b,
-        optimizer=psi * s.optimizer.state_bytes,
-        buffers=psi * b,
-        step_temporary=_step_temporary(s, psi, desc.largest_param, gpu),
-        setup=2 * psi * b,
-    )
+    one = _single(desc, s, n, gpu)
+    return replace(one, buffers=one.grads, setup=one.setup + one.grads)
 
 
 def _zero(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> _Held:

@@ -25,7 +25,7 @@ def alternatives(asked: Strategy, devices: int) -> list[Strategy]:
     if asked.engine != "manual":
         other = "bf16-mixed" if precision == "fp32" else "fp32"
         out.append(asked.with_(precision=other, half_in_units_only=False, built_whole=False, build_note=""))
-    fsdp = dict(units=(), root_wrapped=True)
+    fsdp: dict[str, object] = {"units": (), "root_wrapped": True}
     out += [
         common.with_(engine="ddp"),
         common.with_(engine="zero1"),

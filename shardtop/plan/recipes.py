@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shardtop.plan.description import ModelDescription
-from shardtop.plan.strategies import ADAMW, LIGHTNING_ZERO, SGD_MOMENTUM, Strategy, ZeroSettings
+from shardtop.plan.strategies import (
+    ADAMW,
+    LIGHTNING_ZERO,
+    SGD_MOMENTUM,
+    Strategy,
+    ZeroSettings,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -171,29 +177,29 @@ def _manual(config: Mapping[str, Any], desc: ModelDescription, accelerator: str,
                     build_note=f"first half on {first}, second half on {second}, in one process")
 
 
-_ZERO3 = dict(
-    model_name=_name("SequentialLinear", "n_layers", "width"),
-    build=_linear_stack,
-    forward_loss=_regression_loss("width"),
-    batch_bytes=_regression_bytes("width"),
-)
-_SEGMENTATION = dict(
-    model_name=_name("PatchSegmenter", *SEGMENTER_KEYS),
-    build=_segmenter,
-    forward_loss=_segmentation_loss,
-    batch_bytes=_segmentation_bytes,
-)
+_ZERO3: dict[str, Any] = {
+    "model_name": _name("SequentialLinear", "n_layers", "width"),
+    "build": _linear_stack,
+    "forward_loss": _regression_loss("width"),
+    "batch_bytes": _regression_bytes("width"),
+}
+_SEGMENTATION: dict[str, Any] = {
+    "model_name": _name("PatchSegmenter", *SEGMENTER_KEYS),
+    "build": _segmenter,
+    "forward_loss": _segmentation_loss,
+    "batch_bytes": _segmentation_bytes,
+}
 
 RECIPES: dict[str, Recipe] = {
-    "zero3-linear": Recipe(asked=_zero3(fixed=False), **_ZERO3),  # type: ignore[arg-type]
-    "zero3-linear-fixed": Recipe(asked=_zero3(fixed=True), **_ZERO3),  # type: ignore[arg-type]
+    "zero3-linear": Recipe(asked=_zero3(fixed=False), **_ZERO3),
+    "zero3-linear-fixed": Recipe(asked=_zero3(fixed=True), **_ZERO3),
     "fsdp2-mlp": Recipe(
         model_name=_name("MLP", "n_layers", "hidden"), build=_mlp, forward_loss=_regression_loss("hidden"),
         batch_bytes=_regression_bytes("hidden"), asked=_fsdp2_mlp,
     ),
-    "fsdp-not-sharding": Recipe(asked=_fsdp_not_sharding, **_SEGMENTATION),  # type: ignore[arg-type]
-    "fsdp-auto-wrap": Recipe(asked=_fsdp_auto_wrap, **_SEGMENTATION),  # type: ignore[arg-type]
-    "ddp-baseline": Recipe(asked=_ddp, **_SEGMENTATION),  # type: ignore[arg-type]
-    "manual-placement": Recipe(asked=_manual, **_SEGMENTATION),  # type: ignore[arg-type]
+    "fsdp-not-sharding": Recipe(asked=_fsdp_not_sharding, **_SEGMENTATION),
+    "fsdp-auto-wrap": Recipe(asked=_fsdp_auto_wrap, **_SEGMENTATION),
+    "ddp-baseline": Recipe(asked=_ddp, **_SEGMENTATION),
+    "manual-placement": Recipe(asked=_manual, **_SEGMENTATION),
 }
 """By preset ``program``."""

@@ -8,12 +8,16 @@ fits, and what the build does when it matters.
 
 from __future__ import annotations
 
+import textwrap
+
 from shardtop.config import format_bytes
 from shardtop.plan.compare import Plan
 from shardtop.plan.memory import when
 from shardtop.plan.verdict import Option
 
 COLUMNS = ("peak", "params", "grads", "optim", "activ")
+TEXT_WIDTH = 100
+"""Verdict sentences wrap here; the table's strategy column may run longer."""
 
 
 def short_bytes(n: int) -> str:
@@ -88,8 +92,8 @@ def verdict_lines(plan: Plan) -> list[str]:
 def render_text(plan: Plan) -> str:
     out = [
         f"Plan for {plan.preset or 'a model'}: {plan.model}",
-        f"  {plan.params / 1e9:.3g} G parameters, {format_bytes(plan.param_bytes)} as built; "
-        f"batch {plan.batch_size} per rank",
+        (f"  {plan.params / 1e9:.3g} G parameters, {format_bytes(plan.param_bytes)} as built; "
+         f"batch {plan.batch_size} per rank"),
         f"  {_where(plan)}",
         "",
         "  " + "".join(f"{c:>8}" for c in COLUMNS) + "  fits  strategy (per rank)",
@@ -100,7 +104,8 @@ def render_text(plan: Plan) -> str:
         suffix = "  (as run)" if i == 0 else ""
         out.append(f"{mark}{cells}  {_fits_word(o):<4}  {o.strategy.label}{suffix}")
     out.append("")
-    out.extend(verdict_lines(plan))
+    for line in verdict_lines(plan):
+        out.extend(textwrap.wrap(line, width=TEXT_WIDTH, subsequent_indent="  ", break_on_hyphens=False))
     return "\n".join(out) + "\n"
 
 
@@ -108,8 +113,8 @@ def render_markdown(plan: Plan) -> str:
     out = [
         f"### Plan for {plan.preset or 'a model'}",
         "",
-        f"- Model: `{plan.model}`: {plan.params:,} parameters, {format_bytes(plan.param_bytes)} as built; "
-        f"batch {plan.batch_size} per rank",
+        (f"- Model: `{plan.model}`: {plan.params:,} parameters, {format_bytes(plan.param_bytes)} as built; "
+         f"batch {plan.batch_size} per rank"),
         f"- {_where(plan)}",
         "",
         "| strategy | params | grads | optimizer | activations | gathered | buffers | peak | phase | fits | note |",
