@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import weakref
+
 import msgspec
 
 
-class ModelDescription(msgspec.Struct, frozen=True, kw_only=True):
+class ModelDescription(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     """A model's structure, parameter sizes and one forward pass's saved activations.
 
     Per-row quantities are stored as running totals over the rows (``*_upto``,
@@ -73,7 +75,20 @@ class ModelDescription(msgspec.Struct, frozen=True, kw_only=True):
         return upto[self.end[row]] - upto[row]
 
     def units(self, upto: Sequence[int], roots: Iterable[int]) -> dict[int, int]:
-        """A running-total field summed per unit: each root's subtree minus the units nested in it."""
+        """A running-total field summed per unit: each root's subtree minus the units nested in it.
+
+        Kept per description, field and units: a plan asks the same question many times over.
+        """
+        roots = tuple(roots)
+        key = (id(self), id(upto), roots)
+        found = _UNITS.get(key)
+        if found is None:
+            if not any(k[0] == id(self) for k in _UNITS):
+                weakref.finalize(self, _forget, id(self))
+            found = _UNITS[key] = self._units(upto, roots)
+        return found
+
+    def _units(self, upto: Sequence[int], roots: tuple[int, ...]) -> dict[int, int]:
         ordered = sorted(set(roots))
         members = frozenset(ordered)
         totals = {r: self.subtree(upto, r) for r in ordered}
@@ -87,13 +102,7 @@ class ModelDescription(msgspec.Struct, frozen=True, kw_only=True):
 
     def outside(self, upto: Sequence[int], roots: Iterable[int]) -> int:
         """A running-total field summed over the rows in no unit of ``roots``."""
-        ordered = sorted(set(roots))
-        inside, covered_to = 0, -1
-        for r in ordered:
-            if r >= covered_to:
-                inside += self.subtree(upto, r)
-                covered_to = self.end[r]
-        return upto[-1] - inside
+        return upto[-1] - sum(self.units(upto, roots).values())
 
     def path(self, row: int) -> str:
         parts: list[str] = []
@@ -116,3 +125,12 @@ class ModelDescription(msgspec.Struct, frozen=True, kw_only=True):
                 return None
             row = found
         return row
+
+
+_UNITS: dict[tuple[int, int, tuple[int, ...]], dict[int, int]] = {}
+"""``ModelDescription.units`` answers, by (description, field, roots); dropped with the description."""
+
+
+def _forget(desc_id: int) -> None:
+    for key in [k for k in _UNITS if k[0] == desc_id]:
+        del _UNITS[key]
