@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from shardtop.plan.cards import CARDS, GiB, parse_gpu
+from shardtop.plan.cards import CARDS, parse_gpu
 from shardtop.plan.command import read_request
 from shardtop.plan.describe import describe_model
 from shardtop.plan.memory import per_rank
@@ -31,6 +31,7 @@ from shardtop.plan.meta import build_on_meta
 from shardtop.plan.presets import plan_config
 from shardtop.plan.render import render_markdown, render_text, verdict_lines
 from shardtop.plan.strategies import ADAMW, SGD_MOMENTUM, Strategy
+from shardtop.units import GiB
 
 ROOT = Path(__file__).resolve().parent.parent
 STORY2_PARAMS = 18000 * (512 * 512 + 512)

@@ -19,10 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from shardtop.config import format_bytes, parse_size
-
-GiB = 2**30
-MiB = 2**20
+from shardtop.config import parse_size
+from shardtop.units import GiB, MiB, format_bytes
 
 NON_PYTORCH_BYTES = int(1.14 * GiB)
 """Device memory that is not PyTorch's (CUDA context, library handles), kept aside on a real card."""

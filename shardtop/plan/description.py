@@ -12,9 +12,8 @@ so a sum over any subtree is one subtraction of prefix sums.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-
 import weakref
+from collections.abc import Iterable, Sequence
 
 import msgspec
 

@@ -10,26 +10,15 @@ from __future__ import annotations
 
 import textwrap
 
-from shardtop.config import format_bytes
 from shardtop.plan.compare import Plan
 from shardtop.plan.memory import when
 from shardtop.plan.verdict import Option
+from shardtop.tui.format import short_bytes
+from shardtop.units import count_words, format_bytes
 
 COLUMNS = ("peak", "params", "grads", "optim", "activ")
 TEXT_WIDTH = 100
 """Verdict sentences wrap here; the table's strategy column may run longer."""
-
-
-def short_bytes(n: int) -> str:
-    """``21.4G``, ``281M``, ``0``: five characters for a table cell."""
-    if n == 0:
-        return "0"
-    size = float(n)
-    for unit in ("B", "K", "M", "G", "T"):
-        if size < 1000 or unit == "T":
-            return f"{size:.3g}{unit}" if unit != "B" else f"{int(size)}B"
-        size /= 1024
-    return f"{size:.3g}T"  # pragma: no cover
 
 
 def _fits_word(o: Option) -> str:
@@ -92,7 +81,7 @@ def verdict_lines(plan: Plan) -> list[str]:
 def render_text(plan: Plan) -> str:
     out = [
         f"Plan for {plan.preset or 'a model'}: {plan.model}",
-        (f"  {plan.params / 1e9:.3g} G parameters, {format_bytes(plan.param_bytes)} as built; "
+        (f"  {count_words(plan.params)} parameters, {format_bytes(plan.param_bytes)} as built; "
          f"batch {plan.batch_size} per rank"),
         f"  {_where(plan)}",
         "",

@@ -9,6 +9,7 @@ from shardtop.plan.cards import Gpu
 from shardtop.plan.memory import TIMELINE, PerRank, when
 from shardtop.plan.options import change_cost
 from shardtop.plan.strategies import Strategy
+from shardtop.units import format_bytes
 
 MAX_DEVICES = 4096
 
@@ -29,8 +30,6 @@ class Option:
 
     @property
     def note(self) -> str:
-        from shardtop.config import format_bytes
-
         where = f"out of memory {when(self.runs_out_at)}" if self.runs_out_at else f"peak at {self.per_rank.peak_phase}"
         return f"{where}: {self.dominant} ({format_bytes(self.dominant_bytes)})"
 
