@@ -135,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.settings = list(args.settings) + list(extra)
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.whole_process = argv is None
     from shardtop.config import ConfigError
     from shardtop.runs import RunError
 
@@ -273,9 +274,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from shardtop.plan.command import run_plan
+    from shardtop.plan.command import leave_now, run_plan
 
     sys.stdout.write(run_plan(args.settings, args.format))
+    if args.whole_process:
+        leave_now(0)
     return 0
 
 

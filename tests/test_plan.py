@@ -227,3 +227,16 @@ def test_a_model_the_plan_has_never_seen_is_planned_within_ten_percent_of_a_real
     planned = per_rank(desc, Strategy(engine="single", optimizer=optimizer), 1, gpu=False)
     assert planned.params == sum(p.numel() * 4 for p in model.parameters())
     assert abs(planned.peak - measured.peak) <= 0.10 * measured.peak, (planned.peak, measured.peak)
+
+
+def test_planning_from_a_description_imports_no_torch() -> None:
+    """A launch prompt replans on each keystroke in the TUI process, which never imports torch."""
+    script = (
+        "import sys\n"
+        "from shardtop.plan import cards, compare, json_plan, options, presets, recipes, render, verdict\n"
+        "print(sorted(n for n in ('torch', 'textual', 'lightning', 'deepspeed') if n in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

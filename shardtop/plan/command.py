@@ -9,7 +9,9 @@ is not limited to the GPUs here).  The plan is for GPUs unless
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,7 +84,8 @@ def read_request(settings: Sequence[str], *, detect_gpu: bool = True) -> PlanReq
     if limit:
         capped = limited(int(limit))
         chosen = capped if chosen is None or capped.usable < chosen.usable else chosen
-    here = local_gpu() if detect_gpu and accelerator == "cuda" else None
+    needs_local = chosen is None or devices is None
+    here = local_gpu() if detect_gpu and accelerator == "cuda" and needs_local else None
     if chosen is None and accelerator == "cuda":
         chosen = here
     if devices is None:
@@ -116,3 +119,16 @@ def run_plan(settings: Sequence[str], output_format: str) -> str:
     from shardtop.plan.render import render_markdown, render_text
 
     return render_markdown(plan) if output_format == "markdown" else render_text(plan)
+
+
+def leave_now(code: int) -> None:
+    """End the process once the plan is printed, without the interpreter's teardown.
+
+    Tracing on the meta device imports ``torch._dynamo`` (torch's Python meta
+    kernels load it), and freeing it all at exit costs about 0.6 s of CPU,
+    more than planning 18 000 layers.  Nothing is left to close: the plan
+    opened no file and started no process.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -28,6 +28,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 Signature = tuple[Any, ...]
 
+_SCALARS = frozenset({int, float, bool, str, type(None)})
+
 _TENSOR = object()
 """The output spec of a call that returned one tensor (no pytree needed)."""
 
@@ -304,8 +306,7 @@ def module_signatures(modules: Sequence[nn.Module], parents: Sequence[int], name
     sig_of_row = [0] * len(modules)
     for i in range(len(modules) - 1, -1, -1):
         m = modules[i]
-        settings = tuple(sorted((k, v) for k, v in vars(m).items()
-                                if isinstance(v, (int, float, bool, str, type(None))) and not k.startswith("_")))
+        settings = tuple((k, v) for k, v in m.__dict__.items() if k[0] != "_" and type(v) in _SCALARS)
         own = tuple((n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in m._parameters.items() if p is not None)
         bufs = tuple((n, tuple(b.shape), b.dtype) for n, b in m._buffers.items() if b is not None)
         sig = (type(m), settings, own, bufs, tuple(reversed(children[i])))
