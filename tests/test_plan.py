@@ -240,3 +240,25 @@ def test_planning_from_a_description_imports_no_torch() -> None:
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_plan_reproduces_story_2_at_4000_layers_as_measured_on_two_h200s() -> None:
+    """DESIGN.md's measurements, 4000 layers on 2 H200s: fixed, capped at 15 GiB, the first Adam step ran
+    out asking for 1.96 GiB with 12.55 GiB allocated; capped at 3.5 GB, set-up ran out in
+    ``_configure_zero_optimizer`` on a 1.96 GiB buffer (the partitions copied into one flat buffer)."""
+    request = read_request(["zero3-linear-fixed", "model.n_layers=4000", "devices=2", "gpu_mem_limit=15GiB"],
+                           detect_gpu=False)
+    plan = plan_config(request.config, devices=2, accelerator="cuda", gpu=request.gpu)
+    asked = plan.asked
+    assert asked.fits is False and asked.runs_out_at == "optimizer step"
+    step = asked.per_rank.phases[3]
+    assert abs(step - (12.55 + 1.96) * GiB) <= 0.01 * step
+    assert abs(asked.per_rank.step_temporary / 2 - 1.96 * GiB) <= 0.01 * 1.96 * GiB  # the asked-for sqrt(exp_avg_sq)
+
+    small = read_request(["zero3-linear-fixed", "model.n_layers=4000", "devices=2", "gpu_mem_limit=3.5GB"],
+                         detect_gpu=False)
+    plan = plan_config(small.config, devices=2, accelerator="cuda", gpu=small.gpu)
+    assert plan.asked.runs_out_at == "set-up"
+    partitions = plan.asked.per_rank.params
+    assert abs(partitions - 1.96 * GiB) <= 0.01 * partitions
+    assert small.gpu is not None and partitions < small.gpu.usable < 2 * partitions  # built, then the flat copy
