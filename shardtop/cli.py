@@ -26,6 +26,7 @@ a running FSDP or DeepSpeed engine, and why a rank ran out of memory.
   shardtop attach [RUN]                     watch a run (the newest by default)
   shardtop runs                             list runs and their status
   shardtop report RUN --format markdown     the post-mortem, for a bug report
+  shardtop plan zero3-linear devices=6 gpu=16GiB   will it fit? memory per rank, before launching
   shardtop stop RUN                         stop a run's processes
   shardtop presets                          the presets, one line each
 
@@ -133,6 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=float, default=10.0, metavar="SECONDS")
 
     sub.add_parser("presets", parents=[common], help="list the presets")
+
+    p = sub.add_parser("plan", parents=[common], help="will it fit? memory per rank, planned before launching",
+                       description="Plan a preset's memory per rank before launching it: the model is built on the "
+                                   "meta device, so nothing is allocated and no GPU is needed.")
+    p.add_argument("settings", nargs="*", metavar="PRESET key=value",
+                   help="the preset and overrides, plus devices=N and gpu=SIZE|CARD (e.g. gpu=16GiB, gpu=A100-80GB)")
+    p.add_argument("--format", choices=("text", "markdown", "json"), default="text")
     return parser
 
 
@@ -140,10 +148,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:
-        if args.command == "launch" and not any(e.startswith("-") for e in extra):
+        if args.command in ("launch", "plan") and not any(e.startswith("-") for e in extra):
             args.settings = list(args.settings) + list(extra)
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.whole_process = argv is None
     from shardtop.config import ConfigError
     from shardtop.runs import RunError
 
@@ -292,6 +301,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from shardtop.plan.command import leave_now, run_plan
+
+    sys.stdout.write(run_plan(args.settings, args.format))
+    if args.whole_process:
+        leave_now(0)
+    return 0
+
+
 COMMANDS = {
     "presets": cmd_presets,
     "launch": cmd_launch,
@@ -300,4 +318,5 @@ COMMANDS = {
     "runs": cmd_runs,
     "stop": cmd_stop,
     "report": cmd_report,
+    "plan": cmd_plan,
 }

@@ -1,0 +1,71 @@
+"""A ``Plan``: the asked strategy and its alternatives, per rank, judged against a GPU.
+
+``make_plan`` is pure and torch-free: given a ``ModelDescription`` (made once
+per model, see ``presets.describe_preset``) it costs a few milliseconds, so a
+launch prompt may call it on every keystroke.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardtop.plan.cards import Gpu
+from shardtop.plan.description import ModelDescription
+from shardtop.plan.memory import PerRank, per_rank
+from shardtop.plan.options import alternatives
+from shardtop.plan.strategies import Strategy
+from shardtop.plan.verdict import Option, Verdict, judge, option
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything ``shardtop plan`` prints, immutable."""
+
+    model: str
+    params: int
+    param_bytes: int
+    batch_size: int
+    devices: int
+    accelerator: str
+    """cuda: planned for GPUs; cpu: for CPU processes (no GPU to fit)."""
+    gpu: Gpu | None
+    options: tuple[Option, ...]
+    """The asked strategy first."""
+    verdict: Verdict
+    preset: str | None = None
+    build_note: str = ""
+
+    @property
+    def asked(self) -> Option:
+        return self.options[0]
+
+
+def make_plan(
+    desc: ModelDescription,
+    asked: Strategy,
+    *,
+    devices: int,
+    gpu: Gpu | None,
+    accelerator: str = "cuda",
+    preset: str | None = None,
+) -> Plan:
+    """Plan ``asked`` and the alternatives that matter for ``desc`` on ``devices`` ranks."""
+    on_gpu = accelerator == "cuda"
+    options = tuple(option(s, per_rank(desc, s, devices, gpu=on_gpu), gpu) for s in alternatives(asked, devices))
+
+    def replan(n: int, batch_scale: float) -> PerRank:
+        return per_rank(desc, asked, n, gpu=on_gpu, batch_scale=batch_scale)
+
+    return Plan(
+        model=desc.name,
+        params=desc.params,
+        param_bytes=desc.param_bytes,
+        batch_size=desc.batch_size,
+        devices=devices,
+        accelerator=accelerator,
+        gpu=gpu,
+        options=options,
+        verdict=judge(options, gpu, devices, desc.batch_size, replan),
+        preset=preset,
+        build_note=asked.build_note,
+    )

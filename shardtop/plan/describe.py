@@ -1,0 +1,138 @@
+"""A ``ModelDescription`` from a model built on the meta device (torch side).
+
+``describe_model`` walks the modules once (pre-order, like the probe's tree),
+sums parameters per module, finds the repeated blocks an auto-wrap policy
+would wrap, and counts one forward pass's saved activations
+(``profile.py``).  Nothing is allocated: every tensor is on the meta device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from shardtop.plan.description import ModelDescription
+from shardtop.plan.meta import gc_paused
+from shardtop.plan.profile import module_signatures, saved_activations
+
+ZERO3_PERSISTENCE_THRESHOLD = 100_000
+"""DeepSpeed's ``stage3_param_persistence_threshold`` default: smaller parameters stay whole on every rank."""
+
+CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def describe_model(
+    model: nn.Module,
+    forward_loss: Callable[[nn.Module], torch.Tensor],
+    *,
+    name: str,
+    batch_size: int,
+    input_bytes: int,
+) -> ModelDescription:
+    """Everything a plan needs to know about ``model`` (built on the meta device)."""
+    with gc_paused():
+        modules, names, parents, end = _walk(model)
+        numel, small, largest = _own_params(modules)
+        signatures = module_signatures(modules, parents, names)
+        saved = saved_activations(model, modules, end, signatures, forward_loss)
+    params = next((p for m in modules for p in m._parameters.values() if p is not None), None)
+    buffers = sum(b.numel() * b.element_size() for m in modules for b in m._buffers.values() if b is not None)
+    return ModelDescription(
+        name=name,
+        names=names,
+        parents=parents,
+        end=end,
+        types=[type(m).__name__ for m in modules],
+        numel_upto=_running(numel),
+        small_upto=_running(small),
+        small_threshold=ZERO3_PERSISTENCE_THRESHOLD,
+        largest_param=largest,
+        dtype_bytes=params.element_size() if params is not None else 4,
+        buffer_bytes=buffers,
+        repeated_blocks=repeated_blocks(modules, parents, end, numel),
+        saved_float_upto=_running(saved.saved_float),
+        saved_other_upto=_running(saved.saved_other),
+        largest_output=saved.largest_output,
+        input_bytes=input_bytes,
+        batch_size=batch_size,
+    )
+
+
+def _walk(model: nn.Module) -> tuple[list[nn.Module], list[str], list[int], list[int]]:
+    """Modules in pre-order (each once), their names, parents and subtree ends."""
+    modules: list[nn.Module] = []
+    names: list[str] = []
+    parents: list[int] = []
+    seen: set[int] = set()
+    stack: list[tuple[nn.Module, str, int]] = [(model, "", -1)]
+    while stack:
+        module, name, parent = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        row = len(modules)
+        modules.append(module)
+        names.append(name)
+        parents.append(parent)
+        kids = [(child, child_name, row) for child_name, child in module._modules.items() if child is not None]
+        stack.extend(reversed(kids))
+    end = list(range(1, len(modules) + 1))
+    for row in range(len(modules) - 1, 0, -1):
+        p = parents[row]
+        end[p] = max(end[p], end[row])
+    return modules, names, parents, end
+
+
+def _own_params(modules: Sequence[nn.Module]) -> tuple[list[int], list[int], int]:
+    """Per module: elements of its own parameters, those in small parameters; the largest parameter."""
+    seen: set[int] = set()
+    numel, small = [0] * len(modules), [0] * len(modules)
+    largest = 0
+    for row, m in enumerate(modules):
+        for p in m._parameters.values():
+            if p is None or id(p) in seen:
+                continue
+            seen.add(id(p))
+            n = p.numel()
+            numel[row] += n
+            if n < ZERO3_PERSISTENCE_THRESHOLD:
+                small[row] += n
+            largest = max(largest, n)
+    return numel, small, largest
+
+
+def repeated_blocks(modules: Sequence[nn.Module], parents: Sequence[int], end: Sequence[int], numel: Sequence[int]) -> list[int]:
+    """The rows a type-based auto-wrap policy would wrap: the repeated block of the model.
+
+    Of the module types (containers aside) with two or more instances that
+    together hold at least half of the parameters, the one with the fewest
+    (so the largest) instances; nested instances count once, at the outermost.
+    """
+    upto = _running(numel)
+    total = upto[-1]
+    by_type: dict[type, list[int]] = {}
+    for row, m in enumerate(modules):
+        if row > 0 and not isinstance(m, CONTAINERS):
+            by_type.setdefault(type(m), []).append(row)
+    best: list[int] = []
+    for rows in by_type.values():
+        outermost, covered_to = [], -1
+        for r in rows:
+            if r >= covered_to:
+                outermost.append(r)
+                covered_to = end[r]
+        held = sum(upto[end[r]] - upto[r] for r in outermost)
+        if len(outermost) >= 2 and total and held * 2 >= total and (not best or len(outermost) < len(best)):
+            best = outermost
+    return best
+
+
+def _running(values: Sequence[int]) -> list[int]:
+    out = [0] * (len(values) + 1)
+    total = 0
+    for i, v in enumerate(values):
+        total += v
+        out[i + 1] = total
+    return out

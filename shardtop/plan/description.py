@@ -1,0 +1,135 @@
+"""What a plan knows about a model: its module tree, its parameters, its activations.
+
+Torch-free on purpose: a description is made once per model (on the meta
+device, in ``describe.py``) and then every plan of every strategy is plain
+arithmetic on it, cheap enough to redo on each keystroke of a launch prompt.
+It is a msgspec struct, so it can also be cached or handed over as JSON.
+
+Rows are the model's modules in pre-order (a parent before its children), as
+in the ``Tree`` event: the subtree of row ``r`` is rows ``r .. end[r] - 1``,
+so a sum over any subtree is one subtraction of prefix sums.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+
+class ModelDescription(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
+    """A model's structure, parameter sizes and one forward pass's saved activations.
+
+    Per-row quantities are stored as running totals over the rows (``*_upto``,
+    one longer than the rows): the sum over the subtree of ``r`` is
+    ``upto[end[r]] - upto[r]``, and a row's own value ``upto[r + 1] - upto[r]``.
+    """
+
+    name: str
+    """What was built, e.g. ``SequentialLinear(n_layers=18000, width=512)``."""
+    names: list[str]
+    """Last path segment of each row; the root's is ``""``."""
+    parents: list[int]
+    end: list[int]
+    """One past the last row of each row's subtree."""
+    types: list[str]
+    numel_upto: list[int]
+    """Running total of the elements of each module's *own* parameters."""
+    small_upto: list[int]
+    """Running total of the elements in parameters smaller than ``small_threshold`` elements each."""
+    small_threshold: int
+    largest_param: int
+    """Elements of the largest single parameter."""
+    dtype_bytes: int
+    """Bytes per element of the parameters as built (4 for fp32)."""
+    buffer_bytes: int
+    """Buffers (BatchNorm statistics and the like), whole on every rank."""
+    repeated_blocks: list[int]
+    """Rows of the repeated siblings a type-based auto-wrap policy would make units."""
+    saved_float_upto: list[int]
+    """Running total of the floating-point elements each row's module saved for backward in one forward."""
+    saved_other_upto: list[int]
+    """Running total of the bytes of non-floating saved tensors (indices, masks)."""
+    largest_output: int
+    """Elements of the largest tensor a module returned: the transient of forward and backward."""
+    input_bytes: int
+    """Bytes of one batch as it reaches the model."""
+    batch_size: int
+
+    @property
+    def rows(self) -> int:
+        return len(self.names)
+
+    @property
+    def params(self) -> int:
+        return self.numel_upto[-1]
+
+    @property
+    def param_bytes(self) -> int:
+        return self.params * self.dtype_bytes
+
+    def subtree(self, upto: Sequence[int], row: int) -> int:
+        """Sum over the subtree of ``row`` of a running-total field (e.g. ``self.numel_upto``)."""
+        return upto[self.end[row]] - upto[row]
+
+    def units(self, upto: Sequence[int], roots: Iterable[int]) -> dict[int, int]:
+        """A running-total field summed per unit: each root's subtree minus the units nested in it.
+
+        Kept per description, field and units: a plan asks the same question many times over.
+        """
+        roots = tuple(roots)
+        key = (id(self), id(upto), roots)
+        found = _UNITS.get(key)
+        if found is None:
+            if not any(k[0] == id(self) for k in _UNITS):
+                weakref.finalize(self, _forget, id(self))
+            found = _UNITS[key] = self._units(upto, roots)
+        return found
+
+    def _units(self, upto: Sequence[int], roots: tuple[int, ...]) -> dict[int, int]:
+        ordered = sorted(set(roots))
+        members = frozenset(ordered)
+        totals = {r: self.subtree(upto, r) for r in ordered}
+        for r in ordered:
+            p = self.parents[r]
+            while p >= 0 and p not in members:
+                p = self.parents[p]
+            if p >= 0:
+                totals[p] -= self.subtree(upto, r)
+        return totals
+
+    def outside(self, upto: Sequence[int], roots: Iterable[int]) -> int:
+        """A running-total field summed over the rows in no unit of ``roots``."""
+        return upto[-1] - sum(self.units(upto, roots).values())
+
+    def path(self, row: int) -> str:
+        parts: list[str] = []
+        while row > 0:
+            parts.append(self.names[row])
+            row = self.parents[row]
+        return ".".join(reversed(parts))
+
+    def row_of(self, path: str) -> int | None:
+        """The row of a dotted module path, or None."""
+        row = 0
+        for part in filter(None, path.split(".")):
+            child, found = row + 1, None
+            while child < self.end[row]:
+                if self.names[child] == part:
+                    found = child
+                    break
+                child = self.end[child]
+            if found is None:
+                return None
+            row = found
+        return row
+
+
+_UNITS: dict[tuple[int, int, tuple[int, ...]], dict[int, int]] = {}
+"""``ModelDescription.units`` answers, by (description, field, roots); dropped with the description."""
+
+
+def _forget(desc_id: int) -> None:
+    for key in [k for k in _UNITS if k[0] == desc_id]:
+        del _UNITS[key]

@@ -1,0 +1,339 @@
+"""Bytes per rank for a strategy: one model of memory for every model.
+
+For each engine the same few facts decide everything: how many of the
+parameters a rank stores and in which dtype, the same for gradients and for
+the optimizer's state (fp32 master copies included), which whole copies the
+engine gathers for a moment, which buffers it allocates for itself, and how
+the model reached the device.  A training step then peaks in one of four
+phases:
+
+- set-up: building the model and handing it to the engine;
+- forward: what persists, plus the units gathered now, plus the activations
+  saved so far (and last step's gradients, when the loop keeps them);
+- backward: activations are freed as gradients arrive, so it is the larger of
+  the two, plus the gradients of the unit being reduced;
+- optimizer step: gradients, state (created at the first step) and the step's
+  own temporaries.
+
+The first forward and backward come before the optimizer has any state (a
+torch optimizer creates it at the first step; ZeRO has only its fp32 master
+copy by then), so a run can pass them and fail at the first step: ``timeline``
+keeps the phases in the order a run meets them, for "where does it run out".
+
+The numbers come from the engines' code (torch 2.4-2.14, DeepSpeed 0.15-0.19,
+Lightning 2.4-2.6); none is fitted to a measurement.  Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from shardtop.plan.description import ModelDescription
+from shardtop.plan.strategies import Strategy
+
+CUDA_WORKSPACES = 2 * 32 * 2**20
+"""cuBLAS workspaces, allocated through PyTorch's allocator: one for the forward thread and one
+for autograd's backward thread, 32 MiB each (PyTorch's default on Hopper and newer; 8 MiB before)."""
+
+PHASES = ("set-up", "forward", "backward", "optimizer step")
+TIMELINE = ("set-up", "forward", "backward", "optimizer step", "next forward", "next backward")
+_IN_WORDS = {
+    "set-up": "at set-up",
+    "forward": "in the first forward pass",
+    "backward": "in the first backward pass",
+    "optimizer step": "at the first optimizer step",
+    "next forward": "in the second step's forward pass",
+    "next backward": "in the second step's backward pass",
+}
+
+
+def when(phase: str) -> str:
+    """``at set-up``, ``in the first backward pass``...: a phase of ``TIMELINE`` in a sentence."""
+    return _IN_WORDS.get(phase, f"at {phase}")
+
+
+@dataclass(frozen=True)
+class PerRank:
+    """What one rank holds on its device, in bytes."""
+
+    params: int
+    grads: int
+    optimizer: int
+    """Optimizer state, fp32 master copies included."""
+    activations: int
+    """Saved for backward at the end of forward, at the configured batch."""
+    gathered: int
+    """Largest whole (unsharded) parameters held at one moment of forward or backward."""
+    buffers: int
+    """The engine's own buffers: DDP gradient buckets, ZeRO reduce buckets."""
+    host: int
+    """Moved to CPU memory by an offload policy (not counted in the peak)."""
+    step_temporary: int
+    """What the optimizer step allocates for itself (copies of gradients, intermediate results)."""
+    unit_grads: int
+    """Whole gradients of the unit being reduced in backward, before they are sharded or offloaded."""
+    phases: tuple[int, int, int, int]
+    """Peak of set-up, forward, backward and optimizer step (forward and backward: from the second step on)."""
+    timeline: tuple[int, int, int, int, int, int]
+    """Peaks in the order a run meets them: ``TIMELINE``."""
+
+    @property
+    def peak(self) -> int:
+        return max(self.phases)
+
+    @property
+    def peak_phase(self) -> str:
+        return PHASES[self.phases.index(self.peak)]
+
+    @property
+    def setup(self) -> int:
+        return self.phases[0]
+
+
+@dataclass(frozen=True)
+class _Held:
+    """One engine's holdings before the phases are added up."""
+
+    params: int
+    grads: int
+    optimizer: int
+    optimizer_before_step: int = 0
+    """Optimizer memory that exists before the first step (ZeRO's fp32 master copy)."""
+    buffers: int = 0
+    host: int = 0
+    gathered_forward: int = 0
+    gathered_backward: int = 0
+    grads_persist: bool = False
+    """Gradients live in buffers the engine allocated once (ZeRO-2/3), not in ``param.grad``."""
+    backward_transient: int = 0
+    """The whole gradients of the unit being reduced."""
+    step_temporary: int = 0
+    setup: int = 0
+
+
+def per_rank(desc: ModelDescription, s: Strategy, devices: int, *, gpu: bool, batch_scale: float = 1.0) -> PerRank:
+    """Bytes on one rank's device when ``desc`` runs under ``s`` on ``devices`` ranks.
+
+    ``batch_scale`` plans another batch size: activations scale with it.
+    """
+    if s.engine == "manual":
+        return _manual(desc, s, gpu=gpu, batch_scale=batch_scale)
+    held = _ENGINES[s.engine](desc, s, max(1, devices), gpu)
+    return _phases(desc, s, held, int(_activations(desc, s) * batch_scale), gpu=gpu, batch_scale=batch_scale)
+
+
+def _activations(desc: ModelDescription, s: Strategy, rows: tuple[int, ...] | None = None) -> int:
+    """Saved activations at the strategy's precision; ``rows``: only those subtrees (manual placement)."""
+    b = desc.dtype_bytes
+    if rows is None:
+        floats = desc.saved_float_upto[-1]
+        other = desc.saved_other_upto[-1] + desc.input_bytes
+    else:
+        floats = sum(desc.subtree(desc.saved_float_upto, r) for r in rows)
+        other = sum(desc.subtree(desc.saved_other_upto, r) for r in rows)
+    if not s.half:
+        return floats * b + other
+    if s.half_in_units_only:
+        units = s.units or tuple(desc.repeated_blocks)
+        half = sum(desc.units(desc.saved_float_upto, units).values())
+        return half * 2 + (floats - half) * b + other
+    return floats * 2 + other
+
+
+def _transient(desc: ModelDescription, s: Strategy) -> int:
+    """The largest module output (and, in backward, its gradient) at compute precision."""
+    return desc.largest_output * (2 if s.half and not s.half_in_units_only else desc.dtype_bytes)
+
+
+def _phases(
+    desc: ModelDescription, s: Strategy, held: _Held, activations: int, *, gpu: bool, batch_scale: float = 1.0
+) -> PerRank:
+    workspace = CUDA_WORKSPACES if gpu else 0
+    transient = int(_transient(desc, s) * batch_scale)
+    persistent_grads = held.grads if held.grads_persist else 0
+    first = held.params + held.optimizer_before_step + held.buffers + workspace + persistent_grads
+    base = held.params + held.optimizer + held.buffers + workspace + persistent_grads
+    grads_forward = held.grads if s.grads_kept_through_forward and not held.grads_persist else 0
+    autocast_copies = held.params // desc.dtype_bytes * 2 if s.half and s.engine in ("single", "ddp") else 0
+    forward = held.gathered_forward + autocast_copies + activations + transient
+    growing = 0 if held.grads_persist else held.grads
+    backward = held.gathered_backward + max(activations, growing) + held.backward_transient + 2 * transient
+    step = base + (0 if held.grads_persist else held.grads) + held.step_temporary
+    timeline = (held.setup, first + forward, first + backward, step, base + grads_forward + forward, base + backward)
+    return PerRank(
+        params=held.params,
+        grads=held.grads,
+        optimizer=held.optimizer,
+        activations=activations,
+        gathered=max(held.gathered_forward, held.gathered_backward),
+        buffers=held.buffers,
+        host=held.host,
+        step_temporary=held.step_temporary,
+        unit_grads=held.backward_transient,
+        phases=(held.setup, timeline[4], timeline[5], step),
+        timeline=timeline,
+    )
+
+
+def _step_temporary(s: Strategy, local_numel: int, largest: int, gpu: bool) -> int:
+    """fp32 bytes a torch optimizer step allocates: foreach (GPU default) over all, a loop (CPU) per tensor."""
+    return int(s.optimizer.step_temporary * (local_numel if gpu else largest) * 4)
+
+
+def _single(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> _Held:
+    b, psi = desc.dtype_bytes, desc.params
+    return _Held(
+        params=psi * b,
+        grads=psi * b,
+        optimizer=psi * s.optimizer.state_bytes,
+        step_temporary=_step_temporary(s, psi, desc.largest_param, gpu),
+        setup=psi * b,
+    )
+
+
+def _ddp(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> _Held:
+    """Whole everywhere, plus gradient buckets as large as the gradients (``gradient_as_bucket_view=False``)."""
+    one = _single(desc, s, n, gpu)
+    return replace(one, buffers=one.grads, setup=one.setup + one.grads)
+
+
+def _zero(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> _Held:
+    """DeepSpeed ZeRO 1, 2 and 3.
+
+    Parameters are stored in the compute dtype (DeepSpeed casts the model for
+    fp16/bf16); the optimizer keeps an fp32 master copy of its partition even
+    in fp32 (a clone), plus its state.  Gradients: ZeRO-1 whole, ZeRO-2/3 a
+    partition in a buffer allocated once.  Reduce buckets of
+    ``reduce_bucket_size`` elements (two with ``overlap_comm`` in ZeRO-1/2).
+    ZeRO-3 keeps parameters under the persistence threshold whole, gathers up
+    to ``prefetch_bucket_size`` elements ahead, and at set-up copies the
+    partitions into one flat buffer (twice the partitions for a moment).
+    """
+    stage = int(s.engine[-1])
+    psi = desc.params
+    pb = 2 if s.half else desc.dtype_bytes
+    part = -(-psi // n)
+    small = desc.small_upto[-1] if stage == 3 else 0
+    states = part * (4 + s.optimizer.state_bytes)
+    overlap = s.zero.overlap_comm if s.zero.overlap_comm is not None else stage == 3
+    buckets = s.zero.reduce_bucket_size * pb * (2 if overlap and stage < 3 else 1)
+    if stage == 3:
+        params = (0 if s.offload_params else part * pb) + small * pb
+    else:
+        params = psi * pb
+    grads = psi * pb if stage == 1 else part * pb
+    if s.offload_optimizer and stage > 1:
+        grads = 0
+    optimizer = 0 if s.offload_optimizer else states
+    host = (states if s.offload_optimizer else 0) + (part * pb if s.offload_params and stage == 3 else 0)
+    gathered = min(psi, s.zero.prefetch_bucket_size + desc.largest_param) * pb if stage == 3 else 0
+    step_temporary = 0 if s.offload_optimizer else part * 4 + _step_temporary(s, part, part, gpu)
+    if stage == 3:
+        building = psi * pb if s.built_whole else part * pb + desc.largest_param * pb
+        lp = 0 if s.offload_params else part * pb
+        engine_setup = max(2 * lp, lp + small * pb + (0 if s.offload_optimizer else 2 * part * 4))
+    else:
+        building = psi * pb
+        engine_setup = 2 * psi * pb
+    return _Held(
+        params=params,
+        grads=grads,
+        optimizer=optimizer,
+        optimizer_before_step=0 if s.offload_optimizer else part * 4,
+        buffers=buckets,
+        host=host,
+        gathered_forward=gathered,
+        gathered_backward=gathered,
+        grads_persist=stage > 1,
+        step_temporary=step_temporary,
+        setup=max(building, engine_setup),
+    )
+
+
+def _fsdp(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> _Held:
+    """FSDP1 (flat parameters per unit) and FSDP2 (per-parameter shards), one model.
+
+    Each unit is sharded over ``S`` ranks (all of them, a node for
+    HYBRID_SHARD, one for NO_SHARD); parameters in no unit stay whole.  In
+    forward the root unit and the unit running are whole, in backward the
+    next unit is prefetched too; SHARD_GRAD_OP keeps every unit whole
+    between forward and backward.  Mixed precision keeps fp32 shards and
+    gathers half-precision copies.  CPU offload keeps shards, gradients and
+    the optimizer step in host memory.
+    """
+    b = desc.dtype_bytes
+    h = 2 if s.half else b
+    units = s.units or tuple(desc.repeated_blocks)
+    sizes = desc.units(desc.numel_upto, units)
+    rest = desc.outside(desc.numel_upto, units)
+    root = rest if s.root_wrapped else 0
+    unmanaged = 0 if s.root_wrapped else rest
+    sharded = sum(sizes.values()) + root
+    shard = {"NO_SHARD": 1, "HYBRID_SHARD": min(n, s.node_size)}.get(s.sharding, n)
+    if s.engine == "fsdp1" and n == 1:
+        shard = 1
+    local = -(-sharded // shard)
+    biggest = max(sizes.values(), default=0)
+    k = s.optimizer.state_bytes
+    on_device = 0 if s.offload_params else local
+    copies = s.engine == "fsdp2" or shard > 1 or s.half or s.offload_params
+    if not copies:
+        gathered_forward = gathered_backward = 0
+    elif s.sharding == "SHARD_GRAD_OP":
+        gathered_forward = gathered_backward = sharded * h
+    else:
+        gathered_forward = (root + biggest) * h
+        gathered_backward = (root + 2 * biggest) * h
+    if s.engine == "fsdp2":
+        unit_grads = 2 * biggest * h
+    else:
+        unit_grads = biggest * h + (-(-biggest // shard) * b if s.half else 0)
+    return _Held(
+        params=(on_device + unmanaged) * b,
+        grads=(on_device + unmanaged) * b,
+        optimizer=(on_device + unmanaged) * k,
+        host=(local * (2 * b + k)) if s.offload_params else 0,
+        gathered_forward=gathered_forward,
+        gathered_backward=gathered_backward,
+        backward_transient=unit_grads,
+        step_temporary=_step_temporary(s, on_device + unmanaged, desc.largest_param, gpu),
+        setup=desc.params * b if s.built_whole else (on_device + unmanaged) * b + 2 * biggest * b,
+    )
+
+
+def _manual(desc: ModelDescription, s: Strategy, *, gpu: bool, batch_scale: float) -> PerRank:
+    """One process, parts of the model on different devices: the most loaded accelerator (or the CPU)."""
+    by_device: dict[str, tuple[int, ...]] = {}
+    for device, rows in s.placement:
+        if gpu and not device.startswith("cuda"):
+            continue
+        by_device[device] = by_device.get(device, ()) + tuple(rows)
+    best: PerRank | None = None
+    for rows in by_device.values():
+        numel = sum(desc.subtree(desc.numel_upto, r) for r in rows)
+        b = desc.dtype_bytes
+        held = _Held(
+            params=numel * b,
+            grads=numel * b,
+            optimizer=numel * s.optimizer.state_bytes,
+            step_temporary=_step_temporary(s, numel, desc.largest_param, gpu),
+            setup=numel * b,
+        )
+        activations = int(_activations(desc, s, rows) * batch_scale)
+        part = _phases(desc, s, held, activations, gpu=gpu, batch_scale=batch_scale)
+        if best is None or part.peak > best.peak:
+            best = part
+    if best is None:
+        return per_rank(desc, s.with_(engine="single"), 1, gpu=gpu, batch_scale=batch_scale)
+    return best
+
+
+_ENGINES = {
+    "single": _single,
+    "ddp": _ddp,
+    "zero1": _zero,
+    "zero2": _zero,
+    "zero3": _zero,
+    "fsdp1": _fsdp,
+    "fsdp2": _fsdp,
+}

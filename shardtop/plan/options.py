@@ -1,0 +1,71 @@
+"""Which strategies a plan shows next to the one asked, and what each change costs.
+
+The alternatives that matter for memory: the asked strategy with the model
+built where the engine can split it as it is made, at the other precision,
+and every engine's usual settings (DDP; ZeRO-1/2/3, with optimizer and
+parameter offload; FSDP FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, CPU offload;
+FSDP2) with the same optimizer, precision and loop.  Torch-free.
+"""
+
+from __future__ import annotations
+
+from shardtop.plan.strategies import LIGHTNING_ZERO, Strategy, ZeroSettings
+
+
+def alternatives(asked: Strategy, devices: int) -> list[Strategy]:
+    """The asked strategy first, then the alternatives, each label once."""
+    precision = asked.precision
+    zero = asked.zero if asked.engine.startswith("zero") else (
+        LIGHTNING_ZERO if asked.driver == "lightning" else ZeroSettings())
+    common = Strategy(engine="ddp", precision=precision, optimizer=asked.optimizer, driver=asked.driver,
+                      zero=zero, node_size=asked.node_size)
+    out = [asked]
+    if asked.built_whole:
+        out.append(asked.with_(built_whole=False, build_note=""))
+    if asked.engine != "manual":
+        other = "bf16-mixed" if precision == "fp32" else "fp32"
+        out.append(asked.with_(precision=other, half_in_units_only=False, built_whole=False, build_note=""))
+    fsdp: dict[str, object] = {"units": (), "root_wrapped": True}
+    out += [
+        common.with_(engine="ddp"),
+        common.with_(engine="zero1"),
+        common.with_(engine="zero2"),
+        common.with_(engine="zero2", offload_optimizer=True),
+        common.with_(engine="zero3"),
+        common.with_(engine="zero3", offload_optimizer=True),
+        common.with_(engine="zero3", offload_optimizer=True, offload_params=True),
+        common.with_(engine="fsdp1", sharding="FULL_SHARD", **fsdp),
+        common.with_(engine="fsdp1", sharding="SHARD_GRAD_OP", **fsdp),
+        common.with_(engine="fsdp1", sharding="FULL_SHARD", offload_params=True, **fsdp),
+        common.with_(engine="fsdp2", sharding="FULL_SHARD", **fsdp),
+    ]
+    if devices > asked.node_size:
+        out.append(common.with_(engine="fsdp1", sharding="HYBRID_SHARD", **fsdp))
+    seen: set[str] = set()
+    unique = []
+    for s in out:
+        if s.label not in seen:
+            seen.add(s.label)
+            unique.append(s)
+    return unique
+
+
+def change_cost(asked: Strategy, other: Strategy) -> int:
+    """How much a user gives up to switch from ``asked`` to ``other``: 0 (nothing) to 5.
+
+    Building the model where the engine partitions it costs nothing at run
+    time; a precision change costs accuracy checks; another engine costs a
+    code change; offloading the optimizer slows each step; offloading the
+    parameters slows it most.
+    """
+    if other.offload_params and not asked.offload_params:
+        return 5
+    if other.offload_optimizer and not asked.offload_optimizer:
+        return 4
+    if other.engine != asked.engine or other.sharding != asked.sharding:
+        return 3
+    if other.precision != asked.precision:
+        return 2
+    if asked.built_whole and not other.built_whole:
+        return 0
+    return 1

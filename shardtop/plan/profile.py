@@ -1,0 +1,316 @@
+"""Saved activations of one forward pass on the meta device, per module.
+
+What a training step keeps between forward and backward is what autograd
+saves: ``torch.autograd.graph.saved_tensors_hooks`` sees every such tensor.
+Each is counted once per storage (a view saved twice is one allocation) and
+attributed to the innermost module running when it was saved; parameters and
+their views are not activations and are not counted.
+
+Meta kernels run in Python (about 0.5 ms per ``addmm``), so a forward over
+18 000 layers would take seconds.  Modules that are built alike (same type,
+same settings, same parameter shapes, same children) and called alike (same
+input shapes and dtypes) save alike: the first call of each kind runs and is
+recorded, the others replay the record - the same counts at their own rows,
+outputs of the recorded shapes - without running any kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+Signature = tuple[Any, ...]
+
+_SCALARS = frozenset({int, float, bool, str, type(None)})
+
+_TENSOR = object()
+"""The output spec of a call that returned one tensor (no pytree needed)."""
+
+
+@dataclass(frozen=True)
+class SavedCounts:
+    """Per row: floating elements and other bytes saved for backward; the largest output."""
+
+    saved_float: list[int]
+    saved_other: list[int]
+    largest_output: int
+
+
+@dataclass(frozen=True)
+class _Saved:
+    """One saved storage during a recorded call, relative to the call's module row."""
+
+    offset: int
+    kind: str
+    """new (allocated inside the call), in (an input's storage), out (an output's storage)."""
+    index: int
+    """Which input or output (flattened), for ``in`` and ``out``."""
+    floating: bool
+    amount: int
+    """Elements if floating, else bytes; for ``new`` only."""
+
+
+@dataclass(frozen=True)
+class _Record:
+    spec: Any
+    leaves: tuple[Any, ...]
+    """Per output leaf: ("tensor", shape, dtype, requires_grad), ("input", index) or ("value", v)."""
+    saved: tuple[_Saved, ...]
+    largest_output: int
+
+
+@dataclass
+class _Recording:
+    row: int
+    inputs: dict[int, int]
+    """Storage id -> flattened input index."""
+    events: list[tuple[int, int | None, bool, int]] = field(default_factory=list)
+    """(row, storage id or None for a replayed allocation, floating, amount)."""
+    inputs_saved: set[int] = field(default_factory=set)
+
+
+class _Profiler:
+    def __init__(self, rows: dict[int, int], repeated: set[int], signatures: dict[int, int], ends: Sequence[int]) -> None:
+        n = len(ends)
+        self.rows = rows
+        self.repeated = repeated
+        self.signatures = signatures
+        self.ends = ends
+        self.saved_float = [0] * n
+        self.saved_other = [0] * n
+        self.largest_output = 0
+        self.counted: set[int] = set()
+        self.keep: list[torch.Tensor] = []
+        self.stack: list[int] = [0]
+        self.recordings: list[_Recording] = []
+        self.memo: dict[Signature, _Record | None] = {}
+
+    # -- counting -------------------------------------------------------------
+
+    def _add(self, row: int, sid: int | None, floating: bool, amount: int) -> None:
+        if floating:
+            self.saved_float[row] += amount
+        else:
+            self.saved_other[row] += amount
+        for rec in self.recordings:
+            if sid is None or sid not in rec.inputs:
+                rec.events.append((row, sid, floating, amount))
+
+    def _count_tensor(self, row: int, t: torch.Tensor) -> None:
+        """Count a saved tensor's storage once; tell every recording whose input it is, counted or not.
+
+        An input saved by a recorded call may already be counted where it was
+        recorded (saved earlier by the caller) and not where it is replayed,
+        so the record keeps the fact and each replay decides afresh.
+        """
+        storage = t.untyped_storage()
+        sid = id(storage)
+        floating = t.is_floating_point()
+        for rec in self.recordings:
+            if sid in rec.inputs and sid not in rec.inputs_saved:
+                rec.inputs_saved.add(sid)
+                rec.events.append((row, sid, floating, 0))
+        if sid in self.counted:
+            return
+        self.counted.add(sid)
+        self.keep.append(t)
+        nbytes = storage.nbytes()
+        self._add(row, sid, floating, nbytes // t.element_size() if floating else nbytes)
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        self._count_tensor(self.stack[-1], t)
+        return t
+
+    # -- module calls -----------------------------------------------------------
+
+    def call(self, original: Callable[..., Any], module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        row = self.rows.get(id(module))
+        if row is None:
+            return original(module, *args, **kwargs)
+        flat = list(args) if not kwargs and all(isinstance(a, torch.Tensor) for a in args) else tree_flatten((args, kwargs))[0]
+        key = self._key(module, flat) if id(module) in self.repeated else None
+        if key is not None:
+            record = self.memo.get(key)
+            if record is not None:
+                return self._replay(record, row, flat)
+        recording = None
+        if key is not None:
+            recording = _Recording(row, {id(t.untyped_storage()): i for i, t in enumerate(flat) if isinstance(t, torch.Tensor)})
+            self.recordings.append(recording)
+        self.stack.append(row)
+        try:
+            out = original(module, *args, **kwargs)
+        finally:
+            self.stack.pop()
+            if recording is not None:
+                self.recordings.remove(recording)
+        leaves, spec = ([out], _TENSOR) if isinstance(out, torch.Tensor) else tree_flatten(out)
+        largest = max((t.numel() for t in leaves if isinstance(t, torch.Tensor)), default=0)
+        self.largest_output = max(self.largest_output, largest)
+        if key is not None and recording is not None:
+            self.memo[key] = self._record(recording, flat, leaves, spec, largest)
+        return out
+
+    def _key(self, module: nn.Module, flat: list[Any]) -> Signature:
+        parts: list[Any] = [self.signatures[id(module)], module.training, torch.is_grad_enabled()]
+        for leaf in flat:
+            if isinstance(leaf, torch.Tensor):
+                parts.append((tuple(leaf.shape), leaf.dtype, leaf.requires_grad))
+            elif isinstance(leaf, (int, float, bool, str, type(None))):
+                parts.append(leaf)
+            else:
+                parts.append(type(leaf).__qualname__)
+        return tuple(parts)
+
+    def _record(self, rec: _Recording, flat: list[Any], leaves: list[Any], spec: Any, largest: int) -> _Record | None:
+        """What a replay needs, or None when the outputs are not plain tensors and values."""
+        outputs = {id(t.untyped_storage()): i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)}
+        inputs_by_id = {id(t): i for i, t in enumerate(flat) if isinstance(t, torch.Tensor)}
+        out_leaves: list[Any] = []
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor):
+                if id(leaf) in inputs_by_id:
+                    out_leaves.append(("input", inputs_by_id[id(leaf)]))
+                elif leaf.layout != torch.strided or type(leaf) is not torch.Tensor and not isinstance(leaf, nn.Parameter):
+                    return None
+                else:
+                    out_leaves.append(("tensor", tuple(leaf.shape), leaf.dtype, leaf.requires_grad))
+            elif isinstance(leaf, (int, float, bool, str, type(None))):
+                out_leaves.append(("value", leaf))
+            else:
+                return None
+        saved: list[_Saved] = []
+        for row, sid, floating, amount in rec.events:
+            offset = row - rec.row
+            if sid is not None and sid in rec.inputs:
+                saved.append(_Saved(offset, "in", rec.inputs[sid], floating, 0))
+            elif sid is not None and sid in outputs:
+                saved.append(_Saved(offset, "out", outputs[sid], floating, 0))
+            else:
+                saved.append(_Saved(offset, "new", 0, floating, amount))
+        return _Record(spec, tuple(out_leaves), tuple(saved), largest)
+
+    def _replay(self, record: _Record, row: int, flat: list[Any]) -> Any:
+        leaves: list[Any] = []
+        for leaf in record.leaves:
+            if leaf[0] == "tensor":
+                _, shape, dtype, requires_grad = leaf
+                t = torch.empty(shape, dtype=dtype, device="meta")
+                leaves.append(t.requires_grad_() if requires_grad else t)
+            elif leaf[0] == "input":
+                leaves.append(flat[leaf[1]])
+            else:
+                leaves.append(leaf[1])
+        for s in record.saved:
+            target = row + s.offset
+            if s.kind == "new":
+                self._add(target, None, s.floating, s.amount)
+            else:
+                t = (flat if s.kind == "in" else leaves)[s.index]
+                if isinstance(t, torch.Tensor):
+                    self._count_tensor(target, t)
+        self.largest_output = max(self.largest_output, record.largest_output)
+        return leaves[0] if record.spec is _TENSOR else tree_unflatten(leaves, record.spec)
+
+
+@contextlib.contextmanager
+def fused_attention() -> Iterator[None]:
+    """``scaled_dot_product_attention`` saves what the fused kernels save, as on GPUs and CPUs.
+
+    On the meta device SDPA always takes the math path, which saves the whole
+    attention matrix (batch x heads x length x length, twice); the flash and
+    memory-efficient kernels that CUDA and CPU pick save the inputs, the
+    output and one row statistic.  The CPU flash kernel has a meta
+    implementation and saves exactly that, so it stands in here.
+    """
+    original = F.scaled_dot_product_attention
+
+    def fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
+              dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None, **kwargs: Any) -> torch.Tensor:
+        if query.device.type != "meta" or kwargs or query.dim() != 4:
+            return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **kwargs)
+        try:
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+        except (RuntimeError, TypeError, AttributeError):
+            return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
+
+    F.scaled_dot_product_attention = fused  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+@contextlib.contextmanager
+def _calls_through(profiler: _Profiler) -> Iterator[None]:
+    """Every ``module(...)`` goes through the profiler while inside."""
+    original = nn.Module.__call__
+
+    def profiled_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return profiler.call(original, module, args, kwargs)
+
+    nn.Module.__call__ = profiled_call  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.__call__ = original  # type: ignore[method-assign]
+
+
+def saved_activations(
+    model: nn.Module,
+    modules: Sequence[nn.Module],
+    ends: Sequence[int],
+    signatures: dict[int, int],
+    forward_loss: Callable[[nn.Module], torch.Tensor],
+) -> SavedCounts:
+    """Run ``forward_loss(model)`` on meta tensors and count what autograd saves, per row.
+
+    ``modules`` are the rows in pre-order; ``signatures`` maps ``id(module)`` to
+    a number equal for modules built alike (see ``module_signatures``).
+    """
+    rows = {id(m): i for i, m in enumerate(modules)}
+    counts: dict[int, int] = {}
+    for sig in signatures.values():
+        counts[sig] = counts.get(sig, 0) + 1
+    repeated = {mid for mid, sig in signatures.items() if counts[sig] > 1}
+    profiler = _Profiler(rows, repeated, signatures, ends)
+    for m in modules:
+        for p in m._parameters.values():
+            if p is not None:
+                profiler.counted.add(id(p.untyped_storage()))
+    model.train()
+    with fused_attention(), _calls_through(profiler), torch.autograd.graph.saved_tensors_hooks(profiler.pack, lambda t: t):
+        loss = forward_loss(model)
+    profiler.largest_output = max(profiler.largest_output, loss.numel())
+    return SavedCounts(profiler.saved_float, profiler.saved_other, profiler.largest_output)
+
+
+def module_signatures(modules: Sequence[nn.Module], parents: Sequence[int], names: Sequence[str]) -> dict[int, int]:
+    """``id(module)`` -> a number shared by modules built alike: type, settings, parameter shapes, children.
+
+    Settings are the scalar attributes of the module (``in_features``,
+    ``num_heads``, ``stride``...), so two attention layers with different head
+    counts never share a number.  ``modules`` are in pre-order, so walking them
+    backwards meets every child before its parent.
+    """
+    children: list[list[tuple[str, int]]] = [[] for _ in modules]
+    interned: dict[Signature, int] = {}
+    sig_of_row = [0] * len(modules)
+    for i in range(len(modules) - 1, -1, -1):
+        m = modules[i]
+        settings = tuple((k, v) for k, v in m.__dict__.items() if k[0] != "_" and type(v) in _SCALARS)
+        own = tuple((n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in m._parameters.items() if p is not None)
+        bufs = tuple((n, tuple(b.shape), b.dtype) for n, b in m._buffers.items() if b is not None)
+        sig = (type(m), settings, own, bufs, tuple(reversed(children[i])))
+        sig_of_row[i] = interned.setdefault(sig, len(interned))
+        if parents[i] >= 0:
+            children[parents[i]].append((names[i], sig_of_row[i]))
+    return {id(m): sig_of_row[i] for i, m in enumerate(modules)}

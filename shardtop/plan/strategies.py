@@ -1,0 +1,113 @@
+"""The strategies a plan compares, in the engines' own terms.
+
+A ``Strategy`` says what the engine does with the model: how parameters,
+gradients and optimizer state are split over ranks, what is offloaded, which
+precision computes, which modules are FSDP units, how the model reached the
+device (whole, or partitioned as it was built), and who drives the loop.
+``memory.py`` turns a strategy and a ``ModelDescription`` into bytes per rank.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+ENGINES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp1", "fsdp2", "manual")
+FSDP_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """The optimizer's state per parameter element, in fp32, and its step's temporaries."""
+
+    name: str
+    state_bytes: int
+    """AdamW: exp_avg + exp_avg_sq, 8; SGD with momentum: 4; plain SGD: 0."""
+    step_temporary: float
+    """Extra copies of the parameters one step allocates (foreach AdamW: sqrt(exp_avg_sq), 1)."""
+
+
+ADAMW = Optimizer("AdamW", 8, 1.0)
+SGD_MOMENTUM = Optimizer("SGD (momentum)", 4, 0.0)
+
+
+@dataclass(frozen=True)
+class ZeroSettings:
+    """The DeepSpeed settings that size ZeRO's own buffers (elements, not bytes)."""
+
+    reduce_bucket_size: int = 500_000_000
+    overlap_comm: bool | None = None
+    """None: DeepSpeed's default, on for stage 3 only."""
+    prefetch_bucket_size: int = 50_000_000
+    param_persistence_threshold: int = 100_000
+
+
+LIGHTNING_ZERO = ZeroSettings(reduce_bucket_size=200_000_000, overlap_comm=True)
+"""What Lightning's ``DeepSpeedStrategy`` passes to DeepSpeed."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way to run the model; ``label`` is the name users read and JSON's ``strategy``."""
+
+    engine: str
+    sharding: str = ""
+    """FSDP only: FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD or NO_SHARD."""
+    precision: str = "fp32"
+    half_in_units_only: bool = False
+    """FSDP ``MixedPrecision`` without autocast: only the units compute in half precision."""
+    offload_params: bool = False
+    offload_optimizer: bool = False
+    units: tuple[int, ...] = ()
+    """FSDP units (tree rows); parameters in none of them are held whole on each rank."""
+    root_wrapped: bool = True
+    built_whole: bool = False
+    """The whole model was on the device before the engine split it (e.g. ZeRO-3 outside ``zero.Init``)."""
+    optimizer: Optimizer = ADAMW
+    driver: str = "loop"
+    """lightning (its loop clears gradients after ``training_step``, so last step's are alive
+    during forward) or loop (a plain loop that clears them right after the step)."""
+    zero: ZeroSettings = field(default_factory=ZeroSettings)
+    placement: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """manual: (device, rows) per part of the model."""
+    node_size: int = 8
+    """GPUs per node: HYBRID_SHARD shards within a node and replicates across nodes."""
+    build_note: str = ""
+    """How the model is built, in words, when it matters (shown with the asked strategy)."""
+
+    @property
+    def label(self) -> str:
+        name = {
+            "single": "one device",
+            "ddp": "DDP",
+            "zero1": "ZeRO-1",
+            "zero2": "ZeRO-2",
+            "zero3": "ZeRO-3",
+            "fsdp1": f"FSDP {self.sharding or 'FULL_SHARD'}",
+            "fsdp2": "FSDP2" + (" (no reshard after forward)" if self.sharding == "SHARD_GRAD_OP" else ""),
+            "manual": "manual placement",
+        }[self.engine]
+        extras = [self.precision]
+        if self.offload_params and self.offload_optimizer and self.engine.startswith("zero"):
+            extras.append("param + optimizer offload")
+        elif self.offload_params:
+            extras.append("CPU offload" if self.engine.startswith("fsdp") else "param offload")
+        elif self.offload_optimizer:
+            extras.append("optimizer offload")
+        if self.half_in_units_only and self.precision != "fp32":
+            extras.append("half precision in units only")
+        if self.built_whole and self.engine != "ddp":
+            extras.append("model built whole first")
+        return f"{name}, {', '.join(extras)}"
+
+    @property
+    def grads_kept_through_forward(self) -> bool:
+        return self.driver == "lightning"
+
+    @property
+    def half(self) -> bool:
+        return self.precision != "fp32"
+
+    def with_(self, **changes: object) -> Strategy:
+        return replace(self, **changes)  # type: ignore[arg-type]
