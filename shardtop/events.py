@@ -64,6 +64,12 @@ class Hello(Event, tag="hello"):
     """SLURM's job, step and node of the rank ("" outside SLURM)."""
     slurm_step_id: str = ""
     slurm_node: str = ""
+    host_memory: int | None = None
+    """The host's physical memory in bytes (None: not read)."""
+    host_memory_limit: int | None = None
+    """The memory limit of the rank's cgroup (its container or job), where lower than ``host_memory``."""
+    alloc_conf: str | None = None
+    """``PYTORCH_CUDA_ALLOC_CONF`` (or ``PYTORCH_ALLOC_CONF``) as the rank saw it; None where unset."""
 
 
 class Tree(Event, tag="tree"):
@@ -103,6 +109,13 @@ class Unit(msgspec.Struct, kw_only=True, omit_defaults=True):
     dtype: str = ""
     params: int = 0
     """How many original parameters the unit manages."""
+    frozen: int = 0
+    """Unsharded elements of the unit's parameters that do not require a gradient."""
+    grad_numel: int | None = None
+    """Elements of the gradient this rank holds for the unit (FSDP1: its flat gradient, frozen
+    elements included); None when the unit had no gradient at the snapshot."""
+    root: bool | None = None
+    """FSDP2: the unit is a root (it never reshards after forward by default); None where not known."""
 
 
 class Shards(Event, tag="shards"):
@@ -120,7 +133,9 @@ class Shards(Event, tag="shards"):
     """Index into ``devices``; -1 where the module has no parameters."""
     state: list[int]
     """Index into ``states``: sharded, replicated, unsharded (whole, managed by no engine),
-    offloaded (held on CPU/NVMe by an offload policy) or meta; -1 without parameters."""
+    offloaded (held on CPU/NVMe by an offload policy), persistent (kept whole on every rank by
+    ZeRO-3's persistence threshold), gathered (whole now, gathered by the engine for compute and
+    released later) or meta; -1 without parameters."""
     unit: list[int]
     """Index into ``units`` of the innermost unit rooted at the module or an ancestor; -1 outside every unit."""
     units: list[Unit] = []

@@ -35,6 +35,10 @@ WRAPPER_TYPES = frozenset(
 )
 
 
+FSDP2_CLASS = "FSDPModule"
+"""The base of the classes ``fully_shard`` makes (``FSDPLinear`` for a ``Linear``)."""
+
+
 def is_wrapper(module: Any) -> bool:
     """Does this module only wrap another one (its single child holds the user's module)?"""
     return any(c.__name__ in WRAPPER_TYPES for c in type(module).__mro__)
@@ -70,3 +74,25 @@ def module_names(root: Any) -> dict[int, str]:
 
     visit(root, "")
     return names
+
+
+def user_class(cls: type) -> type:
+    """The class the user wrote: FSDP2's ``fully_shard`` swaps ``Linear`` for a made-up ``FSDPLinear``."""
+    mro = cls.__mro__
+    if not any(c.__name__ == FSDP2_CLASS for c in mro):
+        return cls
+    for candidate in mro[1:]:
+        if candidate.__name__ != FSDP2_CLASS and not any(c.__name__ == FSDP2_CLASS for c in candidate.__mro__):
+            return candidate
+    return cls
+
+
+def user_type_name(module: Any) -> str:
+    """The user's class name for a module: the wrapped module's for an engine wrapper (FSDP1's
+    ``FullyShardedDataParallel``, DDP...), the original class for FSDP2's ``FSDP<cls>``."""
+    for _ in range(8):
+        child = next(iter(module.children()), None) if is_wrapper(module) else None
+        if child is None:
+            break
+        module = child
+    return user_class(type(module)).__name__

@@ -35,7 +35,7 @@ from shardtop.probe.memory import (
     observation_matches,
     take_observation,
 )
-from shardtop.probe.names import is_wrapper, module_names
+from shardtop.probe.names import module_names, user_type_name
 from shardtop.probe.tracker import TrackedModule, blame_backward
 
 __all__ = [
@@ -316,16 +316,6 @@ def resolve_paths(modules: Sequence[Any], names: dict[int, str]) -> list[str | N
     return paths
 
 
-def _unwrapped_type(module: Any) -> str:
-    """The user's module type for a wrapper's frame (FSDP, DDP, an engine)."""
-    for _ in range(8):
-        child = next(iter(module.children()), None) if is_wrapper(module) else None
-        if child is None:
-            break
-        module = child
-    return type(module).__name__
-
-
 @dataclass(frozen=True)
 class Blame:
     """A module named from the stack."""
@@ -351,14 +341,14 @@ def blame_from_stack(
     if culprit is not None:
         path = paths[indices.index(culprit.index)]
         if path is not None:
-            return Blame(path, _unwrapped_type(frames[culprit.index].module), culprit.attributed_by), unique_paths(paths)
+            return Blame(path, user_type_name(frames[culprit.index].module), culprit.attributed_by), unique_paths(paths)
     holder = next((f for f in reversed(frames) if f.params), None)
     if holder is not None and _in_engine(holder.filename) and engine_step in CASTING_STEPS:
         for anchor in _unique(f.module for f in frames if f.module is not None):
             owner = next((m for m in anchor.modules() if any(p is holder.params[-1] for p in m.parameters(False))), None)
             path = resolve_paths([anchor, owner], names)[1] if owner is not None else None
             if path is not None:  # a cast or move like _apply's, done parameter by parameter
-                return Blame(path, type(owner).__name__, "apply-frame"), unique_paths([*paths, path])
+                return Blame(path, user_type_name(owner), "apply-frame"), unique_paths([*paths, path])
     return None, unique_paths(paths)
 
 
@@ -419,7 +409,7 @@ def attribute(
     else:
         built = next((f.being_built for f in reversed(frames) if f.being_built is not None), None)
         if built is not None:  # no path yet: it is not attached to its parent until construction ends
-            event.module_type, event.attributed_by = type(built).__name__, "init-frame"
+            event.module_type, event.attributed_by = user_type_name(built), "init-frame"
     if index is not None:
         state = allocator_state(index)
         if state is not None:

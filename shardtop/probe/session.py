@@ -15,6 +15,7 @@ from typing import Any
 
 from shardtop.cluster import SlurmIds
 from shardtop.events import EventWriter, Exit, Hello, Phase, Shards, Step, Tree, event_file
+from shardtop.probe.host import host_facts
 from shardtop.probe.names import module_names
 from shardtop.runs import RunDirectory
 
@@ -66,6 +67,7 @@ class Probe:
         self.said_hello = True
         self.pending_hello = None
         slurm = SlurmIds.from_env()
+        host = host_facts()
         self.writer.write(
             Hello(
                 pid=os.getpid(),
@@ -80,6 +82,9 @@ class Probe:
                 slurm_job_id=slurm.job_id,
                 slurm_step_id=slurm.step_id,
                 slurm_node=slurm.node,
+                host_memory=host.memory,
+                host_memory_limit=host.memory_limit,
+                alloc_conf=host.alloc_conf,
             )
         )
 

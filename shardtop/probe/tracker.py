@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from shardtop.probe.names import clean_path, module_names
+from shardtop.probe.names import clean_path, module_names, user_type_name
 
 _graph_task_id: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 MAX_NODES = 2_000_000
@@ -96,8 +96,8 @@ class ModuleIndex:
             paths = {**module_names(root), **names}
             for module in root.modules():
                 path = paths.get(id(module), "")
-                types.setdefault(path, type(module).__name__)
-                entry = TrackedModule(path, type(module).__name__)
+                types.setdefault(path, user_type_name(module))
+                entry = TrackedModule(path, user_type_name(module))
                 for param in module.parameters(recurse=False):
                     owners.setdefault(id(param), entry)
         return cls(owners, types)
@@ -144,7 +144,7 @@ class ModuleTracker:
             if path is None:
                 fallback = fallback if fallback is not None else module_names(self.root)
                 path = fallback.get(id(module), "")
-            entry = TrackedModule(path, type(module).__name__)
+            entry = TrackedModule(path, user_type_name(module))
             self._types[path] = entry.type_name
             self._handles.append(module.register_forward_hook(self._hook_for(entry)))
         return len(self._handles)

@@ -332,32 +332,34 @@ def test_lightning_ddp_wrappers_vanish(tmp_path: Path) -> None:
 
 @distributed
 def test_zero3_built_outside_zero_init(tmp_path: Path) -> None:
-    """Story 2: whole on every rank before the engine, partitioned after it."""
+    """Story 2: whole on every rank before the engine; after it, TinyNet's tensors are all under
+    ZeRO-3's default persistence threshold (1e5 elements), so every rank keeps them whole."""
     results = run(tmp_path, "deepspeed_zero", stage=3)
     setup = [r["setup"] for r in results]
     check_tree(setup[0])
     check_sums(setup, factor=WORLD)
     assert {r["shards"]["engine"] for r in setup} == {"plain"}
     assert set(states(setup[0]).values()) == {"unsharded"}
+    model_bytes = sum(setup[0]["tree"]["bytes"])
     for stage in ("engine", "step", "step_passed_optimizer"):
         staged = [r[stage] for r in results]
         check_tree(staged[0])
-        check_sums(staged)
+        check_sums(staged, factor=WORLD)  # persistent: whole on every rank, not 1/N
         for result in staged:
             shards = result["shards"]
             assert shards["engine"] == "zero3"
-            assert set(states(result).values()) == {"sharded"}
+            assert set(states(result).values()) == {"persistent"}
             assert unit_roots(result) == [""]
-            if "stored_bytes" in result["ref"]:  # the ds_tensor partitions, padding included
-                assert sum(shards["bytes"]) + padding_bytes(result) == result["ref"]["stored_bytes"]
+            assert sum(shards["bytes"]) == model_bytes
             info = shards["info"]
             assert info["zero_stage"] == 3 and info["data_parallel_size"] == WORLD
-            assert info["persistent_params"] == 14  # every tensor is under the 1e5 default
+            assert info["persistence_threshold"] == 100_000
+            assert (info["persistent_params"], info["persistent_bytes"]) == (14, model_bytes)
+            assert info["gathered_params"] == 0  # persistent ones are not counted as gathered
     # fp32 master only before the first step; master + Adam's two moments after it.
     check_sums([r["engine"] for r in results], "optim_bytes", factor=1)
     check_sums([r["step"] for r in results], "optim_bytes", factor=3)
     check_sums([r["step_passed_optimizer"] for r in results], "optim_bytes", factor=3)
-    assert results[0]["step"]["shards"]["info"]["gathered_params"] == 14
 
 
 @distributed

@@ -14,6 +14,7 @@ from typing import Any
 from shardtop.events import Unit
 from shardtop.probe.shards.optim import add_grads, add_optimizer_state
 from shardtop.probe.shards.placement import add_plain
+from shardtop.probe.shards.stale_optim import add_stale_optimizer_info
 from shardtop.probe.shards.table import REPLICATED, ShardTable, dtype_name
 from shardtop.probe.shards.tree import ModuleTree
 
@@ -49,6 +50,7 @@ def read_ddp(tree: ModuleTree, table: ShardTable, optimizer: Any = None) -> None
     count, nbytes = add_plain(tree, table, rest)
     add_grads(tree, table, range(len(tree.params)), {})
     add_optimizer_state(tree, table, optimizer, {})
+    add_stale_optimizer_info(tree, table, optimizer)
     _fill_info(table, first, count, nbytes)
 
 

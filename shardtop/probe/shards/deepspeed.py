@@ -10,9 +10,12 @@ partitions them (story 2's OOM happens in between).
 ZeRO-1/2 keep every parameter whole on every rank (``replicated``) and
 partition the optimizer (``zero_optim.py``).
 
-Parameters that ZeRO-3 keeps gathered (``ds_persist``, or gathered at the
-moment of the snapshot) still count only their partition in ``bytes``; the
-extra whole copies are summed in ``info`` (``gathered_params``/``_bytes``).
+Parameters ZeRO-3 keeps whole on every rank (``ds_persist``: at most
+``stage3_param_persistence_threshold`` elements each) read ``persistent`` and
+count their full size: from the first forward on, every rank holds them whole,
+for as long as the engine runs.  A parameter gathered at the moment of the
+snapshot (in use by a forward or backward) reads ``gathered``, at its full
+size; both are summed in ``info`` too.
 
 Nothing here imports deepspeed: everything is read from the objects it made.
 """
@@ -24,7 +27,16 @@ from typing import Any
 from shardtop.events import Unit
 from shardtop.probe.shards.optim import add_grads, add_optimizer_state
 from shardtop.probe.shards.placement import add_plain
-from shardtop.probe.shards.table import OFFLOADED, REPLICATED, SHARDED, UNSHARDED, ShardTable, dtype_name
+from shardtop.probe.shards.table import (
+    GATHERED,
+    OFFLOADED,
+    PERSISTENT,
+    REPLICATED,
+    SHARDED,
+    UNSHARDED,
+    ShardTable,
+    dtype_name,
+)
 from shardtop.probe.shards.tree import ModuleTree
 from shardtop.probe.shards.zero_optim import (
     Ranks,
@@ -96,7 +108,8 @@ def _read_partitioned(tree: ModuleTree, table: ShardTable, offload: bool) -> Non
     ranks = Ranks()
     unit = table.add_unit(Unit(module=0, kind="zero3", numel=0, local_numel=0))
     numel_total = local_total = padded_total = count = 0
-    gathered = gathered_bytes = persistent = persistent_numel = 0
+    kept = _Whole()
+    gathered = _Whole()
     dtype = ""
     plain: list[int] = []
     for index, param in enumerate(tree.params):
@@ -110,18 +123,19 @@ def _read_partitioned(tree: ModuleTree, table: ShardTable, offload: bool) -> Non
         device = "nvme" if _on_nvme(part) else part.device
         state = OFFLOADED if offload or part.device.type != param.device.type or device == "nvme" else SHARDED
         itemsize = part.element_size()
-        table.add(tree.param_rows[index], numel, local, itemsize, table.device_id(device), table.state_id(state), unit)
+        stored = local
+        if getattr(param, "ds_persist", False):  # whole on every rank from the first forward on
+            state, stored, device = PERSISTENT, numel, param.device
+            kept.add(numel, numel * itemsize)
+        elif param.numel() == numel and numel > 0:  # gathered for compute right now
+            state, stored, device = GATHERED, numel, param.device
+            gathered.add(numel, numel * itemsize)
+        table.add(tree.param_rows[index], numel, stored, itemsize, table.device_id(device), table.state_id(state), unit)
         numel_total += numel
         local_total += local
         padded_total += partition
         count += 1
         dtype = dtype or dtype_name(part.dtype)
-        if getattr(param, "ds_persist", False):
-            persistent += 1
-            persistent_numel += numel
-        if param.numel() == numel and numel > 0:  # whole copy materialised next to the partition
-            gathered += 1
-            gathered_bytes += numel * param.element_size()
     table.units[unit] = Unit(
         module=0,
         kind="zero3",
@@ -135,13 +149,26 @@ def _read_partitioned(tree: ModuleTree, table: ShardTable, offload: bool) -> Non
     )
     count_plain, bytes_plain = add_plain(tree, table, plain)
     table.info.update(
-        persistent_params=persistent,
-        persistent_numel=persistent_numel,
-        gathered_params=gathered,
-        gathered_bytes=gathered_bytes,
+        persistent_params=kept.params,
+        persistent_numel=kept.numel,
+        persistent_bytes=kept.nbytes,
+        gathered_params=gathered.params,
+        gathered_bytes=gathered.nbytes,
         unmanaged_params=count_plain,
         unmanaged_bytes=bytes_plain,
     )
+
+
+class _Whole:
+    """Parameters held whole next to their partition: how many, elements, bytes."""
+
+    def __init__(self) -> None:
+        self.params = self.numel = self.nbytes = 0
+
+    def add(self, numel: int, nbytes: int) -> None:
+        self.params += 1
+        self.numel += numel
+        self.nbytes += nbytes
 
 
 def _on_nvme(part: Any) -> bool:
@@ -158,6 +185,14 @@ def _fill_info(table: ShardTable, engine: Any, stage: int, offload_param: str, o
         info["zero_init"] = True  # partitioned by deepspeed.zero.Init, no engine yet
         return
     info["data_parallel_size"] = int(getattr(engine, "dp_world_size", 0) or 0)
+    if stage >= 3:
+        for key, method in (
+            ("persistence_threshold", "zero_param_persistence_threshold"),
+            ("model_persistence_threshold", "zero_model_persistence_threshold"),
+        ):
+            value = _call(engine, method)
+            if isinstance(value, (int, float)) and value < 2**62:  # DeepSpeed's "no limit" is sys.maxsize
+                info[key] = int(value)
     precision = "bfloat16" if _call(engine, "bfloat16_enabled") else "float16" if _call(engine, "fp16_enabled") else ""
     info["param_dtype"] = precision or "float32"
     if optimizer is not None:

@@ -25,6 +25,7 @@ from typing import Any
 from shardtop.events import Unit
 from shardtop.probe.shards.optim import Split, add_grads, add_optimizer_state, add_split
 from shardtop.probe.shards.placement import add_plain
+from shardtop.probe.shards.stale_optim import add_stale_optimizer_info
 from shardtop.probe.shards.table import OFFLOADED, REPLICATED, SHARDED, ShardTable, dtype_name
 from shardtop.probe.shards.tree import ModuleTree
 
@@ -80,6 +81,8 @@ def read_fsdp1(tree: ModuleTree, table: ShardTable, optimizer: Any = None) -> No
     count, nbytes = add_plain(tree, table, rest)
     _add_grads(tree, table, flats, rest, splits)
     add_optimizer_state(tree, table, optimizer, splits)
+    table.claimed.update(claimed)
+    add_stale_optimizer_info(tree, table, optimizer)
     _fill_info(table, summary, count, nbytes)
 
 
@@ -134,6 +137,7 @@ def _unit(row: int, flat: Any, handle: Any, strategy: str) -> Unit:
         return Unit(module=row, kind="fsdp1", numel=0, local_numel=0, strategy=strategy, offload=_offloads(handle))
     local = _local_numels(flat)
     local_numel = _local_numel(flat)
+    grad = getattr(flat, "grad", None)
     return Unit(
         module=row,
         kind="fsdp1",
@@ -144,7 +148,23 @@ def _unit(row: int, flat: Any, handle: Any, strategy: str) -> Unit:
         offload=_offloads(handle),
         dtype=dtype_name(_shard(flat).dtype),
         params=len(getattr(flat, "_param_infos", ())),
+        frozen=_frozen_numel(flat),
+        grad_numel=grad.numel() if grad is not None else None,
     )
+
+
+def _frozen_numel(flat: Any) -> int:
+    """Elements of the unit's originals that need no gradient.
+
+    With ``use_orig_params=True`` FSDP1 keeps the originals (``_params``) and lets frozen and
+    trainable ones share one FlatParameter, whose gradient then covers all of them; without it,
+    a FlatParameter is frozen or trainable as a whole.
+    """
+    originals = getattr(flat, "_params", None)
+    numels = _numels(flat)
+    if originals and len(originals) == len(numels):
+        return sum(n for p, n in zip(originals, numels) if not p.requires_grad)
+    return 0 if getattr(flat, "requires_grad", True) else sum(numels)
 
 
 def _shard(flat: Any) -> Any:

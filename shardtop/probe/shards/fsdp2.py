@@ -12,6 +12,13 @@ world size: Lightning's default ``ModelParallelStrategy()`` on 2 CPU processes
 puts both on the tensor-parallel axis, so the data-parallel mesh has size 1 and
 every rank holds everything.  ``info`` records the data-parallel size and the
 whole mesh so the diagnosis can say so.
+
+A unit caught unsharded (between its forward and its backward, as a unit that
+does not reshard after forward stays) reads ``gathered`` at its full size: that
+is what the rank holds then.  Each unit also says whether it is a root (FSDP2
+never reshards a root after forward; a layer whose forward runs before any
+enclosing unit's becomes a root of its own), how many of its elements are
+frozen, and how large its gradients are.
 """
 
 from __future__ import annotations
@@ -23,7 +30,17 @@ from typing import Any
 from shardtop.events import Unit
 from shardtop.probe.shards.optim import add_grads, add_optimizer_state
 from shardtop.probe.shards.placement import add_plain
-from shardtop.probe.shards.table import OFFLOADED, REPLICATED, SHARDED, UNSHARDED, ShardTable, dtype_name, local_tensor
+from shardtop.probe.shards.stale_optim import add_stale_optimizer_info
+from shardtop.probe.shards.table import (
+    GATHERED,
+    OFFLOADED,
+    REPLICATED,
+    SHARDED,
+    UNSHARDED,
+    ShardTable,
+    dtype_name,
+    local_tensor,
+)
 from shardtop.probe.shards.tree import ModuleTree
 
 MODULE_CLASS = "FSDPModule"
@@ -44,9 +61,10 @@ def is_dtensor(param: Any) -> bool:
 def read_fsdp2(tree: ModuleTree, table: ShardTable, optimizer: Any = None) -> None:
     """Fill ``table`` for a model with ``fully_shard`` applied (and any DTensor parameters)."""
     claimed: set[int] = set()
-    groups = _param_groups(tree)
-    for group in groups:
-        _add_group(tree, table, group, claimed)
+    found = _param_groups(tree)
+    groups = [group for group, _ in found]
+    for group, root in found:
+        _add_group(tree, table, group, root, claimed)
     rest = [i for i, p in enumerate(tree.params) if id(p) not in claimed]
     plain = [i for i in rest if not is_dtensor(tree.params[i])]
     count, nbytes = add_plain(tree, table, plain, UNSHARDED)
@@ -57,6 +75,8 @@ def read_fsdp2(tree: ModuleTree, table: ShardTable, optimizer: Any = None) -> No
             add_plain(tree, table, [index], state)
     add_grads(tree, table, range(len(tree.params)), {})
     add_optimizer_state(tree, table, optimizer, {})
+    table.claimed.update(claimed)
+    add_stale_optimizer_info(tree, table, optimizer)
     _fill_info(table, groups, count, nbytes)
     _fill_mesh(table, groups[0] if groups else None)
 
@@ -71,9 +91,10 @@ def _fsdp_state(module: Any) -> Any:
         return None
 
 
-def _param_groups(tree: ModuleTree) -> list[Any]:
-    """Every FSDPParamGroup under the tree, once, in row order."""
-    groups: list[Any] = []
+def _param_groups(tree: ModuleTree) -> list[tuple[Any, bool | None]]:
+    """Every FSDPParamGroup under the tree, once, in row order, with whether its state is a root
+    (None before the first forward decided it)."""
+    groups: list[tuple[Any, bool | None]] = []
     seen: set[int] = set()
     cache: dict[type, bool] = {}
     for module in tree.modules:
@@ -91,7 +112,8 @@ def _param_groups(tree: ModuleTree) -> list[Any]:
         if many is None:  # torch < 2.13: one group per state
             one = getattr(state, "_fsdp_param_group", None)
             many = [one] if one is not None else []
-        groups.extend(g for g in many if g is not None)
+        root = getattr(state, "_is_root", None)
+        groups.extend((g, root if isinstance(root, bool) else None) for g in many if g is not None)
     return groups
 
 
@@ -117,28 +139,37 @@ def _offloads(group: Any) -> bool:
     return any(c.__name__ == "CPUOffloadPolicy" for c in type(policy).__mro__)
 
 
-def _add_group(tree: ModuleTree, table: ShardTable, group: Any, claimed: set[int]) -> None:
+def _add_group(tree: ModuleTree, table: ShardTable, group: Any, root: bool | None, claimed: set[int]) -> None:
     fsdp_params = list(getattr(group, "fsdp_params", ()))
     modules = getattr(group, "modules", ()) or ()
-    root = tree.row_of.get(id(modules[0]), 0) if modules else 0
+    row0 = tree.row_of.get(id(modules[0]), 0) if modules else 0
     shard_size, _ = _group_sizes(group)
     offload = _offloads(group)
-    state = table.state_id(OFFLOADED if offload else SHARDED if shard_size > 1 else REPLICATED)
-    numel = local_numel = padded = 0
+    gathered = bool(getattr(group, "is_unsharded", False)) and not offload
+    state = table.state_id(
+        GATHERED if gathered else OFFLOADED if offload else SHARDED if shard_size > 1 else REPLICATED
+    )
+    numel = local_numel = padded = frozen = 0
+    grad_numel: int | None = None
     dtype = ""
-    unit = table.add_unit(Unit(module=root, kind="fsdp2", numel=0, local_numel=0))
+    unit = table.add_unit(Unit(module=row0, kind="fsdp2", numel=0, local_numel=0))
     for fsdp_param in fsdp_params:
         param = fsdp_param.sharded_param
         full = math.prod(getattr(fsdp_param, "_orig_size", None) or param.shape)  # a DTensor's shape is global
         local = math.prod(getattr(fsdp_param, "sharded_size", None) or local_tensor(param).shape)
         row = _row(tree, fsdp_param, claimed)
-        table.add(row, full, local, param.element_size(), table.device_id(local_tensor(param).device), state, unit)
+        stored = full if gathered else local
+        table.add(row, full, stored, param.element_size(), table.device_id(local_tensor(param).device), state, unit)
         numel += full
         local_numel += local
         padded += math.prod(getattr(fsdp_param, "padded_sharded_param_size", None) or (local,))
         dtype = dtype or dtype_name(param.dtype)
+        if not param.requires_grad:
+            frozen += full
+        if param.grad is not None:
+            grad_numel = (grad_numel or 0) + local_tensor(param.grad).numel()
     table.units[unit] = Unit(
-        module=root,
+        module=row0,
         kind="fsdp2",
         numel=numel,
         local_numel=padded,
@@ -147,6 +178,9 @@ def _add_group(tree: ModuleTree, table: ShardTable, group: Any, claimed: set[int
         offload=offload,
         dtype=dtype,
         params=len(fsdp_params),
+        frozen=frozen,
+        grad_numel=grad_numel,
+        root=root,
     )
 
 

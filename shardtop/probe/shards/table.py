@@ -9,6 +9,7 @@ what the tree can show).
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from shardtop.events import Scalar, Shards, Tree, Unit
@@ -24,8 +25,14 @@ OFFLOADED = "offloaded"
 """Moved to host memory (or NVMe) by the engine's offload policy; sharded or not, see the unit."""
 META = "meta"
 """On the meta device: nothing is stored yet (deferred initialisation)."""
+PERSISTENT = "persistent"
+"""Kept whole on every rank by the engine although it shards the rest (ZeRO-3's
+``stage3_param_persistence_threshold``): what the rank holds once the engine is done."""
+GATHERED = "gathered"
+"""Whole on this rank at the snapshot, gathered by the engine for compute (an FSDP2 unit between
+forward and backward, a ZeRO-3 parameter in use) and released to its shard later."""
 
-STATES = (SHARDED, REPLICATED, UNSHARDED, OFFLOADED, META)
+STATES = (SHARDED, REPLICATED, UNSHARDED, OFFLOADED, PERSISTENT, GATHERED, META)
 
 
 class ShardTable:
@@ -50,6 +57,12 @@ class ShardTable:
         self.grad_bytes: list[int] | None = None
         self.optim_bytes: list[int] | None = None
         self.info: dict[str, Scalar] = {}
+        self.claimed: set[int] = set()
+        """``id`` of every tensor an engine reader took as the model's own (sharded, flat or
+        registered while gathered), besides the registered parameters."""
+        self.param_numels: Counter[int] = Counter()
+        """Full element count of every original parameter added, for telling the model's own
+        tensors among an optimizer's (``stale_optim.py``)."""
 
     # -- filling -------------------------------------------------------------
 
@@ -85,6 +98,7 @@ class ShardTable:
     ) -> None:
         """One original parameter of ``row``: ``numel`` in full, ``local_numel`` stored here."""
         full = numel * itemsize
+        self.param_numels[numel] += 1
         self.params[row] += numel
         self.full_bytes[row] += full
         self.local_bytes[row] += local_numel * itemsize

@@ -18,9 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardtop.probe.names import WRAPPER_SEGMENTS, WRAPPER_TYPES
-
-_FSDP2_CLASS = "FSDPModule"
+from shardtop.probe.names import WRAPPER_SEGMENTS, WRAPPER_TYPES, user_class
 
 
 @dataclass
@@ -87,17 +85,6 @@ class _TypeNames:
         if found is None:
             found = self.wrapper_of[cls] = any(c.__name__ in WRAPPER_TYPES for c in cls.__mro__)
         return found
-
-
-def user_class(cls: type) -> type:
-    """The class the user wrote: FSDP2's ``fully_shard`` swaps ``Linear`` for a made-up ``FSDPLinear``."""
-    mro = cls.__mro__
-    if not any(c.__name__ == _FSDP2_CLASS for c in mro):
-        return cls
-    for candidate in mro[1:]:
-        if candidate.__name__ != _FSDP2_CLASS and not any(c.__name__ == _FSDP2_CLASS for c in candidate.__mro__):
-            return candidate
-    return cls
 
 
 def walk(root: Any) -> ModuleTree:
