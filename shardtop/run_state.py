@@ -76,6 +76,8 @@ class RankState:
     peak_memory: Memory | None = None
     """The sample with the highest allocator peak (or allocation) so far."""
     allocated_history: tuple[int, ...] = ()
+    peak_host_rss: int = 0
+    """The highest resident host memory of the rank's process in any sample."""
     phase_samples: tuple[PhaseSample, ...] = ()
     """The latest sample of each recent (step, phase) in a training phase, oldest first."""
     shards: Shards | None = None
@@ -276,7 +278,14 @@ class RunStateBuilder:
             if rs.phase in TRAINING_PHASES:
                 sample = GpuSample(m.t, m.rank, rs.step, rs.phase, gpus)
                 self._gpu_samples[m.host] = (self._gpu_samples.get(m.host, ()) + (sample,))[-GPU_SAMPLES_KEPT:]
-        return replace(rs, memory=m, peak_memory=peak, allocated_history=history, phase_samples=samples)
+        return replace(
+            rs,
+            memory=m,
+            peak_memory=peak,
+            allocated_history=history,
+            peak_host_rss=max(rs.peak_host_rss, m.host_rss),
+            phase_samples=samples,
+        )
 
 
 def fold(events: Iterable[AnyEvent], skipped: Mapping[str, int] | None = None) -> RunState:

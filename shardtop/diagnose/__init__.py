@@ -11,6 +11,14 @@ evidence, ``explain`` words a ``Finding`` from that evidence alone.  Stable code
 - ``placement.py``: ``placement-imbalance``, ``cuda-context-on-wrong-gpu``
 - ``memory.py``: ``optimizer-state-dominates``; ``oom``, which names the culprit
   when no other finding explains an OOM; ``nothing-recorded``
+- ``reshard.py``: ``fsdp2-not-resharded`` (units kept gathered from forward to backward)
+- ``frozen.py``: ``fsdp-frozen-and-trainable-in-one-unit`` (gradients for frozen parameters)
+- ``hybrid.py``: ``fsdp-hybrid-shard`` (sharded only within groups)
+- ``persistence.py``: ``zero3-persistence-threshold`` (small tensors kept whole by ZeRO-3)
+- ``zero12.py``: ``zero12-replicated-params`` (ZeRO-1/2's whole parameters outweigh what they split)
+- ``optimizer_order.py``: ``optimizer-before-wrap`` (an optimizer holding the pre-wrap parameters)
+- ``host_memory.py``: ``host-memory-whole-model-per-rank`` (N whole copies in host memory)
+- ``allocator.py``: ``allocator-fragmentation`` (at an OOM), ``memory-outside-pytorch``
 
 A finding of severity ``error`` explains a failure.  No torch, no textual, no I/O.
 """
@@ -20,7 +28,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shardtop.diagnose import fsdp, memory, placement, zero3
+from shardtop.diagnose import (
+    allocator,
+    frozen,
+    fsdp,
+    host_memory,
+    hybrid,
+    memory,
+    optimizer_order,
+    persistence,
+    placement,
+    reshard,
+    zero3,
+    zero12,
+)
 from shardtop.diagnose.finding import SEVERITIES, Evidence, Finding, Rule, Severity, severity_key
 from shardtop.run_model import RunModel
 
@@ -35,6 +56,15 @@ RULES: tuple[Rule[Any], ...] = (
     fsdp.FP16_UNSCALED,
     memory.OPTIMIZER_HEAVY,
     fsdp.OFFLOAD_MISSING,
+    reshard.NOT_RESHARDED,
+    frozen.FROZEN_IN_UNIT,
+    hybrid.HYBRID_SHARD,
+    persistence.PERSISTENT,
+    zero12.REPLICATED_PARAMS,
+    optimizer_order.OPTIMIZER_BEFORE_WRAP,
+    host_memory.WHOLE_ON_HOST,
+    allocator.FRAGMENTED,
+    allocator.OUTSIDE_PYTORCH,
     memory.NOTHING_RECORDED,
 )
 """Every rule but ``oom``, which runs last: it speaks only when these leave an OOM unexplained."""

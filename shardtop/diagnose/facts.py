@@ -105,3 +105,16 @@ def first_oom_evidence(m: RunModel, phases: tuple[str, ...] = ()) -> OomEvidence
         if not phases or story.oom.phase in phases:
             return OomEvidence.of(story, len(m.ooms))
     return None
+
+
+def oom_avoided_by(m: RunModel, freed_bytes: int, phases: tuple[str, ...]) -> OomEvidence | None:
+    """The first OOM in ``phases`` that freeing ``freed_bytes`` on its rank would have avoided:
+    it asked for no more than that (an OOM whose request is not known is not claimed)."""
+    found = first_oom_evidence(m, phases)
+    if found is None or not found.requested_bytes or found.requested_bytes > freed_bytes:
+        return None
+    return found
+
+
+ITEMSIZES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+"""Bytes per element of the dtypes a unit may report (``Unit.dtype``)."""

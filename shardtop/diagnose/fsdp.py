@@ -30,7 +30,7 @@ FULL_PRECISIONS = ("32", "64")
 """Lightning precision settings (``32``, ``32-true``, ``64-true``) under which no grad scaler runs."""
 
 
-def _fsdp_rank(m: RunModel) -> RankFacts | None:
+def fsdp_rank(m: RunModel) -> RankFacts | None:
     """The lowest rank with an FSDP snapshot aligned with the tree."""
     if m.engine not in FSDP_ENGINES:
         return None
@@ -68,7 +68,7 @@ class SingleUnit(Evidence):
     oom: OomEvidence | None
 
 
-def _managed_bytes(m: RunModel, s: Shards) -> list[int]:
+def managed_bytes(m: RunModel, s: Shards) -> list[int]:
     """Full parameter bytes each unit manages itself (rows whose innermost unit it is)."""
     tree = m.tree
     assert tree is not None
@@ -80,14 +80,14 @@ def _managed_bytes(m: RunModel, s: Shards) -> list[int]:
 
 
 def find_single_unit(m: RunModel) -> SingleUnit | None:
-    r = _fsdp_rank(m)
+    r = fsdp_rank(m)
     if r is None or r.shards is None or not m.full_bytes:
         return None
     s = r.shards
     units = [i for i, u in enumerate(s.units) if u.kind in FSDP_ENGINES]
     if not units:
         return None
-    managed = _managed_bytes(m, s)
+    managed = managed_bytes(m, s)
     biggest = max(units, key=managed.__getitem__)
     unit = s.units[biggest]
     if managed[biggest] < SINGLE_UNIT_MIN_SHARE * m.full_bytes or unit.strategy not in GATHERING_STRATEGIES:
@@ -186,7 +186,7 @@ def _devices_of(s: Shards, rows_mask: list[bool]) -> tuple[str, ...]:
 
 
 def find_stray_layers(m: RunModel) -> StrayLayers | None:
-    r = _fsdp_rank(m)
+    r = fsdp_rank(m)
     if r is None or r.shards is None or m.tree is None:
         return None
     s = r.shards
@@ -401,7 +401,7 @@ class OffloadMissing(Evidence):
 def find_offload_missing(m: RunModel) -> OffloadMissing | None:
     if m.engine not in FSDP_ENGINES or not m.info.get("cpu_offload_requested"):
         return None
-    r = _fsdp_rank(m)
+    r = fsdp_rank(m)
     if r is None or r.shards is None:
         return None
     s = r.shards

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,42 +110,86 @@ def script_run(base: Path, script: str, world_size: int, *args: str, timeout: fl
     key = ("script", script, world_size, args)
     if key not in _runs:
         runs_dir = _fresh(base, Path(script).stem)
-        env = _base_env(runs_dir)
-        port = str(free_port())
-        procs = []
-        for rank in range(world_size):
-            rank_env = {
-                **env,
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": port,
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(world_size),
-                "LOCAL_WORLD_SIZE": str(world_size),
-            }
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, str(SCRIPTS / script), *args],
-                    env=rank_env,
-                    cwd=ROOT,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                )
-            )
-        outputs, codes = [], []
-        for rank, proc in enumerate(procs):
-            try:
-                out, _ = proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                for p in procs:
-                    p.kill()
-                out, _ = proc.communicate()
-            outputs.append(f"--- rank {rank} ---\n{out[-3000:]}")
-            codes.append(proc.returncode)
-        worst = next((c for c in codes if c), 0)
-        _runs[key] = _only_run(runs_dir, worst, "\n".join(outputs))
+        code, output = _run_ranks(runs_dir, script, world_size, args, timeout)
+        _runs[key] = _only_run(runs_dir, code, output)
     return _runs[key]
+
+
+def scenario_runs(
+    base: Path,
+    script: str,
+    world_size: int,
+    scenarios: tuple[str, ...],
+    *args: str,
+    timeout: float = 300,
+    preexec: Callable[[], None] | None = None,
+) -> dict[str, RealRun]:
+    """``SCRIPT SCENARIO... ARGS`` on ``world_size`` ranks: one set of processes runs every
+    scenario, each recording a run of its own (named after it).  ``preexec`` runs in each rank's
+    process before the script (e.g. to enter a memory cgroup)."""
+    key = ("scenarios", script, world_size, scenarios, args)
+    if key not in _runs:
+        runs_dir = _fresh(base, Path(script).stem)
+        code, output = _run_ranks(runs_dir, script, world_size, (*scenarios, *args), timeout, preexec)
+        by_name = {_program(r): r for r in list_runs(runs_dir)}
+        missing = [s for s in scenarios if s not in by_name]
+        if missing:
+            raise AssertionError(f"no run recorded for {missing} under {runs_dir}:\n{output[-4000:]}")
+        for name in scenarios:
+            _runs[(*key, name)] = RealRun(by_name[name].path, code, output)
+        _runs[key] = _runs[(*key, scenarios[0])]
+    return {name: _runs[(*key, name)] for name in scenarios}
+
+
+def _program(run: RunDirectory) -> str:
+    config = run.read_meta().get("config") or {}
+    return str(config.get("program") or "")
+
+
+def _run_ranks(
+    runs_dir: Path,
+    script: str,
+    world_size: int,
+    args: tuple[str, ...],
+    timeout: float,
+    preexec: Callable[[], None] | None = None,
+) -> tuple[int, str]:
+    """Start the script once per rank, as torchrun would; (the worst exit code, every rank's output)."""
+    env = _base_env(runs_dir)
+    port = str(free_port())
+    procs = []
+    for rank in range(world_size):
+        rank_env = {
+            **env,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(SCRIPTS / script), *args],
+                env=rank_env,
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                preexec_fn=preexec,
+            )
+        )
+    outputs, codes = [], []
+    for rank, proc in enumerate(procs):
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            out, _ = proc.communicate()
+        outputs.append(f"--- rank {rank} ---\n{out[-3000:]}")
+        codes.append(proc.returncode)
+    return next((c for c in codes if c), 0), "\n".join(outputs)
 
 
 def lightning_run(base: Path, script: str, *args: str, timeout: float = 300) -> RealRun:

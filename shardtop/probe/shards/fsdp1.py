@@ -231,13 +231,14 @@ def _add_flat(
 def _add_grads(
     tree: ModuleTree, table: ShardTable, flats: list[Any], rest: list[int], splits: dict[int, Split]
 ) -> None:
-    """Flat gradients split by shard; with ``use_orig_params`` the originals carry views of it."""
+    """Flat gradients split by shard.  With ``use_orig_params`` the originals carry views of it,
+    but only the trainable ones: the flat gradient, frozen elements included, is what is allocated."""
     for flat in flats:
         originals = getattr(flat, "_params", None)
-        if originals:
-            add_grads(tree, table, [tree.param_index[id(p)] for p in originals if id(p) in tree.param_index], {})
-        elif flat.grad is not None:
+        if flat.grad is not None:
             add_split(table, splits.get(id(flat), []), flat.grad, table.add_grad)
+        elif originals:
+            add_grads(tree, table, [tree.param_index[id(p)] for p in originals if id(p) in tree.param_index], {})
     add_grads(tree, table, rest, splits)
 
 
