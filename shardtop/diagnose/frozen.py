@@ -94,7 +94,7 @@ def find_frozen_in_unit(m: RunModel) -> FrozenInUnit | None:
         grad_numel=grads,
         ranks=len(ranks),
         itemsize=ITEMSIZES.get(units[0].dtype, 4),
-        use_orig_params=first.info.get("use_orig_params") if isinstance(first.info.get("use_orig_params"), bool) else None,
+        use_orig_params=orig if isinstance(orig := first.info.get("use_orig_params"), bool) else None,
         driver=driver_of(m),
         unit_types=tuple(dict.fromkeys(m.type_of(u.module) for u in units if m.type_of(u.module))),
     )

@@ -31,6 +31,12 @@ States (``Shards.states``), a small fixed vocabulary:
 - ``offloaded``: held in host memory or NVMe by the engine's offload policy
   (FSDP1 ``CPUOffload``, FSDP2 ``CPUOffloadPolicy``, ZeRO-3 ``offload_param``);
   the unit says whether it is sharded too.
+- ``persistent``: kept whole on every rank by an engine that shards the rest
+  (ZeRO-3's ``stage3_param_persistence_threshold``), at full size: "sharded"
+  means what a rank keeps once the engine is done.
+- ``gathered``: whole at the moment of the snapshot, gathered by the engine
+  for compute and released later (an FSDP2 unit between its forward and its
+  backward, a ZeRO-3 parameter in use), at full size.
 - ``meta``: on the meta device, nothing stored yet.
 
 A module without parameters has device and state -1; its unit is the innermost
@@ -56,18 +62,27 @@ process), plain.
   ``dp_mesh_dims``, ``mesh_shape``/``mesh_dims`` (the whole device mesh).
 - zero1/zero2/zero3: ``zero_stage``, ``offload_param``, ``offload_optimizer``
   (none, cpu, nvme), ``data_parallel_size``, ``param_dtype``, ``optimizer``,
-  ``partition_count``; zero3 also ``persistent_params``/``persistent_numel``,
-  ``gathered_params``/``gathered_bytes`` (whole copies held next to the
-  partitions), ``unmanaged_params``/``_bytes``, and ``zero_init`` for a model
-  partitioned by ``deepspeed.zero.Init`` before any engine exists.
+  ``partition_count``; zero3 also ``persistence_threshold`` and
+  ``model_persistence_threshold`` (as the engine read them),
+  ``persistent_params``/``_numel``/``_bytes`` (kept whole on every rank),
+  ``gathered_params``/``gathered_bytes`` (others whole at the snapshot),
+  ``unmanaged_params``/``_bytes``, and ``zero_init`` for a model partitioned
+  by ``deepspeed.zero.Init`` before any engine exists.
 - ddp: ``ddp_units``, ``unmanaged_params``/``_bytes``, ``data_parallel_size``,
   ``find_unused_parameters``, ``gradient_as_bucket_view``, ``static_graph``,
   ``broadcast_buffers``, ``bucket_bytes_cap``.
 - manual/plain: nothing more.
 
-``grad_bytes`` counts ``param.grad`` as stored on this rank (None when no
-parameter has one); ``optim_bytes`` the optimizer's state (see ``optim.py``
-and ``deepspeed.py`` for what is counted; None without an optimizer).
+fsdp1, fsdp2 and ddp, given the optimizer, also record ``optimizer_params``
+and ``stale_optimizer_params``/``_numel``/``_bytes``: the optimizer's tensors
+that are not the engine's parameters (an optimizer built before wrapping, see
+``stale_optim.py``).  FSDP units record ``frozen`` elements and the gradient
+elements the rank holds (``grad_numel``); FSDP2 units whether they are a root.
+
+``grad_bytes`` counts ``param.grad`` as stored on this rank (FSDP1: its flat
+gradient, frozen elements included; None when no parameter has one);
+``optim_bytes`` the optimizer's state (see ``optim.py`` and ``deepspeed.py``
+for what is counted; None without an optimizer).
 
 Never imports textual, nor deepspeed (its objects are read, not imported).
 """
