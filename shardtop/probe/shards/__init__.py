@@ -90,7 +90,7 @@ Never imports textual, nor deepspeed (its objects are read, not imported).
 from __future__ import annotations
 
 import gc
-
+from collections import Counter
 from typing import Any
 
 import torch
@@ -119,6 +119,8 @@ def read_shards(target: Any, *, tree_id: int, stage: str, optimizer: Any = None)
     try:
         tree = walk(resolve_target(target))
         table = ShardTable(tree)
+        if optimizer is not None:
+            table.param_numels = Counter()
         engine = _read(tree, table, optimizer)
         _add_process_info(table)
         return table.tree_event(tree_id), table.shards_event(tree_id, engine, stage)

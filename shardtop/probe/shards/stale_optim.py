@@ -31,7 +31,7 @@ def add_stale_optimizer_info(tree: ModuleTree, table: ShardTable, optimizer: Any
     if not optimizers:
         return
     own = {id(p) for p in tree.params} | table.claimed
-    sizes = Counter(table.param_numels)
+    sizes = Counter(table.param_numels or {})
     held = stale = numel = nbytes = 0
     storages: set[int] = set()
     for opt in optimizers:

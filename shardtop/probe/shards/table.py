@@ -60,9 +60,10 @@ class ShardTable:
         self.claimed: set[int] = set()
         """``id`` of every tensor an engine reader took as the model's own (sharded, flat or
         registered while gathered), besides the registered parameters."""
-        self.param_numels: Counter[int] = Counter()
+        self.param_numels: Counter[int] | None = None
         """Full element count of every original parameter added, for telling the model's own
-        tensors among an optimizer's (``stale_optim.py``)."""
+        tensors among an optimizer's (``stale_optim.py``); counted only when set to a Counter
+        (``read_shards`` does when given an optimizer)."""
 
     # -- filling -------------------------------------------------------------
 
@@ -98,7 +99,9 @@ class ShardTable:
     ) -> None:
         """One original parameter of ``row``: ``numel`` in full, ``local_numel`` stored here."""
         full = numel * itemsize
-        self.param_numels[numel] += 1
+        numels = self.param_numels
+        if numels is not None:
+            numels[numel] += 1
         self.params[row] += numel
         self.full_bytes[row] += full
         self.local_bytes[row] += local_numel * itemsize
