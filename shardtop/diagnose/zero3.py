@@ -23,8 +23,10 @@ OUTSIDE_MIN_SHARE = 0.01
 """Parameters held whole at set-up are worth a finding from 1 % of the model up: a model built
 partly outside ``zero.Init`` is flagged for that part, and a stray bias is not."""
 
-PARTITIONED_STATES = frozenset({"sharded", "offloaded", "meta"})
-"""Set-up states that mean a parameter was not materialised whole on the rank."""
+PARTITIONED_STATES = frozenset({"sharded", "offloaded", "meta", "persistent", "gathered"})
+"""Set-up states that mean a parameter was not built whole outside ``zero.Init``: partitioned
+(a ZeRO-3 parameter also held whole for now, persistent or gathered, has its partition too) or
+not materialised at all."""
 
 SINGLE_RANK_OOM_SHARE = 0.5
 """On a single rank, a set-up OOM is put down to the unpartitioned model when the model alone

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 import shardtop.probe as st
-from shardtop.probe.session import current, set_current
+from tests.diagnose_scripts.scenarios import record_each
 
 DIM = 384
 DEPTH = 8
@@ -114,7 +114,7 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, dim: int = DIM) ->
 # -- FSDP2 ---------------------------------------------------------------------------------------
 
 
-def fsdp2_layers_own_roots() -> None:
+def _fsdp2_blocks_and_model() -> tuple[nn.Sequential, torch.optim.Optimizer]:
     from torch.distributed.fsdp import fully_shard
 
     model = mlp()
@@ -123,35 +123,18 @@ def fsdp2_layers_own_roots() -> None:
     fully_shard(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     st.attach(model, optimizer=optimizer, strategy="fully_shard")
+    return model, optimizer
+
+
+def _train_looking_after_forward(
+    model: nn.Sequential, optimizer: torch.optim.Optimizer, forward: Callable[[torch.Tensor], torch.Tensor]
+) -> None:
+    """The usual loop, with the snapshot taken between the first forward and its backward."""
     for step, x in batches(DIM):
         st.phase("forward", step)
-        for block in model:  # the model's own forward never runs
-            x = block(x)
+        out = forward(x)
         if step == 1:
             st.attach(model, optimizer=optimizer, stage="step")  # what each rank holds after forward
-        st.phase("backward")
-        loss = x.square().mean()
-        loss.backward()
-        st.phase("optimizer")
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        st.step(step, loss=loss.item())
-
-
-def fsdp2_root_forward() -> None:
-    from torch.distributed.fsdp import fully_shard
-
-    model = mlp()
-    for block in model:
-        fully_shard(block)
-    fully_shard(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    st.attach(model, optimizer=optimizer, strategy="fully_shard")
-    for step, x in batches(DIM):
-        st.phase("forward", step)
-        out = model(x)
-        if step == 1:
-            st.attach(model, optimizer=optimizer, stage="step")  # the blocks are resharded by now
         st.phase("backward")
         loss = out.square().mean()
         loss.backward()
@@ -159,6 +142,22 @@ def fsdp2_root_forward() -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         st.step(step, loss=loss.item())
+
+
+def fsdp2_layers_own_roots() -> None:
+    model, optimizer = _fsdp2_blocks_and_model()
+
+    def layer_by_layer(x: torch.Tensor) -> torch.Tensor:
+        for block in model:  # the model's own forward never runs
+            x = block(x)
+        return x
+
+    _train_looking_after_forward(model, optimizer, layer_by_layer)
+
+
+def fsdp2_root_forward() -> None:
+    model, optimizer = _fsdp2_blocks_and_model()
+    _train_looking_after_forward(model, optimizer, model)
 
 
 def fsdp2_optimizer_before_wrap() -> None:
@@ -256,27 +255,9 @@ SCENARIOS: dict[str, Callable[[], None]] = {
 }
 
 
-def run_scenario(name: str) -> None:
-    """One scenario, recorded into a run directory of its own."""
-    torch.manual_seed(0)
-    try:
-        with st.watch(name=name):
-            SCENARIOS[name]()
-    except RuntimeError as e:  # recorded by watch(); the next scenario still runs
-        print(f"{name}: {type(e).__name__}: {str(e).splitlines()[0]}", file=sys.stderr)
-    probe = current()
-    if probe is not None:
-        probe.close()
-    set_current(None)
-
-
 def main(names: list[str]) -> None:
-    unknown = [n for n in names if n not in SCENARIOS]
-    if unknown or not names:
-        sys.exit(f"usage: more_fsdp.py SCENARIO... (known: {', '.join(SCENARIOS)}; got {unknown or 'none'})")
     dist.init_process_group("gloo")
-    for name in names:
-        run_scenario(name)
+    record_each(names, SCENARIOS)
     dist.destroy_process_group()
 
 

@@ -16,6 +16,7 @@ run directory of its own, named after it:
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -23,7 +24,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 import shardtop.probe as st
-from shardtop.probe.session import current, set_current
+from tests.diagnose_scripts.scenarios import record_each
 
 WIDTH = 4096
 LAYER_MIB = WIDTH * (WIDTH + 1) * 4 / 2**20
@@ -70,14 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     layers = max(1, round(args.mib / LAYER_MIB))
     dist.init_process_group("gloo")
-    for name in args.scenarios:
-        torch.manual_seed(0)
-        with st.watch(name=name):
-            SCENARIOS[name](layers)
-        probe = current()
-        if probe is not None:
-            probe.close()
-        set_current(None)
+    record_each(args.scenarios, {name: partial(SCENARIOS[name], layers) for name in args.scenarios})
     dist.destroy_process_group()
 
 

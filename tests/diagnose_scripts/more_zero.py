@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import shardtop.probe as st  # noqa: E402
-from shardtop.probe.session import current, set_current  # noqa: E402
+from tests.diagnose_scripts.scenarios import record_each  # noqa: E402
 
 SMALL_WIDTH = 256
 SMALL_DEPTH = 64
@@ -103,25 +103,9 @@ SCENARIOS: dict[str, Callable[[], None]] = {
 }
 
 
-def run_scenario(name: str) -> None:
-    """One scenario, recorded into a run directory of its own."""
-    torch.manual_seed(0)
-    with st.watch(name=name) as probe:
-        probe.extra_info["driver"] = "deepspeed.initialize"
-        SCENARIOS[name]()
-    probe = current()
-    if probe is not None:
-        probe.close()
-    set_current(None)
-
-
 def main(names: list[str]) -> None:
-    unknown = [n for n in names if n not in SCENARIOS]
-    if unknown or not names:
-        sys.exit(f"usage: more_zero.py SCENARIO... (known: {', '.join(SCENARIOS)}; got {unknown or 'none'})")
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
-    for name in names:
-        run_scenario(name)
+    record_each(names, SCENARIOS, driver="deepspeed.initialize")
 
 
 if __name__ == "__main__":
