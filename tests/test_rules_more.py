@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -284,7 +284,10 @@ def test_gpu_only_rules_are_silent_on_the_h200_recordings(path: Path) -> None:
 _clock = [1_900_000_000.0]
 
 
-def _at(event: Event, rank: int = 0, host: str = "gpu-box") -> Event:
+E = TypeVar("E", bound=Event)
+
+
+def _at(event: E, rank: int = 0, host: str = "gpu-box") -> E:
     _clock[0] += 0.1
     event.rank, event.host, event.t = rank, host, _clock[0]
     return event

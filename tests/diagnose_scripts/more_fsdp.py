@@ -195,9 +195,9 @@ def fsdp1_optimizer_before_wrap() -> None:
 
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)  # before FSDP
-    model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=CPU)
-    st.attach(model, optimizer=optimizer, strategy="FullyShardedDataParallel")
-    train(model, optimizer)
+    wrapped = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=CPU)
+    st.attach(wrapped, optimizer=optimizer, strategy="FullyShardedDataParallel")
+    train(wrapped, optimizer)
 
 
 def _fsdp1_lora(wrap: set[type[nn.Module]]) -> None:
@@ -205,10 +205,10 @@ def _fsdp1_lora(wrap: set[type[nn.Module]]) -> None:
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     model = nn.Sequential(*(LoraBlock() for _ in range(LORA_DEPTH)))
-    model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy(wrap), device_id=CPU, use_orig_params=True)
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    st.attach(model, optimizer=optimizer, strategy="FullyShardedDataParallel")
-    train(model, optimizer, LORA_DIM)
+    wrapped = FSDP(model, auto_wrap_policy=ModuleWrapPolicy(wrap), device_id=CPU, use_orig_params=True)
+    optimizer = torch.optim.SGD([p for p in wrapped.parameters() if p.requires_grad], lr=1e-3)
+    st.attach(wrapped, optimizer=optimizer, strategy="FullyShardedDataParallel")
+    train(wrapped, optimizer, LORA_DIM)
 
 
 def fsdp2_oom_in_unit() -> None:
@@ -236,9 +236,9 @@ def ddp_optimizer_before_wrap() -> None:
 
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)  # DDP keeps these very parameters
-    model = DDP(model)
-    st.attach(model, optimizer=optimizer, strategy="DistributedDataParallel")
-    train(model, optimizer)
+    wrapped = DDP(model)
+    st.attach(wrapped, optimizer=optimizer, strategy="DistributedDataParallel")
+    train(wrapped, optimizer)
 
 
 SCENARIOS: dict[str, Callable[[], None]] = {

@@ -57,6 +57,7 @@ def meta_init(layers: int) -> None:
     fully_shard(model)
     model.to_empty(device="cpu")
     for layer in model:
+        assert isinstance(layer, nn.Linear)
         layer.reset_parameters()  # each rank initialises its own shards
     sharded(model)
 

@@ -25,9 +25,9 @@ def record_each(names: list[str], scenarios: dict[str, Callable[[], None]], driv
     for name in names:
         torch.manual_seed(0)  # every rank builds the same model
         try:
-            with st.watch(name=name) as probe:
+            with st.watch(name=name) as recording:
                 if driver:
-                    probe.extra_info["driver"] = driver
+                    recording.extra_info["driver"] = driver
                 scenarios[name]()
         except RuntimeError as e:
             print(f"{name}: {type(e).__name__}: {str(e).splitlines()[0]}", file=sys.stderr)
