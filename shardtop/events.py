@@ -13,6 +13,15 @@ newer writer never crashes a reader.
 The module tree is written once per structure (``Tree``), column-wise, so a
 100 000-module model stays small; per-rank arrays in ``Shards`` are aligned
 with the tree's rows by index and name the tree they belong to (``tree_id``).
+
+A ``Fault`` says that part of the probe failed inside a rank and was switched
+off while training went on: ``part`` names which (``FAULT_PARTS``), ``error``
+what went wrong, so a reader can say "the probe's shard reader failed on
+rank 1: ...".  Readers older than it skip it as an unknown kind.
+
+Writing never takes training down (``EventWriter``): a full disk stops the
+ordinary events, once, with a ``Fault`` of part ``events``, and the last
+records (``Oom``, ``Fault``, ``Exit``) still go into room kept for them.
 """
 
 from __future__ import annotations
@@ -21,12 +30,14 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
 import msgspec
+
+from shardtop.reserved_file import ReservedAppendFile
 
 SCHEMA_VERSION = 1
 """Bumped when a field changes meaning; new optional fields do not bump it."""
@@ -224,6 +235,27 @@ ATTRIBUTED_BY_WORDS: dict[str, str] = {
 """``Oom.attributed_by`` in words, for every screen and report that says how the culprit was found."""
 
 
+class Fault(Event, tag="fault"):
+    """Part of the probe failed on this rank and was switched off; training went on."""
+
+    part: str
+    """Which part (a key of ``FAULT_PARTS``)."""
+    error: str
+    """What went wrong, e.g. ``RuntimeError: ...`` or ``No space left on device``."""
+
+
+FAULT_PARTS: dict[str, str] = {
+    "events": "event file",
+    "shards": "shard reader",
+    "memory": "memory sampler",
+    "names": "module naming",
+    "oom": "OOM attribution",
+    "steps": "step recorder",
+    "run": "run directory",
+}
+"""``Fault.part`` in words: "the probe's {words} failed on rank N"."""
+
+
 class Exit(Event, tag="exit"):
     """The rank is leaving."""
 
@@ -231,11 +263,15 @@ class Exit(Event, tag="exit"):
     status: str
     """ok, error, oom or interrupted."""
     error: str | None = None
+    signal: int | None = None
+    """The signal that ended the rank (SIGTERM, SIGINT, SIGHUP) when ``status`` is interrupted."""
 
 
-AnyEvent = Union[Hello, Tree, Shards, Memory, Phase, Step, Oom, Exit]
-EVENT_TYPES: tuple[type[Event], ...] = (Hello, Tree, Shards, Memory, Phase, Step, Oom, Exit)
+AnyEvent = Union[Hello, Tree, Shards, Memory, Phase, Step, Oom, Fault, Exit]
+EVENT_TYPES: tuple[type[Event], ...] = (Hello, Tree, Shards, Memory, Phase, Step, Oom, Fault, Exit)
 KNOWN_KINDS = frozenset(t.__struct_config__.tag for t in EVENT_TYPES)
+LAST_RECORDS: tuple[type[Event], ...] = (Oom, Fault, Exit)
+"""Kinds written (and fsynced) even once the disk is full, into the room kept for them."""
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(AnyEvent)
@@ -271,7 +307,8 @@ def decode(line: bytes) -> AnyEvent | str:
     version = header.get("v", SCHEMA_VERSION)
     if isinstance(version, int) and version > SCHEMA_VERSION:
         return SkipReason.NEWER
-    if header.get("kind") not in KNOWN_KINDS:
+    kind = header.get("kind")
+    if not isinstance(kind, str) or kind not in KNOWN_KINDS:
         return SkipReason.UNKNOWN
     return SkipReason.BAD
 
@@ -281,36 +318,75 @@ def event_file(events_dir: Path, rank: int) -> Path:
 
 
 class EventWriter:
-    """Appends one rank's events to its file: flushed per event, fsynced on oom and exit.
+    """Appends one rank's events to its file: flushed per event, fsynced for the last records.
 
-    Thread-safe: the memory sampler writes from its own thread.
+    Thread-safe (the memory sampler writes from its own thread), and it never
+    raises: a rank must not die because its record cannot be written.  When
+    the disk fills up (or the file cannot be written at all) ordinary events
+    stop, ``stopped`` says why, ``on_stop`` is told once, and the last records
+    (``LAST_RECORDS``) are still written into the room ``ReservedAppendFile``
+    keeps for them.  ``path=None`` writes nowhere (the run directory could
+    not be made).
     """
 
-    def __init__(self, path: Path, rank: int, host: str | None = None) -> None:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    def __init__(
+        self,
+        path: Path | None,
+        rank: int,
+        host: str | None = None,
+        on_stop: Callable[[str], None] | None = None,
+    ) -> None:
         self.path = path
         self.rank = rank
         self.host = host or socket.gethostname()
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        self._lock = threading.Lock()
+        self.on_stop = on_stop
+        self.stopped: str | None = None
+        """Why ordinary events are no longer written (``No space left on device``); None while they are."""
+        self._lock = threading.RLock()  # a signal handler may write the exit while the same thread writes
+        self._file = ReservedAppendFile(path) if path is not None else None
+        if self._file is None:
+            self.stopped = "no run directory to write to"
+        elif self._file.broken is not None:
+            self.stopped = f"cannot open {path}: {_reason(self._file.broken)}"
+        elif self._file.full is not None:
+            self.stopped = _reason(self._file.full)
 
-    def write(self, event: Event) -> None:
+    def write(self, event: Event) -> bool:
+        """Append ``event``; False if it was not written."""
         event.rank = self.rank
         event.host = self.host
         event.t = time.time()
-        line = encode(event)
+        last = isinstance(event, LAST_RECORDS)
+        try:
+            line = encode(event)
+        except Exception:  # noqa: BLE001 - an event that cannot be encoded (or no memory left) is dropped
+            return False
         with self._lock:
-            if self._fd < 0:
-                return
-            os.write(self._fd, line)
-            if isinstance(event, (Oom, Exit)):
-                os.fsync(self._fd)
+            if self._file is None or not self._file.open or (self.stopped is not None and not last):
+                return False
+            error = self._file.append(line, sync=last)
+            newly_stopped = self._note_stop() if self.stopped is None else None
+        if newly_stopped is not None and self.on_stop is not None:
+            self.on_stop(newly_stopped)
+        return error is None
+
+    def _note_stop(self) -> str | None:
+        file = self._file
+        if file is None:
+            return None
+        problem = file.broken or file.full
+        if problem is not None:
+            self.stopped = _reason(problem)
+        return self.stopped
 
     def close(self) -> None:
         with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+            if self._file is not None:
+                self._file.close()
+
+
+def _reason(error: OSError) -> str:
+    return error.strerror or str(error)
 
 
 @dataclass
@@ -347,6 +423,10 @@ class EventReader:
         tail = self._tails.setdefault(path, _Tail())
         try:
             with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < tail.offset:  # a writer cut a torn line off: read again from that line's start
+                    tail.offset = min(size, tail.offset - len(tail.pending))
+                    tail.pending = b""
                 f.seek(tail.offset)
                 chunk = f.read()
         except OSError:

@@ -15,8 +15,13 @@ from typing import Any
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` whole or not at all; a failed write (a full disk) leaves no ``.tmp`` file behind."""
     tmp = _write_tmp(path, data)
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json_once(path: Path, data: dict[str, Any]) -> bool:
@@ -39,17 +44,26 @@ def write_json_once(path: Path, data: dict[str, Any]) -> bool:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "w") as f:
-            f.write(tmp.read_text())
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(tmp.read_text())
+        except BaseException:
+            path.unlink(missing_ok=True)  # half a record is worse than none
+            raise
         return True
     finally:
         os.unlink(tmp)
 
 
 def _write_tmp(path: Path, data: dict[str, Any]) -> Path:
+    """``data`` in a new hidden file beside ``path``; removed again if it cannot be written whole."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True, default=str)
-        f.write("\n")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True, default=str)
+            f.write("\n")
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return tmp

@@ -16,6 +16,11 @@ Run it under ``shardtop launch`` or on its own: it writes into
 ``$SHARDTOP_RUN_DIR`` when set, else rank 0 creates a run directory and
 broadcasts it to the other ranks, so ``shardtop runs`` and ``shardtop
 attach`` find it like any preset run.
+
+None of these raises into training: ``watch()`` passes the training's own
+exception on untouched, and a probe with nowhere to write (no run directory)
+says so once in the rank's log and records nothing.  Without ``watch()``
+the rank's ending is still recorded, at interpreter exit (``exits.py``).
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from shardtop.probe.session import Probe, current, set_current
-from shardtop.runs import RUN_DIR_ENV, RunDirectory, runs_root
+from shardtop.probe.faults import describe
+from shardtop.probe.session import Probe, current, set_current, unavailable
+from shardtop.runs import RUN_DIR_ENV, RunDirectory, RunError, runs_root
 
 
 def _rank_world() -> tuple[int, int, int]:
@@ -44,44 +50,112 @@ def _rank_world() -> tuple[int, int, int]:
 
 
 def _shared_run_dir(rank: int, world_size: int, runs_dir: str | None, name: str) -> Path:
+    """The run directory of all ranks: ``$SHARDTOP_RUN_DIR``, or one rank 0 makes and broadcasts.
+
+    Raises ``NoRunDirectory`` when there is none; rank 0 still takes part in
+    the broadcast, so the other ranks are not left waiting for it.
+    """
     env = os.environ.get(RUN_DIR_ENV)
     if env:
         return Path(env)
-    created: list[str | None] = [None]
-    if rank == 0:
-        run = RunDirectory.create(
-            runs_root(runs_dir),
-            name,
-            {"config": {"program": name, "world_size": world_size}, "command": list(sys.argv), "external": True},
-        )
-        created[0] = str(run.path)
     if world_size > 1:
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError(
-                "shardtop: with several ranks, call attach()/watch() after init_process_group(), "
-                f"or set {RUN_DIR_ENV} to one directory for all ranks."
+            raise NoRunDirectory(
+                "with several ranks, call attach()/watch() after init_process_group(), "
+                f"or set {RUN_DIR_ENV} to one directory for all ranks"
             )
+    created: list[str | None] = [None]
+    failure = ""
+    if rank == 0:
+        try:
+            run = RunDirectory.create(
+                runs_root(runs_dir),
+                name,
+                {"config": {"program": name, "world_size": world_size}, "command": list(sys.argv), "external": True},
+            )
+            created[0] = str(run.path)
+        except (RunError, OSError) as e:
+            failure = f"cannot make a run directory: {e}"
+    if world_size > 1:
+        import torch.distributed as dist
+
         dist.broadcast_object_list(created, src=0)
-    assert created[0] is not None
+    if created[0] is None:
+        raise NoRunDirectory(failure or "rank 0 could not make a run directory (its log says why)")
     return Path(created[0])
 
 
+class NoRunDirectory(Exception):
+    """There is no run directory to write to: the probe records nothing, training goes on."""
+
+
 def probe(run_dir: str | os.PathLike[str] | None = None, *, runs_dir: str | None = None, name: str | None = None) -> Probe:
-    """This process's probe, created on first use."""
+    """This process's probe, created on first use; it never raises into training."""
     existing = current()
     if existing is not None:
+        if name and not existing.program:
+            existing.program = name
         return existing
-    rank, world_size, local_rank = _rank_world()
     program = name or (Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c") else "script")
-    path = Path(run_dir) if run_dir else _shared_run_dir(rank, world_size, runs_dir, program)
-    p = Probe(path, rank, world_size, local_rank=local_rank)
+    rank, world_size, local_rank = 0, 1, 0
+    try:
+        rank, world_size, local_rank = _rank_world()
+        path = Path(run_dir) if run_dir else _shared_run_dir(rank, world_size, runs_dir, program)
+        p = Probe(path, rank, world_size, local_rank=local_rank)
+    except NoRunDirectory as e:
+        p = unavailable(rank, world_size, str(e), local_rank)
+    except Exception as e:  # noqa: BLE001 - the probe never raises into training
+        p = unavailable(rank, world_size, describe(e), local_rank)
     p.program = program
     p.device = f"cuda:{local_rank}" if _cuda_in_use() else "cpu"
     set_current(p)
-    RunDirectory(path).register_rank(rank)
+    p.register()
     return p
+
+
+def prepare(
+    run_dir: str | os.PathLike[str],
+    *,
+    rank: int,
+    world_size: int,
+    local_rank: int = 0,
+    device: str = "cpu",
+    program: str = "",
+    memory_interval: float = 0.5,
+) -> Probe:
+    """This process's probe, made before training starts; the callback and ``watch()`` pick it up.
+
+    A preset's rank makes it before its memory cap applies, so that the event
+    file (with the room it keeps for the last records), the memory thread and
+    the exit hooks come out of the memory the rank had before the cap
+    (``Probe.set_memory_limit`` then tells it the cap).
+    """
+    existing = current()
+    if existing is not None:
+        return existing
+    try:
+        p = Probe(Path(run_dir), rank, world_size, local_rank=local_rank)
+    except Exception as e:  # noqa: BLE001 - the probe never raises into training
+        p = unavailable(rank, world_size, describe(e), local_rank)
+    p.program = program
+    p.device = device
+    set_current(p)
+    p.register()
+    p.start_memory(memory_interval)
+    return p
+
+
+def finish(code: int, error: BaseException | None = None) -> None:
+    """A runner's last word for its rank: the OOM record if ``error`` is one, the exit, then close."""
+    p = current()
+    if p is None:
+        return
+    if error is not None:
+        p.record_oom(error)
+    p.exit(code, error)
+    p.close()
 
 
 def attach(
@@ -103,7 +177,8 @@ def attach(
     p = probe(run_dir, runs_dir=runs_dir, name=name)
     p.learn_names(target)
     if not p.said_hello:
-        p.device = _device_of(target)
+        with p.faults.guard("shards"):
+            p.device = _device_of(target)
         p.pending_hello = {"strategy": strategy, "program": p.program, "engine": engine}
     p.snapshot(target, stage=stage, optimizer=optimizer)
     p.start_memory()
@@ -141,7 +216,7 @@ def step(index: int, loss: float | None = None, seconds: float | None = None) ->
 def watch(
     run_dir: str | os.PathLike[str] | None = None, *, runs_dir: str | None = None, name: str | None = None
 ) -> Iterator[Probe]:
-    """Record an OOM (or any failure) and the rank's exit; the exception always goes on."""
+    """Record an OOM (or any failure) and the rank's exit; the exception always goes on, untouched."""
     p = probe(run_dir, runs_dir=runs_dir, name=name)
     try:
         yield p

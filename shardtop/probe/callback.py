@@ -6,6 +6,9 @@ It writes into ``$SHARDTOP_RUN_DIR`` when set (preset runs set it), else into a
 run directory it makes under the runs root, which rank 0 creates and
 broadcasts, so every launcher (Lightning's own, torchrun, SLURM) ends up with
 one directory per run.
+
+Like every part of the probe it never raises into training: what goes wrong
+in it is logged once, written as a ``Fault`` event, and that part stops.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from shardtop.probe.session import Probe, current, set_current
-from shardtop.runs import RUN_DIR_ENV, RunDirectory, runs_root
+from shardtop.probe.faults import describe
+from shardtop.probe.session import Probe, current, set_current, unavailable
+from shardtop.runs import RUN_DIR_ENV, RunDirectory, RunError, runs_root
 
 STRATEGY_ENGINES = {
     "FSDPStrategy": "fsdp1",
@@ -68,10 +72,12 @@ class ShardtopCallback(Callback):
         self._step_started = 0.0
         self._snapshots_after_step = 0
         self._failed = False
+        self._no_run_dir = ""
 
     # -- where to write --------------------------------------------------------
 
-    def _resolve_run_dir(self, trainer: Any) -> Path:
+    def _resolve_run_dir(self, trainer: Any) -> Path | None:
+        """The run directory; rank 0 makes it and broadcasts it (None everywhere when it could not)."""
         if self.run_dir is None and os.environ.get(RUN_DIR_ENV):
             self.run_dir = Path(os.environ[RUN_DIR_ENV])
         if self.run_dir is not None:
@@ -79,62 +85,83 @@ class ShardtopCallback(Callback):
         created: str | None = None
         if trainer.global_rank == 0:
             name = self.name or _script_name()
-            run = RunDirectory.create(
-                runs_root(self.runs_dir),
-                name,
-                {
-                    "config": {"program": name, "world_size": trainer.world_size},
-                    "command": list(sys.argv),
-                    "external": True,
-                },
-            )
-            created = str(run.path)
-        created = trainer.strategy.broadcast(created, src=0)
-        self.run_dir = Path(created)
+            try:
+                run = RunDirectory.create(
+                    runs_root(self.runs_dir),
+                    name,
+                    {
+                        "config": {"program": name, "world_size": trainer.world_size},
+                        "command": list(sys.argv),
+                        "external": True,
+                    },
+                )
+                created = str(run.path)
+            except (RunError, OSError) as e:
+                self._no_run_dir = f"cannot make a run directory: {e}"
+        created = trainer.strategy.broadcast(created, src=0)  # every rank takes part, made or not
+        self.run_dir = Path(created) if created else None
         return self.run_dir
 
     # -- Lightning hooks -------------------------------------------------------
+    # Each hook runs the probe's parts, which never raise (session.py); what the
+    # hooks read of the trainer themselves is guarded here.
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self.probe is not None:
             return
-        run_dir = self._resolve_run_dir(trainer)
+        try:
+            run_dir = self._resolve_run_dir(trainer)
+        except Exception as e:  # noqa: BLE001 - the probe never raises into training
+            run_dir, self._no_run_dir = None, describe(e)
         probe = current()
-        if probe is None or probe.run_dir != run_dir:
-            probe = Probe(run_dir, trainer.global_rank, trainer.world_size, trainer.local_rank, trainer.node_rank)
+        if probe is None or probe.run_dir != run_dir or run_dir is None:
+            if run_dir is None:
+                probe = unavailable(trainer.global_rank, trainer.world_size,
+                                    self._no_run_dir or "rank 0 could not make a run directory (its log says why)")
+            else:
+                probe = Probe(run_dir, trainer.global_rank, trainer.world_size, trainer.local_rank, trainer.node_rank)
             set_current(probe)
         self.probe = probe
-        RunDirectory(run_dir).register_rank(trainer.global_rank)
-        probe.hello(
-            device=str(trainer.strategy.root_device),
-            engine=engine_of(trainer.strategy),
-            strategy=strategy_name(trainer),
-            program=self.program or _script_name(),
-        )
-        probe.extra_info.update(
-            {
-                "precision": str(trainer.precision),
-                "loss_scaling": getattr(trainer.precision_plugin, "scaler", None) is not None,
-                "driver": f"Lightning {strategy_name(trainer)}",
-            }
-        )
+        probe.register()
+        device, engine, strategy = probe.device, "", ""
+        with probe.faults.guard("shards"):  # reading the strategy is reading the engine
+            device, engine = str(trainer.strategy.root_device), engine_of(trainer.strategy)
+            strategy = strategy_name(trainer)
+            probe.extra_info.update(
+                {
+                    "precision": str(trainer.precision),
+                    "loss_scaling": getattr(trainer.precision_plugin, "scaler", None) is not None,
+                    "driver": f"Lightning {strategy}",
+                }
+            )
+        probe.hello(device=device, engine=engine, strategy=strategy, program=self.program or _script_name())
         probe.start_memory(self.memory_interval)
         probe.phase("setup")
         probe.learn_names(pl_module)
-        if any(True for _ in pl_module.parameters()):
-            probe.snapshot(pl_module, stage="setup")
+        with probe.faults.guard("shards"):
+            if any(True for _ in pl_module.parameters()):
+                probe.snapshot(pl_module, stage="setup")
+
+    def _engine_snapshot(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Read the model as the strategy holds it (the engine), with its optimizer."""
+        probe = self.probe
+        if probe is None or not probe.faults.working("shards"):
+            return
+        with probe.faults.guard("shards"):
+            model = trainer.strategy.model if trainer.strategy.model is not None else pl_module
+            optimizer = _first_optimizer(trainer)
+            if stage == "engine":
+                probe.learn_names(model)
+            probe.snapshot(model, stage=stage, optimizer=optimizer)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        if self.probe is None:
-            return
-        model = trainer.strategy.model if trainer.strategy.model is not None else pl_module
-        self.probe.learn_names(model)
-        self.probe.snapshot(model, stage="engine", optimizer=_first_optimizer(trainer))
+        self._engine_snapshot(trainer, pl_module, "engine")
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self.probe is not None:
             self._step_started = time.perf_counter()
-            self.probe.phase("forward", trainer.global_step + 1)
+            with self.probe.faults.guard("steps"):
+                self.probe.phase("forward", trainer.global_step + 1)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         if self.probe is not None:
@@ -148,14 +175,15 @@ class ShardtopCallback(Callback):
         probe = self.probe
         if probe is None:
             return
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        value = float(loss.detach().float().item()) if loss is not None and hasattr(loss, "detach") else None
-        probe.step(trainer.global_step, loss=value, seconds=time.perf_counter() - self._step_started)
+        if probe.faults.working("steps"):
+            with probe.faults.guard("steps"):
+                loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+                value = float(loss.detach().float().item()) if loss is not None and hasattr(loss, "detach") else None
+                probe.step(trainer.global_step, loss=value, seconds=time.perf_counter() - self._step_started)
         if self._snapshots_after_step == 0:
             # Gradients and optimizer state exist only after the first step.
             self._snapshots_after_step += 1
-            model = trainer.strategy.model if trainer.strategy.model is not None else pl_module
-            probe.snapshot(model, stage="step", optimizer=_first_optimizer(trainer))
+            self._engine_snapshot(trainer, pl_module, "step")
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         if self.probe is not None:

@@ -4,7 +4,8 @@ A daemon thread writes a ``Memory`` event every ``interval`` seconds; the
 probe also asks for one at each phase change (``sample_now``), which must be
 cheap since it runs on the training thread: there it reuses the thread's
 latest NVML reading instead of asking NVML again.  Nothing here raises into
-training: a failed sample is skipped.
+training: a failed sample is skipped, and a thread that cannot be started
+(a tight memory cap) leaves the samples taken at phase changes.
 
 The last sample of all is the one CUDA's allocator gives when it runs out
 (``install_cuda_oom_observer``): the exact size asked for and NVML's picture
@@ -69,7 +70,7 @@ class MemorySampler:
 
     def __init__(
         self,
-        write: Callable[[Memory], None],
+        write: Callable[[Memory], object],
         *,
         device: str,
         interval: float = 0.5,
@@ -110,11 +111,16 @@ class MemorySampler:
     # -- lifecycle ---------------------------------------------------------------
 
     def start(self) -> None:
+        """Start the thread; raises ``RuntimeError`` if none can be started (a tight memory cap).
+
+        Then nothing is left half started: ``sample_now`` still works and ``stop`` is a no-op.
+        """
         if self._thread is not None:
             return
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="shardtop-memory", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._run, name="shardtop-memory", daemon=True)
+        thread.start()
+        self._thread = thread
 
     def stop(self) -> None:
         """Stop and join the thread; safe to call twice, or without ``start``."""
@@ -141,14 +147,18 @@ class MemorySampler:
 
     # -- sampling -----------------------------------------------------------------
 
-    def sample_now(self) -> Memory:
-        """One sample, written now (on the caller's thread, reusing the thread's NVML and RSS readings)."""
-        sample = self._sample(fresh=False)
+    def sample_now(self) -> Memory | None:
+        """One sample, written now (on the caller's thread, reusing the thread's NVML and RSS readings).
+
+        None if it could not be taken: this runs on the training thread and never raises.
+        """
         try:
+            sample = self._sample(fresh=False)
             self.write(sample)
-            self.samples += 1
         except Exception:  # noqa: BLE001
             self.failures += 1
+            return None
+        self.samples += 1
         return sample
 
     def _sample(self, fresh: bool) -> Memory:

@@ -18,6 +18,7 @@ up (it fires before the exception is raised).
 
 from __future__ import annotations
 
+import errno
 import re
 import sys
 from collections.abc import Iterable, Sequence
@@ -57,6 +58,9 @@ Elsewhere (``_configure_zero_optimizer`` allocating its buckets) it is only the 
 
 INIT_FRAMES = frozenset({"_post_init_method"})
 """deepspeed.zero.Init's hook run as each module is constructed; its ``module`` is not in any tree yet."""
+INIT_WRAPPER = ("deepspeed/runtime/zero/partition_parameters.py", "wrapper")
+"""The wrapper zero.Init puts around every module class's ``__init__``: its ``module`` is being built
+(an OOM allocating the module's own parameters strikes there, before ``_post_init_method``)."""
 
 ENGINE_STEPS = (
     "DeepSpeedEngine._configure_distributed_model", "DeepSpeedEngine._configure_zero_optimizer",
@@ -102,7 +106,7 @@ _OOM_MESSAGES = re.compile(
 
 
 def _is_oom_itself(exc: BaseException) -> bool:
-    if isinstance(exc, MemoryError):
+    if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
         return True
     torch = sys.modules.get("torch")
     oom_type = getattr(torch, "OutOfMemoryError", None)
@@ -173,7 +177,10 @@ def _describe(frame: FrameType, lineno: int, torch: Any) -> StackFrame:
     qualname = getattr(code, "co_qualname", None)
     if qualname is None:
         qualname = f"{type(this).__name__}.{code.co_name}" if this is not None else code.co_name
-    built = local_values.get("module") if code.co_name in INIT_FRAMES else None
+    builds = code.co_name in INIT_FRAMES or (
+        code.co_name == INIT_WRAPPER[1] and code.co_filename.replace("\\", "/").endswith(INIT_WRAPPER[0])
+    )
+    built = local_values.get("module") if builds else None
     being_built = built if torch is not None and isinstance(built, torch.nn.Module) else None
     return StackFrame(code.co_filename, lineno, code.co_name, qualname, module, params, outputs, being_built)
 

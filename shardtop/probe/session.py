@@ -2,41 +2,81 @@
 
 One ``Probe`` per process.  The Lightning callback and the raw-engine API
 (``attach``/``watch``) both drive it; neither writes events themselves.
+
+The probe is a guest in the training process and never raises into it; only
+the user's own exception goes on, untouched.  Each of its parts runs under a
+guard (``faults.py``): a part that fails is logged once to the rank's log,
+written as a ``Fault`` event and switched off.  Everything that recording an
+OOM needs is imported with this module, and memory is kept aside for it
+(``cap.py``): a CPU rank under a memory cap imports the probe before its
+cap applies.  The rank's ending is recorded however it comes (``exits.py``).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 from shardtop.cluster import SlurmIds
-from shardtop.events import EventWriter, Exit, Hello, Phase, Shards, Step, Tree, event_file
+from shardtop.events import (
+    EventWriter,
+    Exit,
+    Fault,
+    Hello,
+    Oom,
+    Phase,
+    Shards,
+    Step,
+    Tree,
+    event_file,
+)
+from shardtop.probe.cap import OOM_RESERVE, starved_of_memory
+from shardtop.probe.exits import ExitRecord, exit_record, received_signal
+from shardtop.probe.exits import install as install_exit_hooks
+from shardtop.probe.faults import Faults, describe, say
 from shardtop.probe.host import host_facts
+from shardtop.probe.memory import MemorySampler
 from shardtop.probe.names import module_names
+from shardtop.probe.oom import (
+    attribute,
+    first_line,
+    install_cuda_oom_observer,
+    is_out_of_memory,
+    oom_path,
+)
+from shardtop.probe.shards import read_shards
+from shardtop.probe.tracker import ModuleTracker
 from shardtop.runs import RunDirectory
+
+try:
+    import pynvml  # noqa: F401 - an OOM record asks NVML about every GPU: importing it then could fail
+except ImportError:  # pragma: no cover - a declared dependency
+    pass
 
 
 class Probe:
-    """Writes one rank's events into a run directory."""
+    """Writes one rank's events into a run directory (``run_dir=None``: nowhere, it could not be made)."""
 
     def __init__(
         self,
-        run_dir: Path,
+        run_dir: Path | None,
         rank: int,
         world_size: int,
         local_rank: int = 0,
         node_rank: int = 0,
     ) -> None:
-        self.run_dir = Path(run_dir)
+        self.run_dir = Path(run_dir) if run_dir is not None else None
         self.rank = rank
         self.world_size = world_size
         self.local_rank = local_rank
         self.node_rank = node_rank
-        self.writer = EventWriter(event_file(self.run_dir / "events", rank), rank)
+        self.faults = Faults(rank, self._write_fault)
+        path = event_file(self.run_dir / "events", rank) if self.run_dir is not None else None
+        self.writer = EventWriter(path, rank, on_stop=self._events_stopped)
+        if self.writer.stopped is not None and self.run_dir is not None:
+            self.faults.report("events", self.writer.stopped, then="nothing is recorded")
         self.names: dict[int, str] = {}
         self.phase_name = "setup"
         self.step_index = 0
@@ -45,10 +85,10 @@ class Probe:
         self.memory_limit: int | None = int(limit) if limit and limit.isdigit() else None
         self._tree_key: tuple[Any, ...] | None = None
         self._tree_id = -1
-        self._sampler: Any = None
+        self._sampler: MemorySampler | None = None
         self._oom_written = False
         self._exited = False
-        self.tracker: Any = None
+        self.tracker: ModuleTracker | None = None
         self.program = ""
         self.extra_info: dict[str, str | int | float | bool | None] = {}
         """Facts only the driver knows (Trainer precision, loss scaling), added to every Shards.info."""
@@ -56,14 +96,23 @@ class Probe:
         self.pending_hello: dict[str, str] | None = None
         """Hello fields known before the engine is: written with the first snapshot."""
 
+    @property
+    def exited(self) -> bool:
+        return self._exited
+
+    def _write_fault(self, fault: Fault) -> None:
+        self.writer.write(fault)
+
+    def _events_stopped(self, reason: str) -> None:
+        self.faults.report("events", reason, then="only the OOM and exit records are still written")
+
     # -- lifecycle -----------------------------------------------------------
 
     def hello(self, device: str, engine: str = "", strategy: str = "", program: str = "") -> None:
         self.device = device
         if device.startswith("cuda"):
-            from shardtop.probe.oom import install_cuda_oom_observer
-
-            install_cuda_oom_observer()
+            with self.faults.guard("oom"):
+                install_cuda_oom_observer()
         self.said_hello = True
         self.pending_hello = None
         slurm = SlurmIds.from_env()
@@ -89,10 +138,13 @@ class Probe:
         )
 
     def start_memory(self, interval: float = 0.5) -> None:
-        """Sample this rank's memory in the background (and the node's GPUs on local rank 0)."""
-        from shardtop.probe.memory import MemorySampler
+        """Sample this rank's memory in the background (and the node's GPUs on local rank 0).
 
-        if self._sampler is None:
+        Without a thread (a tight memory cap refuses one) it samples at phase changes only.
+        """
+        if self._sampler is not None or not self.faults.working("memory"):
+            return
+        with self.faults.guard("memory"):
             self._sampler = MemorySampler(
                 self.writer.write,
                 device=self.device,
@@ -100,11 +152,23 @@ class Probe:
                 sample_gpus=self.local_rank == 0,
                 limit=self.memory_limit,
             )
+        if self._sampler is None:
+            return
+        try:
             self._sampler.start()
+        except Exception as e:  # noqa: BLE001 - "can't start new thread"
+            self.faults.report("memory", e, then="memory is sampled at phase changes only")
+
+    def set_memory_limit(self, limit: int | None) -> None:
+        """The per-process cap the rank runs under, once it applies: every record says it."""
+        self.memory_limit = limit
+        if self._sampler is not None:
+            self._sampler.limit = limit
 
     def sample_memory(self) -> None:
-        if self._sampler is not None:
-            self._sampler.sample_now()
+        if self._sampler is not None and self.faults.working("memory"):
+            with self.faults.guard("memory"):
+                self._sampler.sample_now()
 
     def phase(self, phase: str, step: int | None = None) -> None:
         if step is not None:
@@ -123,21 +187,29 @@ class Probe:
 
     def learn_names(self, root: Any) -> None:
         """Map module objects to clean paths once, for OOM attribution later."""
-        from shardtop.probe.tracker import ModuleTracker
+        if not self.faults.working("names"):
+            return
+        with self.faults.guard("names"):
+            self.names.update(module_names(root))
+            # No hooks: backward OOMs are read off the failed autograd graph, at no cost per step.
+            self.tracker = ModuleTracker(root, self.names)
 
-        self.names.update(module_names(root))
-        # No hooks: backward OOMs are read off the failed autograd graph, at no cost per step.
-        self.tracker = ModuleTracker(root, self.names)
+    def snapshot(self, target: Any, stage: str, optimizer: Any = None) -> tuple[Tree, Shards] | None:
+        """Write how the model is held now: the tree (only when it changed) and this rank's shards.
 
-    def snapshot(self, target: Any, stage: str, optimizer: Any = None) -> tuple[Tree, Shards]:
-        """Write how the model is held now: the tree (only when it changed) and this rank's shards."""
-        from shardtop.probe.shards import read_shards
-
-        tree, shards = read_shards(target, tree_id=self._tree_id + 1, stage=stage, optimizer=optimizer)
+        None when the shard reader failed (now or before): the run goes on without shards.
+        """
+        read: tuple[Tree, Shards] | None = None
+        if self.faults.working("shards"):
+            with self.faults.guard("shards"):
+                read = read_shards(target, tree_id=self._tree_id + 1, stage=stage, optimizer=optimizer)
         if not self.said_hello and self.pending_hello is not None:
             pending = dict(self.pending_hello)
-            engine = pending.pop("engine", "") or shards.engine
+            engine = pending.pop("engine", "") or (read[1].engine if read is not None else "")
             self.hello(self.device, engine=engine, **pending)
+        if read is None:
+            return None
+        tree, shards = read
         key = (tuple(tree.names), tuple(tree.parents), tuple(tree.types), tuple(tree.type_names), tuple(tree.params))
         if key != self._tree_key:
             self._tree_id += 1
@@ -154,55 +226,104 @@ class Probe:
     # -- endings -----------------------------------------------------------------
 
     def record_oom(self, exc: BaseException) -> bool:
-        """Write the OOM event if ``exc`` is an out-of-memory error; True if it was."""
-        from shardtop.probe.oom import attribute, is_out_of_memory
+        """Write the OOM event if ``exc`` is an out-of-memory error; True if it was.
 
-        if self._oom_written or not is_out_of_memory(exc):
+        The memory reserve is given back first, so that attributing the OOM
+        has room; if attributing fails all the same, the OOM is written with
+        what is known without it (phase, step, message).
+        """
+        if self._oom_written or isinstance(exc, (KeyboardInterrupt, SystemExit)):
             return False
-        event = attribute(
-            exc,
-            names=self.names,
-            phase=self.phase_name,
-            step=self.step_index,
-            device=self.device,
-            tracker=self.tracker,
-            limit=self.memory_limit,
-        )
+        starved = False
+        try:
+            if not is_out_of_memory(exc):
+                starved = starved_of_memory(exc)  # measured before the reserve is given back
+                if not starved:
+                    return False
+        except MemoryError:
+            pass  # even looking at the error needs memory that is not there: it is an OOM
+        except Exception:  # noqa: BLE001
+            return False
+        OOM_RESERVE.release()
+        event: Oom | None = None
+        with self.faults.guard("oom"):
+            event = attribute(
+                exc,
+                names=self.names,
+                phase=self.phase_name,
+                step=self.step_index,
+                device=self.device,
+                tracker=self.tracker,
+                limit=self.memory_limit,
+            )
+        if event is None:
+            event = self._bare_oom(exc)
+        if starved:
+            event.message = _starved_message(exc)
+        elif not event.message:  # a bare MemoryError says nothing: say at least what it is
+            event.message = describe((oom_path(exc) or [exc])[-1])
         self.writer.write(event)
         self._oom_written = True
         return True
 
+    def _bare_oom(self, exc: BaseException) -> Oom:
+        return Oom(phase=self.phase_name, step=self.step_index, device=self.device, limit=self.memory_limit,
+                   message=_first_line_of(exc))
+
     def exit(self, code: int, error: BaseException | None = None) -> None:
+        """Record how the rank ends (once): ``exits.exit_record`` says ok, error, oom or interrupted."""
         if self._exited:
             return
         self._exited = True
-        if self._sampler is not None:
-            self._sampler.stop()
-        if error is None:
-            status = "ok" if code == 0 else "error"
-            message = None
-        else:
-            status = "oom" if self._oom_written else (
-                "interrupted" if isinstance(error, KeyboardInterrupt) else "error"
-            )
-            message = "".join(traceback.format_exception_only(type(error), error)).strip()[:2000]
-        self.writer.write(Exit(code=code, status=status, error=message))
-        self._record_exit_of_external_run(code, status)
+        self._stop_sampler()
+        try:
+            record = exit_record(code, error, oom=self._oom_written, received=received_signal())
+        except Exception:  # noqa: BLE001
+            record = ExitRecord(code, "ok" if code == 0 and error is None else "error")
+        self.writer.write(Exit(code=record.code, status=record.status, error=record.error, signal=record.signal))
+        with self.faults.guard("run"):
+            self._record_exit_of_external_run(record)
 
-    def _record_exit_of_external_run(self, code: int, status: str) -> None:
+    def _record_exit_of_external_run(self, record: ExitRecord) -> None:
         """A script's run has no supervisor to write ``exit.json``: its ranks do.
 
         A failing rank writes it at once; rank 0 writes success. The first
         record wins, so a rank that failed before rank 0 finished is what stays.
         """
+        if self.run_dir is None:
+            return
         run = RunDirectory(self.run_dir)
-        if (code != 0 or self.rank == 0) and run.read_meta().get("external"):
-            run.write_exit(code, reason=f"rank {self.rank}: {status}")
+        if (record.code != 0 or self.rank == 0) and run.read_meta().get("external"):
+            run.write_exit(record.code, signal=record.signal, reason=f"rank {self.rank}: {record.status}")
+
+    def register(self) -> None:
+        """Tell the run directory this process is one of its ranks (scripts' runs only)."""
+        if self.run_dir is not None:
+            with self.faults.guard("run"):
+                RunDirectory(self.run_dir).register_rank(self.rank)
+
+    def _stop_sampler(self) -> None:
+        if self._sampler is not None:
+            try:
+                self._sampler.stop()
+            except Exception:  # noqa: BLE001
+                pass
 
     def close(self) -> None:
-        if self._sampler is not None:
-            self._sampler.stop()
+        self._stop_sampler()
         self.writer.close()
+
+
+def _first_line_of(exc: BaseException) -> str:
+    try:
+        return first_line(str(exc))
+    except Exception:  # noqa: BLE001
+        return type(exc).__name__
+
+
+def _starved_message(exc: BaseException) -> str:
+    """An error that is an OOM only by where it struck: say both."""
+    return f"{type(exc).__name__}: {_first_line_of(exc)} (raised with the data segment at its cap, RLIMIT_DATA)"
 
 
 def _versions() -> dict[str, str]:
@@ -221,10 +342,24 @@ def current() -> Probe | None:
     return _current
 
 
+def _forget_in_child() -> None:
+    """A process forked from a rank (a DataLoader worker) is not the rank: it stays quiet."""
+    global _current
+    _current = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def set_current(probe: Probe | None) -> None:
+    """Make ``probe`` this process's probe; its ending is then recorded however the process ends."""
     global _current
     _current = probe
+    if probe is not None:
+        install_exit_hooks(current)
 
 
-def now() -> float:
-    return time.perf_counter()
+def unavailable(rank: int, world_size: int, why: str, local_rank: int = 0) -> Probe:
+    """A probe that records nothing, for a rank whose run directory could not be made; says why once."""
+    say(f"shardtop: nothing is recorded on rank {rank}: {why}. Training goes on.")
+    return Probe(None, rank, world_size, local_rank=local_rank)

@@ -116,6 +116,8 @@ class ModuleTracker:
         self._handles: list[Any] = []
         self._backward: TrackedModule | None = None
         self._types: dict[str, str] = {}
+        self.failed: Exception | None = None
+        """Set if a hook failed: the hooks then do nothing and name nothing (training goes on)."""
 
     @property
     def installed(self) -> bool:
@@ -162,13 +164,19 @@ class ModuleTracker:
             tracker._backward = entry
 
         def after_forward(module: nn.Module, args: Any, output: Any) -> None:
-            if tracker._backward is not None and _graph_task_id() < 0:
-                # A new forward outside any backward: the last step's answer is stale.
-                # (Inside a backward it is a checkpoint recomputation: keep it.)
+            if tracker.failed is not None:
+                return
+            try:
+                if tracker._backward is not None and _graph_task_id() < 0:
+                    # A new forward outside any backward: the last step's answer is stale.
+                    # (Inside a backward it is a checkpoint recomputation: keep it.)
+                    tracker._backward = None
+                node = first_grad_fn(output)
+                if node is not None:
+                    node.register_prehook(backward_began)
+            except Exception as e:  # noqa: BLE001 - a hook runs inside the user's forward: never raise there
+                tracker.failed = e
                 tracker._backward = None
-            node = first_grad_fn(output)
-            if node is not None:
-                node.register_prehook(backward_began)
 
         return after_forward
 

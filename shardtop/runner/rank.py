@@ -56,24 +56,28 @@ def run_rank(run_dir: Path, rank: int) -> int:
     )
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     code = 0
+    error: BaseException | None = None
     try:
+        from shardtop.probe.api import prepare
         from shardtop.runner.limits import apply_memory_limit
 
         program = load_program(config["program"])  # its imports are not the run's memory
-        apply_memory_limit(ctx)
+        # The probe's file, thread and OOM reserve exist before the cap: an OOM anywhere is recorded.
+        probe = prepare(ctx.run_dir, rank=rank, world_size=ctx.world_size, local_rank=ctx.local_rank,
+                        device=ctx.device, program=config.get("preset", ""))
+        probe.set_memory_limit(apply_memory_limit(ctx))
         program(ctx)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
-    except BaseException:
+        error = e
+    except BaseException as e:
         traceback.print_exc()
         code = 1
+        error = e
     finally:
-        from shardtop.probe.session import current
+        from shardtop.probe.api import finish
 
-        probe = current()
-        if probe is not None:
-            probe.exit(code)
-            probe.close()
+        finish(code, error)
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)

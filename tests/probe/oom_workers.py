@@ -216,9 +216,13 @@ def fsdp1_backward_oom(rank: int, world_size: int, out_dir: Path, track: str = "
     return _record(probe, loss.backward, 64 * MiB)
 
 
-def zero_init_oom(rank: int, world_size: int, out_dir: Path) -> dict[str, Any]:
+def zero_init_oom(rank: int, world_size: int, out_dir: Path, headroom_mib: int = 24) -> dict[str, Any]:
     """Building layers under ``deepspeed.zero.Init`` (story 2's fix) on one rank: each layer is
-    partitioned as it is made, and one rank's partition is the whole layer; the cap runs out mid-build."""
+    partitioned as it is made, and one rank's partition is the whole layer; the cap runs out mid-build.
+
+    A layer's weight is 16 MiB and its partition another 16 MiB: with 24 MiB left the partition
+    (``Init._post_init_method``) fails; with 8 MiB the weight itself (``Linear.__init__``) does.
+    """
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
 
@@ -228,6 +232,6 @@ def zero_init_oom(rank: int, world_size: int, out_dir: Path) -> dict[str, Any]:
 
     def build() -> None:
         with deepspeed.zero.Init(config_dict_or_path=config):
-            nn.Sequential(*(nn.Linear(512, 512) for _ in range(64)))  # 64 MiB in all
+            nn.Sequential(*(nn.Linear(2048, 2048) for _ in range(4)))  # 64 MiB in all
 
-    return _record(probe, build, 24 * MiB)
+    return _record(probe, build, headroom_mib * MiB)

@@ -545,10 +545,16 @@ def test_attribute_engine_step_alone() -> None:
     assert event.traceback[-1] == "deepspeed/runtime/engine.py:10 in DeepSpeedEngine._configure_zero_optimizer"
 
 
-def test_real_oom_while_zero_init_builds_names_the_type_being_built(tmp_path: Path) -> None:
-    [result] = run_ranks("tests.probe.oom_workers:zero_init_oom", 1, tmp_path)
+@pytest.mark.parametrize(("headroom_mib", "failing"), [(24, "partition"), (8, "weight")])
+def test_real_oom_while_zero_init_builds_names_the_type_being_built(
+    tmp_path: Path, headroom_mib: int, failing: str
+) -> None:
+    [result] = run_ranks("tests.probe.oom_workers:zero_init_oom", 1, tmp_path, headroom_mib=headroom_mib)
     _propagated_unchanged(result)
     oom, _ = _oom_of(tmp_path)
     # Under construction the layer is in no tree yet: its type is all there is to name.
     assert (oom.module, oom.module_type, oom.attributed_by) == (None, "Linear", "init-frame")
-    assert oom.engine_step is not None and oom.engine_step.startswith("Init.")
+    if failing == "partition":
+        assert oom.engine_step is not None and oom.engine_step.startswith("Init.")
+    else:  # the layer's own weight, allocated in Linear.__init__ inside zero.Init's wrapper
+        assert any(line.endswith("in Linear.__init__") for line in oom.traceback)

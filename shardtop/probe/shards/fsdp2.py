@@ -50,9 +50,6 @@ def is_fsdp2_class(cls: type) -> bool:
     return any(c.__name__ == MODULE_CLASS for c in cls.__mro__)
 
 
-def is_fsdp2_module(module: Any) -> bool:
-    return is_fsdp2_class(type(module))
-
 
 def is_dtensor(param: Any) -> bool:
     return hasattr(param, "placements") and hasattr(param, "device_mesh")
