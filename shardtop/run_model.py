@@ -19,7 +19,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Literal
 
-from shardtop.events import Exit, Hello, Memory, Oom, Scalar, Shards, Tree
+from shardtop.events import Exit, Fault, Hello, Memory, Oom, Scalar, Shards, Tree
 from shardtop.oom_story import OomStory, user_type
 from shardtop.run_meta import RunMeta
 from shardtop.run_state import TRAINING_PHASES, GpuSample, RankState, RunState
@@ -115,7 +115,7 @@ def _exit_status(e: Exit) -> RankStatus:
     if e.status == "oom":
         return RankStatus("out of memory")
     if e.status in ("interrupted", "killed"):
-        return RankStatus(e.status, _first_line(e.error))
+        return RankStatus(e.status, _signal_name(e.signal) if e.signal else _first_line(e.error))
     # a SystemExit carrying a signal's exit status (128 + n) is a signal, not a failure
     if e.code > 128 and e.code - 128 in (signals.SIGTERM, signals.SIGINT, signals.SIGHUP):
         return RankStatus("interrupted", _signal_name(e.code - 128))
@@ -506,6 +506,11 @@ class RunModel:
             if all(any(p.step >= sample.step for p in r.state.phase_samples) for r in on_host):
                 return sample
         return None
+
+    @property
+    def faults(self) -> tuple[Fault, ...]:
+        """Every part of the probe that failed, on every rank, in rank order."""
+        return tuple(f for r in self.ranks for f in r.state.faults)
 
     @property
     def training(self) -> bool:

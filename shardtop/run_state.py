@@ -18,6 +18,7 @@ from types import MappingProxyType
 from shardtop.events import (
     AnyEvent,
     Exit,
+    Fault,
     GpuMemory,
     Hello,
     Memory,
@@ -86,6 +87,8 @@ class RankState:
     """How the rank held the model before the engine wrapped it (stage ``setup``)."""
     oom: Oom | None = None
     exit: Exit | None = None
+    faults: tuple[Fault, ...] = ()
+    """Parts of the probe that failed on this rank and were switched off (training went on)."""
 
     @property
     def device(self) -> str:
@@ -249,6 +252,8 @@ class RunStateBuilder:
                 self._gpus[event.host] = tuple(event.gpus)
         elif isinstance(event, Exit):
             rs = replace(rs, exit=event)
+        elif isinstance(event, Fault):
+            rs = replace(rs, faults=rs.faults + (event,))
         self._ranks[event.rank] = rs
         self._dirty = True
 

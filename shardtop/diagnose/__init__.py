@@ -19,6 +19,7 @@ evidence, ``explain`` words a ``Finding`` from that evidence alone.  Stable code
 - ``optimizer_order.py``: ``optimizer-before-wrap`` (an optimizer holding the pre-wrap parameters)
 - ``host_memory.py``: ``host-memory-whole-model-per-rank`` (N whole copies in host memory)
 - ``allocator.py``: ``allocator-fragmentation`` (at an OOM), ``memory-outside-pytorch``
+- ``probe_faults.py``: ``probe-fault`` (a part of the probe switched itself off)
 
 A finding of severity ``error`` explains a failure.  No torch, no textual, no I/O.
 """
@@ -38,6 +39,7 @@ from shardtop.diagnose import (
     optimizer_order,
     persistence,
     placement,
+    probe_faults,
     reshard,
     zero3,
     zero12,
@@ -66,6 +68,7 @@ RULES: tuple[Rule[Any], ...] = (
     allocator.FRAGMENTED,
     allocator.OUTSIDE_PYTORCH,
     memory.NOTHING_RECORDED,
+    probe_faults.PROBE_FAULTS,
 )
 """Every rule but ``oom``, which runs last: it speaks only when these leave an OOM unexplained."""
 

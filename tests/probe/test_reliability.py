@@ -8,6 +8,7 @@ module the shard reader cannot read.  Scripts run as their own processes
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from shardtop.report import render_report
 from shardtop.events import Exit, Fault, Memory, Oom, Step, read_all
 from shardtop.run_status import ExitStatus
 from shardtop.runs import RunDirectory, list_runs
@@ -258,3 +260,9 @@ def test_a_shard_reader_that_fails_is_switched_off_and_training_goes_on(tmp_path
     assert fault.part == "shards" and ("KeyError" in fault.error or "no placement" in fault.error)
     assert [e.step for e in events if isinstance(e, Step)] == [1, 2, 3, 4, 5]
     assert [(e.status, e.code) for e in events if isinstance(e, Exit)] == [("ok", 0)]
+    # every view says the probe lost a part (the report's finding), and the run still reads finished
+    report = json.loads(render_report(the_run(tmp_path / "runs"), "json"))
+    (lost,) = [f for f in report["findings"] if f["code"] == "probe-fault"]
+    assert lost["severity"] == "info" and "shard reader on rank 0" in lost["detail"]
+    assert lost["evidence"]["faults"][0]["part"] == "shards"
+    assert report["ranks"][0]["status"] == "finished"
