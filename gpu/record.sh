@@ -1,48 +1,90 @@
 #!/usr/bin/env bash
-# Record on a GPU machine what CI cannot see: every preset for real (story 2 with a
-# 15 GiB per-process cap, like the question's cards), the probe's cost on CUDA, and
-# the real NVML panel. Run from the project root with the wheels of
-# ../shared/gpu/wheels.sh in .whl/; everything lands under $OUT (or ./gpu-out).
+# Record on a GPU machine what CI cannot see: the presets for real (story 2 with a 15 GiB
+# per-process cap, like the question's cards), the scenarios only a GPU shows, a user's own
+# script under `shardtop run`, and the benchmarks' GPU figures.
+#
+#   gpu/record.sh PART...     PART: presets1 presets2 scenarios1 scenarios2 own benches
+#
+# presets1/scenarios1 need one GPU, presets2/scenarios2 two. Run from the project root with the
+# wheels of ../shared/gpu/wheels.sh in .whl/; everything lands under $OUT (or ./gpu-out):
+# gpu.log, and gpu-runs.tgz with every run directory and its report.
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
 fi
-export PYTHONUNBUFFERED=1 SHARDTOP_RUNS_DIR=${SHARDTOP_RUNS_DIR:-/tmp/shardtop-gpu-runs}
+export PYTHONUNBUFFERED=1 SHARDTOP_RUNS_DIR=${SHARDTOP_RUNS_DIR:-/tmp/shardtop-gpu-runs} NCCL_NVLS_ENABLE=0
 CAP=${CAP:-15GiB}
-DEADLINE=$((SECONDS + ${BUDGET_S:-510}))  # leave time to pack the results
+DEADLINE=$((SECONDS + ${BUDGET_S:-540}))  # leave time to pack the results
+st() { python3 -m shardtop "$@"; }
 
 left() { local want=$1 rest=$((DEADLINE - SECONDS)); [ "$rest" -lt "$want" ] && want=$rest; echo "$want"; }
 
-launch() {  # seconds, then the launch arguments
-  local limit; limit=$(left "$1"); shift
-  [ "$limit" -gt 10 ] || { echo "=== skipped (out of time): $* ==="; return; }
-  echo "=== shardtop launch $* ($(date +%T), up to ${limit}s) ==="
-  timeout "$limit" python3 -m shardtop launch "$@" --headless --every 5
+step() {  # seconds, a title, then the command
+  local limit title; limit=$(left "$1"); title=$2; shift 2
+  [ "$limit" -gt 10 ] || { echo "=== skipped (out of time): $title ==="; return; }
+  echo "=== $title ($(date +%T), up to ${limit}s) ==="
+  timeout "$limit" "$@"
   echo "=== exit $? ==="
+}
+
+launch() { local s=$1; shift; step "$s" "shardtop launch $*" python3 -m shardtop launch "$@" --headless --every 5; }
+
+presets1() {
+  launch 150 zero3-linear devices=1 gpu_mem_limit=$CAP max_steps=3
+  launch 150 zero3-linear-fixed devices=1 model.n_layers=4000 gpu_mem_limit=$CAP max_steps=3
+  launch 60 fsdp-not-sharding devices=1 max_steps=5
+  launch 60 fsdp-auto-wrap devices=1 max_steps=5
+  launch 50 ddp-baseline devices=1 max_steps=5
+  launch 50 manual-placement max_steps=5
+  launch 50 fsdp2-mlp devices=1 max_steps=10
+}
+
+presets2() {
+  launch 90 fsdp-not-sharding devices=2 max_steps=5
+  launch 90 fsdp-auto-wrap devices=2 max_steps=5
+  launch 150 zero3-linear-fixed devices=2 model.n_layers=2000 gpu_mem_limit=$CAP max_steps=3
+  launch 200 zero3-linear-fixed devices=2 model.n_layers=4000 gpu_mem_limit=$CAP max_steps=3
+  launch 60 ddp-baseline devices=2 max_steps=5
+  launch 60 fsdp2-mlp devices=2 max_steps=10
+  launch 60 manual-placement max_steps=5
+  launch 120 zero3-linear devices=2 model.n_layers=4000 gpu_mem_limit=3584MiB max_steps=3
+}
+
+scenarios1() {
+  step 60 "fragmentation" python3 gpu/scenarios/fragmentation.py
+  step 60 "fragmentation, expandable segments" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 gpu/scenarios/fragmentation.py
+  step 60 "outside pytorch" python3 gpu/scenarios/outside_pytorch.py --outside-gib 6
+  step 60 "outside pytorch, OOM" python3 gpu/scenarios/outside_pytorch.py --outside-gib 128 --ask-gib 16
+}
+
+scenarios2() {
+  step 90 "wrong GPU" python3 -m shardtop run --headless --name wrong-gpu -- torchrun --standalone --nproc_per_node 2 gpu/scenarios/wrong_gpu.py
+  step 90 "device set first" python3 -m shardtop run --headless --name device-set-first -- torchrun --standalone --nproc_per_node 2 gpu/scenarios/wrong_gpu.py --set-device-first
+}
+
+own() {
+  local n; n=$(nvidia-smi -L | wc -l)
+  step 200 "a user's Lightning DeepSpeed script" python3 -m shardtop run --headless --name lightning-deepspeed -- python3 gpu/scenarios/lightning_deepspeed_user.py --devices "$n"
+}
+
+benches() {
+  step 120 "probe cost" python3 bench/bench_probe.py --device cuda
+  step 150 "terminal traffic" python3 bench/bench_ssh.py --nvml real --seconds 15
 }
 
 {
   nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv
   python3 -c "import sys, torch, lightning, deepspeed; print(sys.version.split()[0], torch.__version__, lightning.__version__, deepspeed.__version__)"
-  launch 150 zero3-linear gpu_mem_limit=$CAP max_steps=5
-  launch 150 zero3-linear-fixed gpu_mem_limit=$CAP max_steps=5
-  launch 70 fsdp-not-sharding max_steps=5
-  launch 70 fsdp-auto-wrap max_steps=5
-  launch 60 ddp-baseline max_steps=5
-  launch 60 manual-placement max_steps=5
-  launch 60 fsdp2-mlp max_steps=20
+  for part in "$@"; do "$part"; done
   for run in "$SHARDTOP_RUNS_DIR"/*/; do
+    [ -f "$run/report.md" ] && continue
     timeout "$(left 20)" python3 -m shardtop report "$run" --format markdown > "$run/report.md" 2>&1
   done
-  echo "=== probe benchmark ($(date +%T)) ==="
-  timeout "$(left 90)" python3 bench/bench_probe.py --device cuda
-  if [ -n "${LIVE_SHOT:-}" ] && [ -f screenshots/make_screenshots.py ]; then
-    echo "=== live NVML screenshot ($(date +%T)) ==="
-    timeout "$(left 60)" python3 screenshots/make_screenshots.py --live-gpu --out "$OUT"
-  fi
   python3 -m shardtop runs --limit 0
-} 2>&1 | tee "$OUT/gpu.log"
+} 2>&1 | tee -a "$OUT/gpu.log"
 tar czf "$OUT/gpu-runs.tgz" -C "$(dirname "$SHARDTOP_RUNS_DIR")" "$(basename "$SHARDTOP_RUNS_DIR")"
