@@ -267,8 +267,52 @@ class Exit(Event, tag="exit"):
     """The signal that ended the rank (SIGTERM, SIGINT, SIGHUP) when ``status`` is interrupted."""
 
 
-AnyEvent = Union[Hello, Tree, Shards, Memory, Phase, Step, Oom, Fault, Exit]
-EVENT_TYPES: tuple[type[Event], ...] = (Hello, Tree, Shards, Memory, Phase, Step, Oom, Fault, Exit)
+class PlannedRank(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What ``shardtop plan`` predicts one rank holds on its device, in bytes (``plan.memory.PerRank``)."""
+
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    gathered: int = 0
+    buffers: int = 0
+    peak: int
+    peak_phase: str
+    timeline: list[int] = []
+    """Peaks in the order a run meets them: set-up, forward, backward, optimizer step (the first),
+    next forward, next backward (``plan.memory.TIMELINE``)."""
+
+
+class Planned(Event, tag="plan"):
+    """The plan of the strategy this run really runs, written once at set-up by the rank that knows it.
+
+    The report and the run view set it against what the ranks measured; every
+    rank of the run is planned alike, so one ``per_rank`` stands for each.
+    """
+
+    strategy: str
+    """The strategy in the plan's words, e.g. ``ZeRO-3, fp32, model built whole first``."""
+    engine: str
+    model: str
+    params: int
+    batch_size: int
+    devices: int
+    accelerator: str
+    per_rank: PlannedRank
+    gpu: str = ""
+    """The GPU the plan was judged against ("" when none: a CPU run without a limit)."""
+    usable: int | None = None
+    """What a rank's peak may reach on that GPU."""
+    fits: bool | None = None
+    runs_out_at: str | None = None
+    made_by: str = ""
+    """Who planned it: ``preset`` (the runner's rank 0) or ``shardtop run`` (the injected rank)."""
+    notes: list[str] = []
+    """What the plan could not see, in words (e.g. activations measured on one module only)."""
+
+
+AnyEvent = Union[Hello, Tree, Shards, Memory, Phase, Step, Oom, Fault, Exit, Planned]
+EVENT_TYPES: tuple[type[Event], ...] = (Hello, Tree, Shards, Memory, Phase, Step, Oom, Fault, Exit, Planned)
 KNOWN_KINDS = frozenset(t.__struct_config__.tag for t in EVENT_TYPES)
 LAST_RECORDS: tuple[type[Event], ...] = (Oom, Fault, Exit)
 """Kinds written (and fsynced) even once the disk is full, into the room kept for them."""

@@ -4,7 +4,7 @@
 the parsed ``run.json`` and the run's status, and answers: the engine (one
 precedence), the OOMs (earliest first, ties to the lowest rank) told as
 ``OomStory``s, each rank's holdings and status, the run's status in words,
-the one-line summary, and the samples rank-to-rank comparisons may use (all
+the one-line summary, the plan set against what the ranks measured, and the samples rank-to-rank comparisons may use (all
 ranks alive, same step and phase).  The TUI, the report in every format,
 ``shardtop runs``, the headless follower and the diagnosis render it; none
 works a fact out again.  Pure Python: no torch, no textual, no I/O.
@@ -21,6 +21,7 @@ from typing import Literal
 
 from shardtop.events import Exit, Fault, Hello, Memory, Oom, Scalar, Shards, Tree
 from shardtop.oom_story import OomStory, user_type
+from shardtop.plan_check import PlanCheck, check_plan
 from shardtop.run_meta import RunMeta
 from shardtop.run_state import TRAINING_PHASES, GpuSample, RankState, RunState
 from shardtop.run_status import RankExit, RunStatus
@@ -438,6 +439,14 @@ class RunModel:
     def _tree_type(self, path: str | None) -> str | None:
         row = self.row_of_path.get(path) if path is not None else None
         return self.type_of(row) if row is not None else None
+
+    # -- the plan ---------------------------------------------------------------------------
+
+    @cached_property
+    def plan_check(self) -> PlanCheck | None:
+        """The plan the run wrote at set-up, set against what each rank measured (None: no plan written)."""
+        plan = self.state.plan
+        return None if plan is None else check_plan(plan, self.ranks, self.engine)
 
     # -- status -----------------------------------------------------------------------------
 

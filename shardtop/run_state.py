@@ -24,6 +24,7 @@ from shardtop.events import (
     Memory,
     Oom,
     Phase,
+    Planned,
     Shards,
     Step,
     Tree,
@@ -122,6 +123,8 @@ class RunState:
     """Lines of the event files that could not be read, by reason: bad, unknown, newer, torn."""
     inconsistent: int = 0
     """Events that were well-formed but contradicted themselves or the tree, and were left out."""
+    plan: Planned | None = None
+    """The plan of the strategy the run runs, as the rank that made it at set-up wrote it (the latest)."""
     events: int = 0
     first_t: float | None = None
     last_t: float | None = None
@@ -226,6 +229,9 @@ class RunStateBuilder:
         )
         if isinstance(event, Tree):
             self._apply_tree(event)
+            return
+        if isinstance(event, Planned):
+            self._state = replace(self._state, plan=event)
             return
         if isinstance(event, Shards) and (shards_problem(event) or not _fits(event, self._state.tree)):
             self._reject()

@@ -109,6 +109,14 @@ def limited(limit: int) -> Gpu:
     return Gpu(name=f"{format_bytes(limit)} (gpu_mem_limit)", total=limit, usable=_allowed(limit), source="gpu_mem_limit")
 
 
+def judged_against(gpu: Gpu | None, limit: int | None) -> Gpu | None:
+    """What a rank may really use: the card, or ``gpu_mem_limit`` where that allows less (or there is no card)."""
+    if not limit:
+        return gpu
+    capped = limited(int(limit))
+    return capped if gpu is None or capped.usable < gpu.usable else gpu
+
+
 def local_gpu() -> Gpu | None:
     """The first local GPU as NVML sees it, or None without a driver."""
     from shardtop.gpus import nvml_or_none

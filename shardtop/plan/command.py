@@ -23,7 +23,7 @@ from shardtop.config import (
     resolve,
     split_overrides,
 )
-from shardtop.plan.cards import Gpu, UnknownGpu, limited, local_gpu, parse_gpu
+from shardtop.plan.cards import Gpu, UnknownGpu, judged_against, local_gpu, parse_gpu
 
 CPU_DEFAULT_DEVICES = 2
 """As ``shardtop launch`` runs a preset on a machine without GPUs."""
@@ -80,10 +80,7 @@ def read_request(settings: Sequence[str], *, detect_gpu: bool = True) -> PlanReq
         chosen = parse_gpu(gpu_text) if gpu_text is not None else None
     except UnknownGpu as e:
         raise ConfigError(str(e)) from None
-    limit = config.get("gpu_mem_limit")
-    if limit:
-        capped = limited(int(limit))
-        chosen = capped if chosen is None or capped.usable < chosen.usable else chosen
+    chosen = judged_against(chosen, config.get("gpu_mem_limit"))
     needs_local = chosen is None or devices is None
     here = local_gpu() if detect_gpu and accelerator == "cuda" and needs_local else None
     if chosen is None and accelerator == "cuda":

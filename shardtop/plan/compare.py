@@ -34,6 +34,15 @@ class Plan:
     verdict: Verdict
     preset: str | None = None
     build_note: str = ""
+    command: str | None = None
+    """The user's command planned (``shardtop plan -- CMD``), instead of a preset."""
+    notes: tuple[str, ...] = ()
+    """What the plan could not see, in words, shown after the verdict."""
+
+    @property
+    def title(self) -> str:
+        """What was planned: the preset, or the user's command."""
+        return self.preset or (f"`{self.command}`" if self.command else "a model")
 
     @property
     def asked(self) -> Option:
@@ -48,6 +57,8 @@ def make_plan(
     gpu: Gpu | None,
     accelerator: str = "cuda",
     preset: str | None = None,
+    command: str | None = None,
+    notes: tuple[str, ...] = (),
 ) -> Plan:
     """Plan ``asked`` and the alternatives that matter for ``desc`` on ``devices`` ranks."""
     on_gpu = accelerator == "cuda"
@@ -68,4 +79,6 @@ def make_plan(
         verdict=judge(options, gpu, devices, desc.batch_size, replan),
         preset=preset,
         build_note=asked.build_note,
+        command=command,
+        notes=notes,
     )

@@ -50,6 +50,7 @@ def plan_document(plan: Plan) -> dict[str, Any]:
         "schema": PLAN_SCHEMA,
         "schema_version": PLAN_SCHEMA_VERSION,
         "preset": plan.preset,
+        "command": plan.command,
         "model": {"name": plan.model, "params": plan.params, "bytes": plan.param_bytes, "batch_size": plan.batch_size},
         "devices": plan.devices,
         "accelerator": plan.accelerator,
@@ -67,6 +68,7 @@ def plan_document(plan: Plan) -> dict[str, Any]:
             "devices": v.devices,
             "text": verdict_lines(plan),
         },
+        "notes": list(plan.notes),
     }
 
 

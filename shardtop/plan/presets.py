@@ -20,13 +20,21 @@ from shardtop.plan.description import ModelDescription
 from shardtop.plan.recipes import RECIPES
 
 
-def describe_preset(config: Mapping[str, Any]) -> ModelDescription:
-    """The description of a resolved preset's model at its batch size (cached)."""
+DescriptionKey = tuple[str, tuple[tuple[str, Any], ...], int]
+"""(program, model sizes, batch size): what a preset's description depends on, and nothing else."""
+
+
+def description_key(config: Mapping[str, Any]) -> DescriptionKey:
+    """What ``describe_preset`` depends on: equal keys, equal descriptions (no torch)."""
     program = str(config["program"])
     if program not in RECIPES:
         raise ConfigError(f"preset program {program!r} has no plan recipe; plannable: {', '.join(sorted(RECIPES))}.")
-    sizes = tuple(sorted(flatten(config.get("model") or {}).items()))
-    return _describe(program, sizes, int(config["batch_size"]))
+    return program, tuple(sorted(flatten(config.get("model") or {}).items())), int(config["batch_size"])
+
+
+def describe_preset(config: Mapping[str, Any]) -> ModelDescription:
+    """The description of a resolved preset's model at its batch size (cached)."""
+    return _describe(*description_key(config))
 
 
 @functools.lru_cache(maxsize=32)
@@ -59,6 +67,13 @@ def _unflatten(items: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
 
 def plan_config(config: Mapping[str, Any], *, devices: int, accelerator: str, gpu: Gpu | None) -> Plan:
     """The plan of a resolved preset config (CPU defaults already applied for ``accelerator=cpu``)."""
-    desc = describe_preset(config)
+    return plan_described(config, describe_preset(config), devices=devices, accelerator=accelerator, gpu=gpu)
+
+
+def plan_described(
+    config: Mapping[str, Any], desc: ModelDescription, *, devices: int, accelerator: str, gpu: Gpu | None
+) -> Plan:
+    """The plan of a preset whose description is in hand: pure and torch-free, milliseconds (a launch prompt
+    replans on every key)."""
     asked = RECIPES[str(config["program"])].asked(config, desc, accelerator, devices)
     return make_plan(desc, asked, devices=devices, gpu=gpu, accelerator=accelerator, preset=str(config.get("preset", "")))

@@ -80,7 +80,7 @@ def verdict_lines(plan: Plan) -> list[str]:
 
 def render_text(plan: Plan) -> str:
     out = [
-        f"Plan for {plan.preset or 'a model'}: {plan.model}",
+        f"Plan for {plan.title.replace('`', '')}: {plan.model}",
         (f"  {count_words(plan.params)} parameters, {format_bytes(plan.param_bytes)} as built; "
          f"batch {plan.batch_size} per rank"),
         f"  {_where(plan)}",
@@ -95,12 +95,14 @@ def render_text(plan: Plan) -> str:
     out.append("")
     for line in verdict_lines(plan):
         out.extend(textwrap.wrap(line, width=TEXT_WIDTH, subsequent_indent="  ", break_on_hyphens=False))
+    for note in plan.notes:
+        out.extend(textwrap.wrap(f"Note: {note}", width=TEXT_WIDTH, subsequent_indent="  ", break_on_hyphens=False))
     return "\n".join(out) + "\n"
 
 
 def render_markdown(plan: Plan) -> str:
     out = [
-        f"### Plan for {plan.preset or 'a model'}",
+        f"### Plan for {plan.title}",
         "",
         (f"- Model: `{plan.model}`: {plan.params:,} parameters, {format_bytes(plan.param_bytes)} as built; "
          f"batch {plan.batch_size} per rank"),
@@ -117,4 +119,5 @@ def render_markdown(plan: Plan) -> str:
         out.append(f"| {name} | {sizes} | {p.peak_phase} | {_fits_word(o)} | {o.note} |")
     out.append("")
     out.extend(f"- {line}" for line in verdict_lines(plan))
+    out.extend(f"- Note: {note}" for note in plan.notes)
     return "\n".join(out) + "\n"

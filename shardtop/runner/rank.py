@@ -1,4 +1,4 @@
-"""One training rank: apply the memory cap, run the preset's program, leave cleanly.
+"""One training rank: plan it (rank 0), apply the memory cap, run the preset's program, leave cleanly.
 
 A rank leaves with ``os._exit`` once its output is flushed: gloo runs abort at
 interpreter exit now and then ("terminate called without an active
@@ -65,6 +65,12 @@ def run_rank(run_dir: Path, rank: int) -> int:
         # The probe's file, thread and OOM reserve exist before the cap: an OOM anywhere is recorded.
         probe = prepare(ctx.run_dir, rank=rank, world_size=ctx.world_size, local_rank=ctx.local_rank,
                         device=ctx.device, program=config.get("preset", ""))
+        if rank == 0:
+            from shardtop.runner.plan_at_setup import plan_event
+
+            planned = plan_event(config, ctx.accelerator)  # before the cap: the plan is not the run's memory
+            if planned is not None:
+                probe.writer.write(planned)
         probe.set_memory_limit(apply_memory_limit(ctx))
         program(ctx)
     except SystemExit as e:

@@ -74,7 +74,7 @@ def model_key(state: RunState) -> tuple[Any, ...]:
 def structure_key(state: RunState) -> tuple[Any, ...]:
     """Changes with what must be shown at once: ranks coming up, the tree, shards, an OOM, an exit."""
     ranks = tuple((r.rank, id(r.hello), id(r.shards), id(r.setup_shards), id(r.oom), id(r.exit)) for r in state.rank_list())
-    return (id(state.tree), ranks)
+    return (id(state.tree), id(state.plan), ranks)
 
 
 class RunFeed:
