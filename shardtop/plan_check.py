@@ -63,32 +63,34 @@ class RankCheck:
     """The plan's peak over the phases reached: what the measured peak is set against."""
     measured: Measured
     out_of_memory: bool
+    complete: bool
+    """The rank met every phase it reached in full (it finished, or went through two steps), so its peak
+    can prove the plan high as well as low; otherwise its peak so far is only the least it will need."""
 
     @property
     def errors(self) -> dict[str, float | None]:
         """Relative error of each figure, ``(predicted - measured) / measured``; None where not measured."""
         p, m = self.predicted, self.measured
-        pairs = {"params": (p.params, m.params), "grads": (p.grads, m.grads), "optimizer": (p.optimizer, m.optimizer),
-                 "peak": (self.predicted_peak, m.peak)}
-        return {name: relative_error(planned, seen) for name, (planned, seen) in pairs.items()}
+        pairs = {"params": (p.params, m.params), "grads": (p.grads, m.grads), "optimizer": (p.optimizer, m.optimizer)}
+        return {name: relative_error(planned, seen) for name, (planned, seen) in pairs.items()} | {
+            "peak": self.peak_error}
 
     @property
     def peak_error(self) -> float | None:
-        return relative_error(self.predicted_peak, self.measured.peak)
+        """The peak's error; None where the rank's peak so far cannot judge the plan (not complete, and
+        below the plan: a run stopped in set-up, or one that ran out of memory where the plan said it would)."""
+        seen = self.measured.peak
+        if seen is None or (not self.complete and seen <= self.predicted_peak):
+            return None
+        return relative_error(self.predicted_peak, seen)
 
     @property
     def missed(self) -> bool:
-        """The measured peak is off the plan by more than ``MISS_RATIO`` and ``MISS_MIN_BYTES``.
-
-        A rank that ran out of memory only measured the least it needed: it can prove the plan low, not high.
-        """
+        """The measured peak is off the plan by more than ``MISS_RATIO`` and ``MISS_MIN_BYTES``."""
         seen = self.measured.peak
-        if seen is None or seen <= 0:
+        if seen is None or seen <= 0 or self.peak_error is None:
             return False
-        gap = seen - self.predicted_peak
-        if self.out_of_memory and gap <= 0:
-            return False
-        return abs(gap) > max(MISS_RATIO * seen, MISS_MIN_BYTES)
+        return abs(seen - self.predicted_peak) > max(MISS_RATIO * seen, MISS_MIN_BYTES)
 
 
 @dataclass(frozen=True)
@@ -125,20 +127,41 @@ def reached(r: RankFacts) -> int:
     return {"forward": 2, "backward": 3, "optimizer": 4}.get(phase, 1)
 
 
+def _two_steps(r: RankFacts) -> bool:
+    return r.state.last_step is not None and r.state.last_step.step >= 2
+
+
+def on_device(r: RankFacts, values: Sequence[int] | None, manual: bool) -> int | None:
+    """A per-row array of a rank's snapshot summed where the plan counts it: on the rank's GPUs (the most
+    loaded one for manual placement, which plans its busiest device); on a CPU process, everywhere."""
+    held = r.shards
+    if held is None or values is None:
+        return None
+    gpu = r.device.startswith("cuda")
+    by_device: dict[int, int] = {}
+    for value, d in zip(values, held.device):
+        name = held.devices[d] if 0 <= d < len(held.devices) else ""
+        if value and (name.startswith("cuda") if gpu else name not in ("", "meta")):
+            by_device[d] = by_device.get(d, 0) + value
+    if manual and gpu:
+        return max(by_device.values(), default=0)
+    return sum(by_device.values())
+
+
 def measured(r: RankFacts, engine: str, manual: bool) -> Measured:
-    held = r.shards  # after the engine held the model: a set-up snapshot is the model as built, not as run
+    """Parameters from a snapshot taken once the engine held the model (a set-up one is the model as built,
+    not as run); gradients and optimizer state only from one taken after a step (before it they do not
+    exist yet).  Offloaded bytes (on the CPU of a GPU rank) are not the device's, as in the plan."""
+    held = r.shards
     params = grads = optimizer = None
     if held is not None:
-        on_gpu = [b for d, b in r.by_device.items() if d.startswith("cuda")]
-        if r.device.startswith("cuda") and on_gpu:
-            params = max(on_gpu) if manual else sum(on_gpu)
-        else:
-            params = r.param_bytes
+        params = on_device(r, held.bytes, manual) or 0
         if engine == "zero3":  # whole copies of the small parameters, held next to the partitions
             whole = held.info.get("gathered_bytes")
             params += whole if isinstance(whole, int) else 0
-        grads = r.grad_bytes or None
-        optimizer = r.optim_bytes
+        if held.stage == "step":
+            grads = on_device(r, held.grad_bytes, manual) or None
+            optimizer = on_device(r, held.optim_bytes, manual)
     peak, source = None, ""
     oom = r.oom
     if oom is not None and oom.allocated is not None:
@@ -163,6 +186,7 @@ def check_plan(plan: Planned, ranks: Sequence[RankFacts], engine: str) -> PlanCh
                 predicted_peak=max(timeline),
                 measured=measured(r, engine or plan.engine, manual),
                 out_of_memory=r.oom is not None,
+                complete=r.status.state == "finished" or _two_steps(r),
             )
         )
     return PlanCheck(plan=plan, ranks=tuple(checks))

@@ -20,6 +20,7 @@ evidence, ``explain`` words a ``Finding`` from that evidence alone.  Stable code
 - ``host_memory.py``: ``host-memory-whole-model-per-rank`` (N whole copies in host memory)
 - ``allocator.py``: ``allocator-fragmentation`` (at an OOM), ``memory-outside-pytorch``
 - ``probe_faults.py``: ``probe-fault`` (a part of the probe switched itself off)
+- ``plan_missed.py``: ``plan-missed`` (the measured peak is far from the run's own plan)
 
 A finding of severity ``error`` explains a failure.  No torch, no textual, no I/O.
 """
@@ -39,6 +40,7 @@ from shardtop.diagnose import (
     optimizer_order,
     persistence,
     placement,
+    plan_missed,
     probe_faults,
     reshard,
     zero3,
@@ -69,6 +71,7 @@ RULES: tuple[Rule[Any], ...] = (
     allocator.OUTSIDE_PYTORCH,
     memory.NOTHING_RECORDED,
     probe_faults.PROBE_FAULTS,
+    plan_missed.PLAN_MISSED,
 )
 """Every rule but ``oom``, which runs last: it speaks only when these leave an OOM unexplained."""
 

@@ -11,6 +11,7 @@ import time
 from shardtop.diagnose import Finding
 from shardtop.events import GpuMemory
 from shardtop.oom_story import OomStory
+from shardtop.plan.memory import when
 from shardtop.report.document import Block, Bullets, Details, Facts, Heading, Para, Table
 from shardtop.report.gather import ReportData, rank_gpu, rank_of_pid
 from shardtop.report.tree_summary import summarize_tree
@@ -211,6 +212,57 @@ def ranks_section(data: ReportData) -> list[Block]:
     return [Heading("Per rank"), Table(headers, tuple(rows), right=frozenset({4, 5, 6, 7, 8, 9}))]
 
 
+def plan_section(data: ReportData) -> list[Block]:
+    """The plan the run wrote at set-up against what each rank measured (``RunModel.plan_check``)."""
+    check = data.model.plan_check
+    if check is None:
+        return []
+    plan = check.plan
+    if plan.fits is None:
+        verdict = "fits was not judged (no GPU or limit to judge against)"
+    elif plan.fits:
+        verdict = f"it fits {plan.gpu} ({b(plan.usable)} usable per rank)"
+    else:
+        verdict = f"it does not fit {plan.gpu} ({b(plan.usable)} usable per rank): out of memory {when(plan.runs_out_at or '')}"
+    who = {"preset": "rank 0 of the preset run", "shardtop run": "the injected rank 0"}.get(plan.made_by, "the run")
+    ranks = "rank" if plan.devices == 1 else "ranks"
+    rows = []
+    for c in check.ranks:
+        p, m = c.predicted, c.measured
+        error = c.peak_error
+        if error is not None:
+            judged = f"{error * 100:+.0f} %" + (" ✗ missed" if c.missed else "")
+        elif c.out_of_memory:
+            judged = "out of memory, as planned" if plan.fits is False else "out of memory"
+        else:
+            judged = "-"
+        rows.append(
+            (
+                str(c.rank),
+                c.reached,
+                f"{b(p.params)} / {b(m.params)}",
+                f"{b(p.grads)} / {b(m.grads)}",
+                f"{b(p.optimizer)} / {b(m.optimizer)}",
+                f"{b(c.predicted_peak)} / {b(m.peak)}",
+                judged,
+            )
+        )
+    headers = ("rank", "reached", "params (plan / run)", "grads", "optimizer", "peak", "peak error")
+    blocks: list[Block] = [
+        Heading("Plan against the run"),
+        Para(
+            f"Planned by {who} at set-up: **{plan.strategy}** for `{plan.model}` on {plan.devices} {ranks}, "
+            f"batch {plan.batch_size} per rank; {verdict}. Each peak is the plan's up to the phase the rank "
+            "reached; the error is (plan − run) / run."
+        ),
+        Table(headers, tuple(rows), right=frozenset({2, 3, 4, 5, 6})),
+    ]
+    if all(c.measured.peak is None for c in check.ranks):
+        blocks.append(Para("No peak was measured: CPU processes have no allocator to ask, only their parts are compared."))
+    blocks.extend(Para(f"Note: {note}") for note in plan.notes)
+    return blocks
+
+
 def tree_section(data: ReportData) -> list[Block]:
     model = data.tree
     if model is None:
@@ -285,6 +337,7 @@ def report_blocks(data: ReportData) -> list[Block]:
         *oom_section(data),
         *findings_section(data),
         *ranks_section(data),
+        *plan_section(data),
         *tree_section(data),
         *traceback_section(data),
     ]

@@ -12,6 +12,7 @@ from typing import Any
 from shardtop.diagnose import Finding
 from shardtop.events import GpuMemory
 from shardtop.oom_story import OomStory
+from shardtop.plan_check import MISS_MIN_BYTES, MISS_RATIO, PlanCheck, RankCheck
 from shardtop.report.gather import ReportData, rank_gpu
 from shardtop.run_model import RankFacts, RunModel
 
@@ -92,6 +93,60 @@ def _rank(m: RunModel, r: RankFacts) -> dict[str, Any]:
         "phase": r.state.phase,
         "step": r.state.step,
         "exit": None if r.exit is None else {"code": r.exit.code, "status": r.exit.status, "error": r.exit.error},
+    }
+
+
+def _rank_check(c: RankCheck) -> dict[str, Any]:
+    p, m = c.predicted, c.measured
+    return {
+        "rank": c.rank,
+        "reached": c.reached,
+        "complete": c.complete,
+        "predicted": {
+            "params": p.params,
+            "grads": p.grads,
+            "optimizer": p.optimizer,
+            "activations": p.activations,
+            "gathered": p.gathered,
+            "buffers": p.buffers,
+            "peak": c.predicted_peak,
+            "plan_peak": p.peak,
+            "plan_peak_phase": p.peak_phase,
+        },
+        "measured": {
+            "params": m.params,
+            "grads": m.grads,
+            "optimizer": m.optimizer,
+            "peak": m.peak,
+            "peak_source": m.peak_source or None,
+        },
+        "error": c.errors,
+        "missed": c.missed,
+    }
+
+
+def plan_dict(check: PlanCheck | None) -> dict[str, Any] | None:
+    """The plan the run wrote at set-up, and predicted against measured per rank (docs/report-json.md)."""
+    if check is None:
+        return None
+    plan = check.plan
+    return {
+        "strategy": plan.strategy,
+        "engine": plan.engine,
+        "model": plan.model,
+        "params": plan.params,
+        "batch_size": plan.batch_size,
+        "devices": plan.devices,
+        "accelerator": plan.accelerator,
+        "gpu": plan.gpu or None,
+        "usable_bytes": plan.usable,
+        "fits": plan.fits,
+        "runs_out_at": plan.runs_out_at,
+        "made_by": plan.made_by or None,
+        "notes": list(plan.notes),
+        "miss_ratio": MISS_RATIO,
+        "miss_min_bytes": MISS_MIN_BYTES,
+        "per_rank": [_rank_check(c) for c in check.ranks],
     }
 
 
@@ -179,6 +234,7 @@ def report_dict(data: ReportData) -> dict[str, Any]:
         "oom": _oom(first) if first is not None else None,
         "ooms": [_oom(s) for s in m.ooms],
         "findings": [_finding(x) for x in data.findings],
+        "plan": plan_dict(m.plan_check),
         "modules": _MODULES_MARK,
     }
 
