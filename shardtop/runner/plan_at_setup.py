@@ -12,20 +12,28 @@ run nothing but one line in rank 0's log.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardtop.events import EventWriter, event_file
 from shardtop.runs import RunDirectory
 
+if TYPE_CHECKING:
+    from shardtop.plan.cards import Gpu
 
-def write_plan(run: RunDirectory, config: dict[str, Any], accelerator: str) -> None:
-    """Plan ``config`` on its ``devices`` (one process may drive several: manual placement) and record it."""
+
+def write_plan(run: RunDirectory, config: dict[str, Any], accelerator: str, card: Gpu | None = None) -> None:
+    """Plan ``config`` on its ``devices`` (one process may drive several: manual placement) and record it.
+
+    ``card``: the GPU to judge against; by default this machine's first GPU (NVML), capped by ``gpu_mem_limit``.
+    """
     try:
         from shardtop.plan.cards import judged_against, local_gpu
         from shardtop.plan.presets import plan_config
         from shardtop.plan.record import planned_event
 
-        gpu = judged_against(local_gpu() if accelerator == "cuda" else None, config.get("gpu_mem_limit"))
+        if card is None and accelerator == "cuda":
+            card = local_gpu()
+        gpu = judged_against(card, config.get("gpu_mem_limit"))
         plan = plan_config(config, devices=int(config["devices"]), accelerator=accelerator, gpu=gpu)
         event = planned_event(plan, made_by="preset")
     except Exception as e:  # noqa: BLE001 - the run goes on without its plan

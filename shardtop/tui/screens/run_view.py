@@ -32,6 +32,7 @@ from shardtop.tui.widgets.findings_list import FindingsList
 from shardtop.tui.widgets.log_pane import LogPane
 from shardtop.tui.widgets.module_details import ModuleDetails
 from shardtop.tui.widgets.oom_panel import OomPanel, no_module_words
+from shardtop.tui.widgets.plan_check import PlanVsRun
 from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.run_header import RunHeader
 from shardtop.tui.widgets.search_bar import SearchBar
@@ -79,6 +80,7 @@ class RunScreen(Screen[None]):
         Binding("m", "tab('module')", "Module", show=False),
         Binding("f", "tab('findings')", "Findings", show=False),
         Binding("l", "tab('log')", "Log", show=False),
+        Binding("p", "tab('plan')", "Plan", show=False),
         Binding("escape", "home", "Home"),
     ]
 
@@ -131,10 +133,13 @@ class RunScreen(Screen[None]):
                         yield FindingsList(id="findings-list")
                     with TabPane("Log", id="log"):
                         yield LogPane(id="log-pane")
+                    with TabPane("Plan", id="plan"):
+                        yield PlanVsRun(id="plan-vs-run")
         yield Footer()
 
     def on_mount(self) -> None:
         self.query_one(ShardTree).focus()
+        self.query_one(TabbedContent).hide_tab("plan")  # until the run has written a plan
         self.follow_run()
 
     def on_unmount(self) -> None:
@@ -175,6 +180,7 @@ class RunScreen(Screen[None]):
             self.query_one(OomPanel).show(snap.model.ooms, snap.findings)
             self.query_one(FindingsList).show(snap.findings)
             self.query_one(LogPane).append(snap.new_log)
+            self._show_plan(snap)
             if previous is None or previous.tree is not snap.tree or previous.findings is not snap.findings:
                 self._show_details(tree.selected)
             if snap.model.ooms and not self._oom_seen:
@@ -185,6 +191,15 @@ class RunScreen(Screen[None]):
                 tree.jump_to_oom()
         if previous is not None and previous.live and not snap.live:
             self.notify(f"The run ended: {snap.status.describe()}. The view stays for reading.", timeout=8)
+
+    def _show_plan(self, snap: RunSnapshot) -> None:
+        check = snap.model.plan_check
+        if check is None:
+            return
+        tabs = self.query_one(TabbedContent)
+        tabs.show_tab("plan")
+        tabs.get_tab("plan").label = "✗ Plan" if check.missed else "Plan"
+        self.query_one(PlanVsRun).show(check)
 
     @on(ShardTree.Highlighted)
     def _tree_highlighted(self, event: ShardTree.Highlighted) -> None:
@@ -223,6 +238,9 @@ class RunScreen(Screen[None]):
             self.notify("No rank of this run has run out of memory.")
 
     def action_tab(self, name: str) -> None:
+        if name == "plan" and (self.snapshot is None or self.snapshot.model.plan_check is None):
+            self.notify("This run wrote no plan (runs of presets plan themselves at set-up).")
+            return
         self.query_one(TabbedContent).active = name
 
     def action_home(self) -> None:

@@ -1,0 +1,27 @@
+"""Recorded runs with the plan their rank 0 writes at set-up, for the tests of predicted against measured.
+
+The GPU recordings under ``tests/fixtures/runs/`` were made before runs
+recorded their plan.  ``with_plan`` writes it into a copy, through the
+runner's own ``write_plan``, for the GPU the run recorded (its NVML samples):
+exactly the event the run's rank 0 writes today on that machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shardtop.events import Memory, read_all
+from shardtop.plan.cards import card
+from shardtop.runner.plan_at_setup import write_plan
+from shardtop.runs import RunDirectory
+
+
+def with_plan(run_dir: Path) -> RunDirectory:
+    """``run_dir`` (a copy: it is written into) with the plan of its preset, as its rank 0 would write it."""
+    run = RunDirectory(run_dir)
+    config = run.read_meta()["config"]
+    events, _ = read_all(run.events_dir)
+    gpu = next((g for e in events if isinstance(e, Memory) and e.gpus for g in e.gpus), None)
+    recorded = card(gpu.name.removeprefix("NVIDIA ").strip(), gpu.total, "local GPU") if gpu is not None else None
+    write_plan(run, config, str(config["accelerator"]), recorded)
+    return run
