@@ -215,7 +215,8 @@ class ControlledHomeScreen(HomeScreen):
         if name is None or name not in presets:
             self.notify("Choose a preset first (p moves to the list).")
             return
-        self.app.push_screen(LaunchPrompt(presets[name], gpu_count), self._launch)
+        gpus = self.gpus.gpus if self.gpus is not None else ()
+        self.app.push_screen(LaunchPrompt(presets[name], gpu_count, gpus), self._launch)
 
     def _launch(self, request: LaunchRequest | None) -> None:
         if request is None:

@@ -2,27 +2,42 @@
 
 What Enter will do is always on screen, right under the field: the exact
 ``shardtop launch`` command when the overrides are good, the error when they
-are not.  The preset's description and settings sit below in a small
-scrolling box, so the line that matters is never the one a small terminal
-clips.
+are not.  Under it, the plan: each GPU's predicted bar for the overrides as
+typed, before Enter (``PlanBars``).  The model's description comes once per
+model size and batch from a helper process (the TUI never imports torch),
+in a worker thread; every key after that replans in milliseconds.  The
+preset's description and settings sit below in a small scrolling box, so
+the line that matters is never the one a small terminal clips.
 """
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from textual import events
+from textual import events, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
+from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Input, Static
+from textual.worker import Worker, WorkerState, get_current_worker
 
 from shardtop.config import ConfigError, Preset, resolve, settable_keys, split_overrides
+from shardtop.events import GpuMemory
 from shardtop.launch import resolve_devices
+from shardtop.plan.description import ModelDescription
+from shardtop.plan.presets import DescriptionKey, description_key
+from shardtop.tui.watch import model_describer
+from shardtop.tui.watch.model_describer import DescribeFailed, Described
+from shardtop.tui.widgets.plan_bars import PlanBars, prompt_plan
+
+TYPING_PAUSE_S = 0.25
+"""A new model size is described once typing pauses this long: no helper process per keystroke."""
 
 
 @dataclass(frozen=True)
@@ -99,13 +114,26 @@ class LaunchPrompt(ModalScreen[LaunchRequest | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, preset: Preset, gpu_count: Callable[[], int]) -> None:
+    class ModelDescribed(Message):
+        """The helper process answered for one model size and batch."""
+
+        def __init__(self, key: DescriptionKey, answer: Described) -> None:
+            super().__init__()
+            self.key = key
+            self.answer = answer
+
+    def __init__(self, preset: Preset, gpu_count: Callable[[], int], gpus: Sequence[GpuMemory] = ()) -> None:
         super().__init__()
         self.preset = preset
         self._gpu_count = gpu_count
         self._gpus: int | None = None
+        self.gpu_sizes = tuple(gpus)
+        """This machine's GPUs as last sampled: what each predicted bar is judged against."""
         self._tried = False
         """Enter was pressed once: from then on errors show as the user types."""
+        self._planned: dict[str, Any] | None = None
+        """The config the plan is for (the overrides as typed, when they are good)."""
+        self._describing: DescriptionKey | None = None
 
     def gpu_count(self) -> int:
         """Asked once per prompt: the check runs on every key."""
@@ -123,6 +151,7 @@ class LaunchPrompt(ModalScreen[LaunchRequest | None]):
             # what the user typed is echoed in these: never read as markup
             yield Static("", id="launch-error", classes="dialog--error", markup=False)
             yield Static("", id="launch-command", markup=False)
+            yield PlanBars("", id="launch-plan")
             with VerticalScroll(id="launch-about", can_focus=False):
                 yield Static(self.preset.description, classes="dialog--detail", markup=False)
                 yield Static(f"settings: {', '.join(keys)}", classes="dialog--detail", markup=False)
@@ -136,6 +165,7 @@ class LaunchPrompt(ModalScreen[LaunchRequest | None]):
         result = self._check(event.value)
         if isinstance(result, ConfigError) and not self._tried:
             self.query_one("#launch-command", Static).display = False
+            self.query_one(PlanBars).display = False
             return
         self._show(result)
 
@@ -165,6 +195,59 @@ class LaunchPrompt(ModalScreen[LaunchRequest | None]):
             error.update("")
             command.update(f"Enter runs: {result.command}")
             command.display = True
+        self._plan(result.config if isinstance(result, LaunchRequest) else None)
+
+    # -- the plan ----------------------------------------------------------------------
+
+    def _plan(self, config: dict[str, Any] | None) -> None:
+        """Show the plan of ``config`` now if its model is described, else ask for the description."""
+        bars = self.query_one(PlanBars)
+        self._planned = config
+        if config is None:
+            bars.display = False
+            return
+        try:
+            key = description_key(config)
+        except ConfigError as e:
+            bars.show_failed(str(e))
+            return
+        answer = model_describer.known(key)
+        if isinstance(answer, ModelDescription):
+            try:
+                bars.show_plan(prompt_plan(config, answer, self.gpu_sizes))
+            except Exception as e:  # noqa: BLE001 - a plan that cannot be made must not block a launch
+                bars.show_failed(f"{type(e).__name__}: {e}")
+        elif isinstance(answer, DescribeFailed):
+            bars.show_failed(answer.reason)
+        else:
+            bars.show_waiting()
+            if key != self._describing:
+                self._describing = key
+                self.describe_model(key, config)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="plan-describe", name="model describer")
+    def describe_model(self, key: DescriptionKey, config: dict[str, Any]) -> None:
+        worker = get_current_worker()
+        time.sleep(TYPING_PAUSE_S)
+        if worker.is_cancelled:
+            return
+        answer = model_describer.describe(config, lambda: worker.is_cancelled)
+        if answer is not None:
+            self.post_message(self.ModelDescribed(key, answer))
+
+    def on_launch_prompt_model_described(self, message: ModelDescribed) -> None:
+        model_describer.remember(message.key, message.answer)
+        if self._describing == message.key:
+            self._describing = None
+        if self._planned is not None and description_key(self._planned) == message.key:
+            self._plan(self._planned)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """A describer that broke says why, in one line, instead of waiting for ever."""
+        if event.worker.group == "plan-describe" and event.state == WorkerState.ERROR:
+            self._describing = None
+            error = event.worker.error
+            self.query_one(PlanBars).show_failed(f"{type(error).__name__}: {error}")
 
     def action_cancel(self) -> None:
         self.dismiss(None)
