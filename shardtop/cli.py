@@ -27,6 +27,8 @@ a running FSDP or DeepSpeed engine, and why a rank ran out of memory.
   shardtop runs                             list runs and their status
   shardtop report RUN --format markdown     the post-mortem, for a bug report
   shardtop plan zero3-linear devices=6 gpu=16GiB   will it fit? memory per rank, before launching
+  shardtop plan gpu=A100-80GB -- torchrun --nproc_per_node 8 train.py
+                                            plan your own script: it stops before training
   shardtop stop RUN                         stop a run's processes
   shardtop presets                          the presets, one line each
 
@@ -137,7 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", parents=[common], help="will it fit? memory per rank, planned before launching",
                        description="Plan a preset's memory per rank before launching it: the model is built on the "
-                                   "meta device, so nothing is allocated and no GPU is needed.")
+                                   "meta device, so nothing is allocated and no GPU is needed. "
+                                   "`shardtop plan [devices=N] [gpu=SIZE|CARD] -- CMD ARGS` plans your own command: "
+                                   "it runs until the model reaches its engine and its first forward (traced on the "
+                                   "meta device), then stops before training.")
     p.add_argument("settings", nargs="*", metavar="PRESET key=value",
                    help="the preset and overrides, plus devices=N and gpu=SIZE|CARD (e.g. gpu=16GiB, gpu=A100-80GB)")
     p.add_argument("--format", choices=("text", "markdown", "json"), default="text")
@@ -146,7 +151,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] | None = None
+    if "--" in words:  # `shardtop plan [devices=N gpu=X] -- CMD ARGS`: the user's command, untouched by argparse
+        cut = words.index("--")
+        head, tail = words[:cut], words[cut + 1:]
+        if parser.parse_known_args(head)[0].command == "plan":
+            words, command = head, tail
+    args, extra = parser.parse_known_args(words)
+    args.plan_command = command
     if extra:
         if args.command in ("launch", "plan") and not any(e.startswith("-") for e in extra):
             args.settings = list(args.settings) + list(extra)
@@ -304,6 +317,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from shardtop.plan.command import leave_now, run_plan
 
+    if args.plan_command is not None:
+        from shardtop.plan.script import run_script_plan
+
+        sys.stdout.write(run_script_plan(args.plan_command, args.settings, args.format))
+        return 0
     sys.stdout.write(run_plan(args.settings, args.format))
     if args.whole_process:
         leave_now(0)

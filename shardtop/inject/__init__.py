@@ -17,6 +17,8 @@ It runs the environment's own ``sitecustomize`` (if there is one) and, unless
 - ``model_hooks.py`` the model found at its first call, forward / backward /
                     optimizer phases and steps from three cheap hooks
 - ``this_rank.py``  whether this process is a rank, and its probe
+- ``plan_only.py``  ``shardtop plan -- CMD``: the same entry points, patched to describe
+                    the model and stop each rank before training (``PLAN_ONLY_ENV``)
 
 This module is imported by ``shardtop run`` itself: no torch here either.
 """
@@ -36,6 +38,10 @@ DISABLE_ENV = "SHARDTOP_DISABLE"
 """1 turns the injection off (the command then runs exactly as without shardtop)."""
 PACKAGE_PATH_ENV = "SHARDTOP_PACKAGE_PATH"
 """Where shardtop itself is, for a command whose Python does not have it installed."""
+PLAN_ONLY_ENV = "SHARDTOP_PLAN_ONLY"
+"""Set by ``shardtop plan -- CMD`` to the directory rank 0 writes its plan into: the bootstrap then patches
+the engines to hand the model back unwrapped, and stops each rank at the model's first forward
+(``plan_only.py``)."""
 
 
 BOOTSTRAP_DIR = "bootstrap"
@@ -71,6 +77,13 @@ def write_bootstrap(run_dir: Path) -> Path:
     tmp.write_text(text)
     os.replace(tmp, directory / "sitecustomize.py")
     return directory
+
+
+def plan_env(base: Mapping[str, str], plan_dir: Path) -> dict[str, str]:
+    """The environment of a command planned by ``shardtop plan -- CMD``: the bootstrap, in plan-only mode."""
+    env = command_env(base, plan_dir)
+    env[PLAN_ONLY_ENV] = str(plan_dir)
+    return env
 
 
 def command_env(base: Mapping[str, str], run_dir: Path) -> dict[str, str]:

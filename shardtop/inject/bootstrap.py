@@ -9,6 +9,9 @@ no torch and writes nothing.  It installs
   decided when one of them, or the model, is first called (``this_rank.py``);
 - an excepthook that, in a rank, records an OOM (which module, which phase)
   and the rank's exit before Python prints the traceback.
+
+Under ``shardtop plan -- CMD`` (``PLAN_ONLY_ENV``) the import hook installs
+``plan_only.PATCHES`` instead, and nothing is recorded as a run.
 """
 
 from __future__ import annotations
@@ -29,6 +32,15 @@ def boot() -> None:
     if _booted:
         return
     _booted = True
+    import os
+
+    from shardtop.inject import PLAN_ONLY_ENV
+
+    if os.environ.get(PLAN_ONLY_ENV):
+        from shardtop.inject.plan_only import PATCHES as PLAN_PATCHES
+
+        sys.meta_path.insert(0, PostImportHook(PLAN_PATCHES))
+        return
     from shardtop.inject.engines import PATCHES
 
     sys.meta_path.insert(0, PostImportHook(PATCHES))

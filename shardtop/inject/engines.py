@@ -103,8 +103,8 @@ def _module_arg(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 # -- DeepSpeed --------------------------------------------------------------------------
 
 
-def zero_stage(config: Any) -> int | None:
-    """The ZeRO stage of a DeepSpeed config (a dict or a JSON file), None if it cannot be read."""
+def read_config(config: Any) -> dict[str, Any] | None:
+    """A DeepSpeed config as a dict (given as one, or as a JSON file); None if it cannot be read."""
     if isinstance(config, (str, os.PathLike)):
         import json
 
@@ -113,7 +113,13 @@ def zero_stage(config: Any) -> int | None:
                 config = json.load(f)
         except (OSError, ValueError):
             return None
-    if not isinstance(config, dict):
+    return config if isinstance(config, dict) else None
+
+
+def zero_stage(config: Any) -> int | None:
+    """The ZeRO stage of a DeepSpeed config (a dict or a JSON file), None if it cannot be read."""
+    config = read_config(config)
+    if config is None:
         return None
     try:
         return int(config.get("zero_optimization", {}).get("stage", 0))
@@ -121,13 +127,18 @@ def zero_stage(config: Any) -> int | None:
         return None
 
 
-def _deepspeed_handover(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Handover:
-    model = kwargs.get("model", args[1] if len(args) > 1 else None)
+def deepspeed_config(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The config ``deepspeed.initialize`` was given: ``config``, ``config_params`` or ``args.deepspeed_config``."""
     config = kwargs.get("config") or kwargs.get("config_params")
     if config is None:
         ds_args = kwargs.get("args", args[0] if args else None)
         config = getattr(ds_args, "deepspeed_config", None)
-    stage = zero_stage(config)
+    return config
+
+
+def _deepspeed_handover(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Handover:
+    model = kwargs.get("model", args[1] if len(args) > 1 else None)
+    stage = zero_stage(deepspeed_config(args, kwargs))
     if stage is None:
         return model, "", "deepspeed.initialize"
     return model, f"zero{stage}" if stage else "", f"deepspeed_stage_{stage}"

@@ -10,6 +10,7 @@ is not limited to the GPUs here).  The plan is for GPUs unless
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
 from collections.abc import Sequence
@@ -58,8 +59,9 @@ def read_request(settings: Sequence[str], *, detect_gpu: bool = True) -> PlanReq
     settings = list(settings)
     if settings and "=" not in settings[0] and settings[0] not in preset_names() and _looks_like_command(settings[0]):
         raise ConfigError(
-            "planning your own script (shardtop plan -- CMD) needs `shardtop run`'s injection, which this "
-            f"version does not have yet.\nPlan a preset instead: {', '.join(preset_names())}."
+            f"{settings[0]!r} is no preset. To plan your own command, put it after --, e.g.\n"
+            f"  shardtop plan -- {shlex.join(settings)}\n"
+            f"or plan a preset: {', '.join(preset_names())}."
         )
     preset, pairs = split_overrides(settings)
     gpu_text: str | None = None

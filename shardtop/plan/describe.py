@@ -15,7 +15,7 @@ from torch import nn
 
 from shardtop.plan.description import ModelDescription
 from shardtop.plan.meta import gc_paused
-from shardtop.plan.profile import module_signatures, saved_activations
+from shardtop.plan.profile import SavedCounts, module_signatures, saved_activations
 
 ZERO3_PERSISTENCE_THRESHOLD = 100_000
 """DeepSpeed's ``stage3_param_persistence_threshold`` default: smaller parameters stay whole on every rank."""
@@ -25,18 +25,24 @@ CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
 def describe_model(
     model: nn.Module,
-    forward_loss: Callable[[nn.Module], torch.Tensor],
+    forward_loss: Callable[[nn.Module], torch.Tensor] | None,
     *,
     name: str,
     batch_size: int,
     input_bytes: int,
 ) -> ModelDescription:
-    """Everything a plan needs to know about ``model`` (built on the meta device)."""
+    """Everything a plan needs to know about ``model`` (built on the meta device).
+
+    ``forward_loss`` None: no batch is known yet, and no activation is counted.
+    """
     with gc_paused():
-        modules, names, parents, end = _walk(model)
+        modules, names, parents, end = walk(model)
         numel, small, largest = _own_params(modules)
-        signatures = module_signatures(modules, parents, names)
-        saved = saved_activations(model, modules, end, signatures, forward_loss)
+        if forward_loss is None:
+            saved = SavedCounts([0] * len(modules), [0] * len(modules), 0)
+        else:
+            signatures = module_signatures(modules, parents, names)
+            saved = saved_activations(model, modules, end, signatures, forward_loss)
     params = next((p for m in modules for p in m._parameters.values() if p is not None), None)
     buffers = sum(b.numel() * b.element_size() for m in modules for b in m._buffers.values() if b is not None)
     return ModelDescription(
@@ -60,7 +66,7 @@ def describe_model(
     )
 
 
-def _walk(model: nn.Module) -> tuple[list[nn.Module], list[str], list[int], list[int]]:
+def walk(model: nn.Module) -> tuple[list[nn.Module], list[str], list[int], list[int]]:
     """Modules in pre-order (each once), their names, parents and subtree ends."""
     modules: list[nn.Module] = []
     names: list[str] = []

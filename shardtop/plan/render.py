@@ -60,7 +60,7 @@ def verdict_lines(plan: Plan) -> list[str]:
         lines.append(f"How it is built: {plan.build_note}.")
     rebuilt = next((o for o in plan.options[1:] if o.strategy == asked.strategy.with_(built_whole=False, build_note="")),
                    None)
-    if asked.strategy.built_whole and rebuilt is not None:
+    if asked.strategy.built_whole and rebuilt is not None and rebuilt.per_rank.setup < asked.per_rank.setup:
         lines.append(f"Built where the engine partitions it as it is made (Lightning: in configure_model(); "
                      f"DeepSpeed: inside deepspeed.zero.Init), set-up needs {format_bytes(rebuilt.per_rank.setup)} "
                      f"instead of {format_bytes(asked.per_rank.setup)}; peak {format_bytes(rebuilt.per_rank.peak)} "

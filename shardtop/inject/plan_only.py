@@ -1,0 +1,449 @@
+"""``shardtop plan -- CMD``: the engines' entry points, patched to plan the model instead of running it.
+
+The bootstrap installs ``PATCHES`` in place of ``engines.PATCHES`` when
+``PLAN_ONLY_ENV`` names a directory.  In every rank of the command:
+
+- the engines hand the model back unwrapped and note what they were asked
+  (``asked.Asked``): ``deepspeed.initialize`` returns a stand-in engine that
+  calls the model, ``FullyShardedDataParallel(...)`` and
+  ``DistributedDataParallel(...)`` return the module itself, ``fully_shard``
+  returns its module unsharded.  No engine partitions, moves or allocates
+  anything: story 2's model, built whole, is never copied to a GPU;
+- the optimizers are noted as they are made (their state per parameter);
+- at the first call of the model, or of a module inside it (Lightning's
+  ``training_step`` calls its submodules), the model on the meta
+  device is traced at the shapes and dtypes of the batch just passed: the
+  activations it saves for backward, nothing allocated (``describe_call``:
+  the model's own tensors are swapped for meta ones while it is traced);
+- rank 0 writes the ``ScriptPlan``; every rank waits for the others (a
+  barrier, when torch.distributed is up) and leaves with exit code 0 before
+  the forward runs: no training step.
+
+At ``deepspeed.initialize`` rank 0 already writes the plan without
+activations, so a script that never reaches a forward (its loop needs more of
+the engine than the stand-in has) is still planned, and says what it missed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from types import ModuleType
+
+from shardtop.inject import PLAN_ONLY_ENV
+
+
+class PlanState:
+    """What this process has seen of the script's engine and model."""
+
+    def __init__(self) -> None:
+        self.root: Any = None
+        """The model the engine got (the outermost one, for FSDP wrapped by hand or fully_shard per module)."""
+        self.entry = ""
+        self.engine = "single"
+        self.facts: dict[str, Any] = {}
+        """Keyword facts for ``asked.Asked`` taken at the hand-over (config, sharding, offload...)."""
+        self.units: list[Any] = []
+        """Modules handed to FSDP1 or fully_shard, in call order."""
+        self.optimizer = ""
+        self.momentum = 0.0
+        self.trainer_precision = ""
+        self.root_hook: Any = None
+        self.planning = False
+        self.seen: set[int] = set()
+
+
+STATE = PlanState()
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"shardtop plan: {text}\n")
+    sys.stderr.flush()
+
+
+def _rank() -> int:
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def _world_size() -> int:
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+# -- the hand-over -----------------------------------------------------------------------------
+
+
+def _take(module: Any, engine: str, entry: str, **facts: Any) -> None:
+    """An engine got ``module``: it becomes the root if it holds the one before (wrapping from the inside out)."""
+    if not hasattr(module, "parameters"):
+        return
+    from shardtop.inject.model_hooks import contains
+
+    if STATE.root is None or contains(module, STATE.root):
+        if STATE.root_hook is not None:
+            STATE.root_hook.remove()
+        STATE.root = module
+        STATE.root_hook = module.register_forward_pre_hook(_root_call, with_kwargs=True)
+    STATE.engine, STATE.entry = engine, entry
+    STATE.facts.update(facts)
+
+
+def _deepspeed_initialize(original: Callable[..., Any]) -> Callable[..., Any]:
+    import functools
+
+    @functools.wraps(original)
+    def initialize(*args: Any, **kwargs: Any) -> Any:
+        from shardtop.inject.engines import deepspeed_config, read_config, zero_stage
+
+        model = kwargs.get("model", args[1] if len(args) > 1 else None)
+        config = read_config(deepspeed_config(args, kwargs)) or {}
+        stage = zero_stage(config) or 0
+        partitioned = any(hasattr(p, "ds_id") for p in model.parameters()) if model is not None else False
+        _take(model, f"zero{stage}" if stage else "ddp", "deepspeed.initialize", deepspeed=config,
+              partitioned=partitioned)
+        if model is not None and _rank() == 0:  # the stand-in may not carry the script to a forward
+            _write(describe_call(model, None, None, None), complete=False)
+        return _stand_in(model), kwargs.get("optimizer"), None, None
+
+    return initialize
+
+
+def _stand_in(model: Any) -> Any:
+    """What ``deepspeed.initialize`` hands back while planning: calls go to the model itself."""
+    import torch
+
+    class PlanningEngine(torch.nn.Module):
+        def __init__(self, module: Any) -> None:
+            super().__init__()
+            self.module = module
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return self.module(*args, **kwargs)
+
+        @property
+        def local_rank(self) -> int:
+            return int(os.environ.get("LOCAL_RANK", "0") or 0)
+
+        @property
+        def device(self) -> Any:
+            return next((p.device for p in self.module.parameters()), torch.device("cpu"))
+
+    return PlanningEngine(model)
+
+
+def _dtype_words(dtype: Any) -> str:
+    name = str(dtype)
+    return "fp16-mixed" if name.endswith("float16") and "b" not in name else "bf16-mixed" if "bfloat16" in name else ""
+
+
+def _policy(policy: Any) -> tuple[tuple[type, ...], str]:
+    """The module classes an FSDP1 auto-wrap policy wraps; or, for a policy not read here, its name."""
+    if policy is None:
+        return (), ""
+    classes = getattr(policy, "_module_classes", None)
+    if classes is None:
+        keywords = getattr(policy, "keywords", None) or {}
+        classes = keywords.get("transformer_layer_cls")
+    if classes:
+        return tuple(classes), ""
+    return (), getattr(policy, "__name__", None) or getattr(getattr(policy, "func", None), "__name__", "") or type(policy).__name__
+
+
+def _fsdp1_new(cls: type) -> Callable[..., Any]:
+    def __new__(klass: type, *args: Any, **kwargs: Any) -> Any:
+        module = kwargs.get("module", args[0] if args else None)
+        sharding = kwargs.get("sharding_strategy")
+        classes, unknown = _policy(kwargs.get("auto_wrap_policy"))
+        STATE.units.append(module)
+        facts: dict[str, Any] = {"sharding": getattr(sharding, "name", "") or "FULL_SHARD"}
+        if kwargs.get("cpu_offload") is not None:
+            facts["offload_params"] = bool(getattr(kwargs["cpu_offload"], "offload_params", False))
+        mp = kwargs.get("mixed_precision")
+        if mp is not None:
+            facts["half"] = _dtype_words(getattr(mp, "param_dtype", None))
+        if classes:
+            facts["policy_classes"] = classes
+        if unknown:
+            facts["policy_unknown"] = unknown
+        _take(module, "fsdp1", "FullyShardedDataParallel", **facts)
+        return module
+
+    return __new__
+
+
+def _ddp_new(klass: type, *args: Any, **kwargs: Any) -> Any:
+    module = kwargs.get("module", args[0] if args else None)
+    _take(module, "ddp", "DistributedDataParallel")
+    return module
+
+
+def _fully_shard(original: Callable[..., Any]) -> Callable[..., Any]:
+    import functools
+
+    @functools.wraps(original)
+    def fully_shard(module: Any, *args: Any, **kwargs: Any) -> Any:
+        modules = list(module) if isinstance(module, (list, tuple)) else [module]
+        facts: dict[str, Any] = {}
+        if kwargs.get("reshard_after_forward") is False:
+            facts["sharding"] = "SHARD_GRAD_OP"
+        mp = kwargs.get("mp_policy")
+        if mp is not None and getattr(mp, "param_dtype", None) is not None:
+            facts["half"] = _dtype_words(mp.param_dtype)
+        if type(kwargs.get("offload_policy")).__name__ == "CPUOffloadPolicy":
+            facts["offload_params"] = True
+        mesh = kwargs.get("mesh")
+        if mesh is not None:
+            facts["mesh_dims"] = int(getattr(mesh, "ndim", 1))
+        for m in modules:
+            STATE.units.append(m)
+            _take(m, "fsdp2", "fully_shard", **facts)
+        return module
+
+    return fully_shard
+
+
+# -- the first forward -------------------------------------------------------------------------
+
+
+def _on_call(module: Any, args: Any) -> None:
+    if STATE.planning or id(module) in STATE.seen:
+        return
+    STATE.seen.add(id(module))
+    from shardtop.inject.model_hooks import contains, parameter_count
+    from shardtop.inject.this_rank import is_rank
+
+    if not is_rank() or not parameter_count(module):
+        return
+    root = STATE.root
+    if module is root:
+        return  # its own pre-hook plans it, with the keyword arguments this hook does not get
+    if root is not None and not contains(root, module):
+        return  # the stand-in engine, a loss with weights: the model itself comes next
+    _plan_and_leave(root if root is not None else module, module, args, {})
+
+
+def _root_call(module: Any, args: Any, kwargs: Any) -> None:
+    """The root's own pre-hook, with the keyword arguments a global hook does not get."""
+    from shardtop.inject.this_rank import is_rank
+
+    if STATE.planning or module is not STATE.root or not is_rank():
+        return
+    _plan_and_leave(module, module, args, kwargs)
+
+
+def _plan_and_leave(root: Any, called: Any, args: Any, kwargs: Any) -> None:
+    STATE.planning = True
+    try:
+        if _rank() == 0:
+            _write(describe_call(root, called, args, kwargs), complete=True)
+            path = _path_in(root, called)
+            _say(f"planned at the first call of {type(called).__name__}"
+                 + (f" ({path})" if path else "") + "; stopping before training")
+    except Exception as e:  # noqa: BLE001 - said, and the plan made at the hand-over stands
+        _say(f"could not trace the first forward ({type(e).__name__}: {e})")
+    _leave()
+
+
+def _leave() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        try:
+            dist.barrier()  # rank 0 writes before any rank leaves: no peer sees a closed connection first
+        except Exception:  # noqa: BLE001, S110 - leaving anyway
+            pass
+    os._exit(0)
+
+
+def _path_in(root: Any, called: Any) -> str:
+    if called is root:
+        return ""
+    return next((name for name, m in root.named_modules() if m is called), "")
+
+
+@contextlib.contextmanager
+def on_meta(root: Any) -> Iterator[None]:
+    """``root``'s parameters and buffers on the meta device while inside, its own tensors back afterwards.
+
+    In place rather than a copy: a copy would also copy whatever else a module refers to (a Lightning
+    module's trainer), and the plan needs only the shapes.  A ZeRO-3 partition stands for its full shape.
+    """
+    import torch
+
+    metas: dict[int, Any] = {}
+    saved: list[tuple[dict[str, Any], str, Any]] = []
+    for module in root.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in table.items():
+                if t is None:
+                    continue
+                if id(t) not in metas:
+                    meta = torch.empty(tuple(getattr(t, "ds_shape", None) or t.shape), dtype=t.dtype, device="meta")
+                    is_param = isinstance(t, torch.nn.Parameter)
+                    metas[id(t)] = torch.nn.Parameter(meta, requires_grad=t.requires_grad) if is_param else meta
+                saved.append((table, name, t))
+                table[name] = metas[id(t)]
+    try:
+        yield
+    finally:
+        for table, name, t in saved:
+            table[name] = t
+
+
+def describe_call(root: Any, called: Any, args: Any, kwargs: Any) -> tuple[Any, list[str]]:
+    """The description of ``root`` on the meta device; with ``called`` and its arguments, its saved activations
+    for that call (``called`` is ``root`` or inside it); without, none."""
+    import torch
+    from torch.utils._pytree import tree_flatten, tree_map
+
+    from shardtop.plan.describe import describe_model
+
+    notes: list[str] = []
+    forward_loss = None
+    batch, input_bytes = 0, 0
+    if called is not None:
+        path = _path_in(root, called)
+        leaves = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        batch = int(leaves[0].shape[0]) if leaves and leaves[0].dim() else 1
+        input_bytes = sum(t.numel() * t.element_size() for t in leaves)
+        meta_args, meta_kwargs = tree_map(
+            lambda x: torch.empty(x.shape, dtype=x.dtype, device="meta") if isinstance(x, torch.Tensor) else x,
+            (tuple(args), dict(kwargs or {})),
+        )
+
+        def forward_loss(model: Any) -> Any:
+            target = model.get_submodule(path) if path else model
+            out = target(*meta_args, **meta_kwargs)
+            first = next((t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+            return first.float().sum() if first is not None else torch.zeros((), device="meta")
+
+        where = f"`{path}`, the first module the step called" if path else "the model"
+        notes.append(f"activations traced on the meta device through {where}, at the shapes of the batch the "
+                     f"script passed (first dimension {batch}, taken as the batch per rank)")
+    else:
+        notes.append("no forward pass was traced (the script stopped before calling the model): activations "
+                     "are not planned")
+    with on_meta(root), torch.enable_grad():
+        desc = describe_model(root, forward_loss, name=type(root).__name__, batch_size=batch, input_bytes=input_bytes)
+    return desc, notes
+
+
+def _accelerator(root: Any) -> str:
+    devices = {p.device.type for p in root.parameters() if p.device.type != "meta"}
+    if "cuda" in devices:
+        return "cuda"
+    torch = sys.modules.get("torch")
+    wanted = os.environ.get("DS_ACCELERATOR", "")
+    if STATE.engine.startswith("zero") and wanted != "cpu" and torch is not None and torch.cuda.is_available():
+        return "cuda"  # DeepSpeed moves the model to the GPU itself
+    if STATE.engine == "fsdp1" and torch is not None and torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+def _write(described: tuple[Any, list[str]], *, complete: bool) -> None:
+    from shardtop.plan.asked import Asked, strategy_of
+    from shardtop.plan.describe import walk
+    from shardtop.plan.script import ScriptPlan, write_script_plan
+
+    desc, notes = described
+    root = STATE.root if STATE.root is not None else None
+    rows: dict[int, int] = {}
+    if root is not None:
+        rows = {id(m): i for i, m in enumerate(walk(root)[0])}
+    facts = dict(STATE.facts)
+    classes = facts.pop("policy_classes", ())
+    units = [rows[id(m)] for m in STATE.units if id(m) in rows]
+    if classes and root is not None:
+        units += [i for i, m in enumerate(walk(root)[0]) if isinstance(m, classes)]
+    accelerator = _accelerator(root) if root is not None else "cpu"
+    on_device = root is not None and any(p.device.type == accelerator for p in root.parameters())
+    asked = Asked(
+        engine=STATE.engine, entry=STATE.entry, units=tuple(sorted(set(units))), on_device=on_device,
+        optimizer=STATE.optimizer, momentum=STATE.momentum, trainer_precision=STATE.trainer_precision, **facts,
+    )
+    strategy, assumed = strategy_of(asked)
+    plan = ScriptPlan(description=desc, strategy=strategy, devices=_world_size(), accelerator=accelerator,
+                      entry=STATE.entry, notes=[*notes, *assumed], complete=complete)
+    write_script_plan(Path(os.environ[PLAN_ONLY_ENV]), plan)
+
+
+# -- patches -----------------------------------------------------------------------------------
+
+
+def _note_optimizer(original: Callable[..., Any]) -> Callable[..., Any]:
+    import functools
+
+    @functools.wraps(original)
+    def __init__(self: Any, params: Any, defaults: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, params, defaults, *args, **kwargs)
+        if not STATE.optimizer:
+            STATE.optimizer = type(self).__name__
+            momentum = defaults.get("momentum", 0.0) if isinstance(defaults, dict) else 0.0
+            STATE.momentum = float(momentum or 0.0)
+
+    return __init__
+
+
+def patch_torch(module: ModuleType) -> None:
+    from torch.nn.modules.module import register_module_forward_pre_hook
+    from torch.optim.optimizer import Optimizer
+
+    register_module_forward_pre_hook(_on_call)
+    Optimizer.__init__ = _note_optimizer(Optimizer.__init__)  # type: ignore[method-assign]
+
+
+def patch_deepspeed(module: ModuleType) -> None:
+    module.initialize = _deepspeed_initialize(module.initialize)  # type: ignore[attr-defined]
+
+
+def patch_fsdp1(module: ModuleType) -> None:
+    cls = module.FullyShardedDataParallel
+    cls.__new__ = _fsdp1_new(cls)  # type: ignore[assignment]
+
+
+def patch_ddp(module: ModuleType) -> None:
+    module.DistributedDataParallel.__new__ = _ddp_new  # type: ignore[assignment]
+
+
+def patch_fully_shard(module: ModuleType) -> None:
+    if hasattr(module, "fully_shard"):
+        module.fully_shard = _fully_shard(module.fully_shard)  # type: ignore[attr-defined]
+
+
+def patch_trainer(module: ModuleType) -> None:
+    import functools
+
+    trainer = module.Trainer
+    original = trainer.__init__
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        STATE.trainer_precision = str(kwargs.get("precision", "32-true"))
+        original(self, *args, **kwargs)
+
+    trainer.__init__ = __init__  # type: ignore[misc]
+
+
+PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    "torch": patch_torch,
+    "torch.nn.parallel.distributed": patch_ddp,
+    "torch.distributed.fsdp.fully_sharded_data_parallel": patch_fsdp1,
+    "torch.distributed.fsdp._fully_shard": patch_fully_shard,
+    "torch.distributed._composable.fsdp": patch_fully_shard,
+    "deepspeed": patch_deepspeed,
+    "lightning.pytorch.trainer.trainer": patch_trainer,
+}
+"""Module name -> what to do once it loaded, while planning."""
