@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+
 import pytest
 
 from shardtop.diagnose import diagnose

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.own_job_runs import SCRIPTS, user_env
 from tests.conftest import shardtop
 from tests.distributed import free_port
+from tests.own_job_runs import SCRIPTS, user_env
 
 MANY_STEPS = "1000000"
 PLAN_S = 240.0

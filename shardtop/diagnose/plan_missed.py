@@ -19,6 +19,7 @@ from shardtop.diagnose.finding import Evidence, Finding, Rule
 from shardtop.plan_check import MISS_MIN_BYTES, MISS_RATIO, RankCheck, relative_error
 from shardtop.run_model import RunModel
 
+
 def percent(ratio: float) -> str:
     """``15 %``: the size of a relative error, in the project's way of writing percentages."""
     return f"{abs(ratio) * 100:.0f} %"

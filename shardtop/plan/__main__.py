@@ -22,10 +22,10 @@ from shardtop.plan.command import leave_now
 def main() -> int:
     try:
         config = json.loads(sys.stdin.read())
-        if not isinstance(config, dict):
-            raise ValueError("expected a JSON object")
     except ValueError as e:
-        print(f"expected a resolved preset config as JSON on stdin ({e})", file=sys.stderr)
+        config = e
+    if not isinstance(config, dict):
+        print(f"expected a resolved preset config as a JSON object on stdin ({config})", file=sys.stderr)
         return 2
     from shardtop.plan.presets import describe_preset
 

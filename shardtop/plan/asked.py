@@ -15,7 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardtop.plan.strategies import ADAMW, SGD_MOMENTUM, Optimizer, Strategy, ZeroSettings
+from shardtop.plan.strategies import (
+    ADAMW,
+    SGD_MOMENTUM,
+    Optimizer,
+    Strategy,
+    ZeroSettings,
+)
 
 BUILT_WHOLE_NOTE = ("built outside deepspeed.zero.Init: DeepSpeed moves the whole model to each device before "
                     "partitioning it")

@@ -40,7 +40,7 @@ class PlanRequest:
     gpu: Gpu | None
 
 
-def _devices(raw: str) -> int | None:
+def devices_setting(raw: str) -> int | None:
     """``devices=`` as typed: a positive number, or auto (None)."""
     text = raw.strip()
     if text == "auto":
@@ -71,7 +71,7 @@ def read_request(settings: Sequence[str], *, detect_gpu: bool = True) -> PlanReq
         if key == "gpu":
             gpu_text = raw
         elif key == "devices":
-            devices = _devices(raw)
+            devices = devices_setting(raw)
         else:
             rest.append((key, raw))
     config = resolve(preset, rest)

@@ -19,7 +19,6 @@ from shardtop.plan.compare import Plan, make_plan
 from shardtop.plan.description import ModelDescription
 from shardtop.plan.recipes import RECIPES
 
-
 DescriptionKey = tuple[str, tuple[tuple[str, Any], ...], int]
 """(program, model sizes, batch size): what a preset's description depends on, and nothing else."""
 

@@ -20,7 +20,9 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import msgspec
 
@@ -67,14 +69,14 @@ def read_script_plan(directory: Path) -> ScriptPlan | None:
 
 def _options(settings: Sequence[str]) -> tuple[int | None, str | None]:
     """``devices=N`` and ``gpu=…`` before ``--``; anything else is refused with what to type."""
-    from shardtop.plan.command import _devices
+    from shardtop.plan.command import devices_setting
 
     devices: int | None = None
     gpu: str | None = None
     for word in settings:
         key, sep, value = word.partition("=")
         if sep and key == "devices":
-            devices = _devices(value)
+            devices = devices_setting(value)
         elif sep and key == "gpu":
             gpu = value
         else:
@@ -97,9 +99,7 @@ def run_script_plan(command: Sequence[str], settings: Sequence[str], output_form
     return render_markdown(plan) if output_format == "markdown" else render_text(plan)
 
 
-def plan_command(
-    command: Sequence[str], settings: Sequence[str], *, err: object = None
-) -> tuple[Plan, ScriptPlan]:
+def plan_command(command: Sequence[str], settings: Sequence[str], *, err: TextIO | None = None) -> tuple[Plan, ScriptPlan]:
     """Run ``command`` in plan-only mode and plan what its rank 0 saw; ``ConfigError`` says why not."""
     from shardtop.inject import plan_env
 
@@ -136,16 +136,17 @@ def plan_command(
     return plan, seen
 
 
+@dataclass(frozen=True)
 class _Output:
-    def __init__(self, code: int, lines: list[str]) -> None:
-        self.code = code
-        self.lines = lines
+    code: int
+    lines: list[str]
+    """The last lines the command printed."""
 
     def code_and_tail(self) -> list[str]:
         return self.lines[-OUTPUT_TAIL:] or ["(it printed nothing)"]
 
 
-def _run(command: list[str], env: dict[str, str], err: object) -> _Output:
+def _run(command: list[str], env: dict[str, str], err: TextIO | None) -> _Output:
     """The command, its output passed on to stderr as it comes (stdout stays the plan's), the tail kept."""
     stream = err if err is not None else sys.stderr
     proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -154,8 +155,8 @@ def _run(command: list[str], env: dict[str, str], err: object) -> _Output:
     lines: list[str] = []
     for raw in proc.stdout:
         line = raw.decode(errors="replace")
-        stream.write(line)  # type: ignore[attr-defined]
+        stream.write(line)
         lines.append(line.rstrip("\n"))
         del lines[:-OUTPUT_TAIL]
-    stream.flush()  # type: ignore[attr-defined]
+    stream.flush()
     return _Output(proc.wait(), lines)

@@ -33,7 +33,7 @@ from shardtop.launch import resolve_devices
 from shardtop.plan.description import ModelDescription
 from shardtop.plan.presets import DescriptionKey, description_key
 from shardtop.tui.watch import model_describer
-from shardtop.tui.watch.model_describer import DescribeFailed, Described
+from shardtop.tui.watch.model_describer import Described, DescribeFailed
 from shardtop.tui.widgets.plan_bars import PlanBars, prompt_plan
 
 TYPING_PAUSE_S = 0.25

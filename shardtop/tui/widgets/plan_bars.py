@@ -65,8 +65,9 @@ def prompt_plan(config: Mapping[str, Any], desc: ModelDescription, gpus: Sequenc
     if accelerator == "cuda":
         kind = "GPU"
         for i in range(devices):
-            g = gpus[i] if i < len(gpus) else (gpus[0] if gpus else None)
-            found = card(g.name.removeprefix("NVIDIA ").strip() or "GPU", g.total, f"GPU {i}") if g else None
+            sampled = gpus[i] if i < len(gpus) else (gpus[0] if gpus else None)
+            found = (card(sampled.name.removeprefix("NVIDIA ").strip() or "GPU", sampled.total, f"GPU {i}")
+                     if sampled else None)
             per_device.append((kind, judged_against(found, limit)))
     else:
         kind = "rank"

@@ -15,6 +15,7 @@ from textual.widgets import Static
 from shardtop.plan_check import PlanCheck, RankCheck
 from shardtop.tui.format import format_bytes, short_bytes
 
+
 def _pair(planned: int | None, measured: int | None) -> str:
     return f"{short_bytes(planned)}/{short_bytes(measured)}"
 
