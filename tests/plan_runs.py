@@ -1,8 +1,8 @@
 """Recorded runs with the plan their rank 0 writes at set-up, for the tests of predicted against measured.
 
 The GPU recordings under ``tests/fixtures/runs/`` were made before runs
-recorded their plan.  ``with_plan`` writes it into a copy, through the
-runner's own ``write_plan``, for the GPU the run recorded (its NVML samples):
+recorded their plan.  ``with_plan`` writes it into a copy, made by the
+runner's own ``plan_event``, for the GPU the run recorded (its NVML samples):
 exactly the event the run's rank 0 writes today on that machine.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shardtop.events import Memory, read_all
+from shardtop.events import EventWriter, Memory, event_file, read_all
 from shardtop.plan.cards import card
-from shardtop.runner.plan_at_setup import write_plan
+from shardtop.runner.plan_at_setup import plan_event
 from shardtop.runs import RunDirectory
 
 
@@ -23,5 +23,9 @@ def with_plan(run_dir: Path) -> RunDirectory:
     events, _ = read_all(run.events_dir)
     gpu = next((g for e in events if isinstance(e, Memory) and e.gpus for g in e.gpus), None)
     recorded = card(gpu.name.removeprefix("NVIDIA ").strip(), gpu.total, "local GPU") if gpu is not None else None
-    write_plan(run, config, str(config["accelerator"]), recorded)
+    planned = plan_event(config, str(config["accelerator"]), recorded)
+    assert planned is not None
+    writer = EventWriter(event_file(run.events_dir, 0), 0)
+    writer.write(planned)
+    writer.close()
     return run

@@ -4,8 +4,8 @@ The plan is made from the run's resolved config, exactly as ``shardtop plan``
 makes it (same devices, same GPU or ``gpu_mem_limit``), before the program
 starts and before the memory cap applies: it builds the model on the meta
 device, which allocates no tensor, and costs milliseconds for the small
-presets and about 1-3 s for story 2's 18 000 layers.  Its figures go into
-rank 0's event file as one ``Planned`` event; the report and the run view
+presets and about 1-3 s for story 2's 18 000 layers.  Rank 0 writes its
+figures into its event file, through its probe, as one ``Planned`` event; the report and the run view
 then show predicted against measured per rank.  A plan that fails costs the
 run nothing but one line in rank 0's log.
 """
@@ -14,17 +14,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from shardtop.events import EventWriter, event_file
-from shardtop.runs import RunDirectory
-
 if TYPE_CHECKING:
+    from shardtop.events import Planned
     from shardtop.plan.cards import Gpu
 
 
-def write_plan(run: RunDirectory, config: dict[str, Any], accelerator: str, card: Gpu | None = None) -> None:
-    """Plan ``config`` on its ``devices`` (one process may drive several: manual placement) and record it.
+def plan_event(config: dict[str, Any], accelerator: str, card: Gpu | None = None) -> Planned | None:
+    """The plan of ``config`` on its ``devices`` (one process may drive several: manual placement), as an event.
 
     ``card``: the GPU to judge against; by default this machine's first GPU (NVML), capped by ``gpu_mem_limit``.
+    None when the plan could not be made (said in one line on the rank's output).
     """
     try:
         from shardtop.plan.cards import judged_against, local_gpu
@@ -35,12 +34,7 @@ def write_plan(run: RunDirectory, config: dict[str, Any], accelerator: str, card
             card = local_gpu()
         gpu = judged_against(card, config.get("gpu_mem_limit"))
         plan = plan_config(config, devices=int(config["devices"]), accelerator=accelerator, gpu=gpu)
-        event = planned_event(plan, made_by="preset")
+        return planned_event(plan, made_by="preset")
     except Exception as e:  # noqa: BLE001 - the run goes on without its plan
         print(f"shardtop: no plan for this run ({type(e).__name__}: {e})", flush=True)
-        return
-    writer = EventWriter(event_file(run.events_dir, 0), 0)
-    try:
-        writer.write(event)
-    finally:
-        writer.close()
+        return None
