@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from textual.widgets import Input
 
 from shardtop.config import load_preset
 from shardtop.runs import list_runs
@@ -138,6 +139,7 @@ def test_the_plan_at_80x24(snap_compare: Any, in_tmp: Path) -> None:
 
     async def run_before(pilot: Any) -> None:
         prompt = await gpu_prompt(pilot.app, pilot, "zero3-linear")
+        prompt.query_one(Input).cursor_blink = False  # a blinking cursor would make the picture a coin toss
         await pilot.press(*"gpu_mem_limit=15GiB")
         await planned(pilot, prompt)
         await settled(pilot)
