@@ -118,6 +118,8 @@ def test_each_rule_has_a_run_showing_it_and_runs_that_do_not(reports: Any, code:
 GPU_ONLY = {
     "cuda-context-on-wrong-gpu": "NVML's process list: shown on the two-GPU recordings",
     "probe-fault": "shown by a real shard reader failure in tests/probe/test_reliability.py; absent from every run here",
+    "plan-missed": "needs an allocator's peak (CPU processes have none): shown on the H200 recording of "
+    "manual-placement, with its plan, in tests/test_plan_after_run.py",
 }
 """Rules whose run that shows them lives elsewhere: GPU recordings, or a fault test."""
 

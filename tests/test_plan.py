@@ -125,7 +125,7 @@ def test_text_and_markdown_say_the_same_verdict() -> None:
         (["zero3-linear", "gpu=banana"], "gpu=banana: expected a size such as 16GiB"),
         (["zero3-linear", "devices=0"], "devices=0: expected a number of devices, 1 or more"),
         (["zero3-linear", "devices=many"], "devices=many: expected a number of devices"),
-        (["train.py"], "planning your own script"),
+        (["train.py"], "To plan your own command, put it after --"),
     ],
 )
 def test_bad_input_says_what_to_type_and_exits_2(args: list[str], expected: str) -> None:
