@@ -115,3 +115,16 @@ def test_a_run_that_ran_out_where_the_plan_said_is_no_miss(name: str, tmp_path: 
         assert r.out_of_memory and r.reached == "set-up" and r.peak_error is None and not r.missed
     assert "plan-missed" not in [f.code for f in diagnose(model)]
     assert "out of memory, as planned" in render_report(run, "text")
+
+
+def test_a_run_stopped_in_set_up_cannot_show_the_plan_high(tmp_path: Path) -> None:
+    """Story 2 fixed on two H200s was stopped during DeepSpeed's set-up: its peak so far (each rank's half of
+    the model) is below the plan's set-up peak, which it had not reached; no error, no miss."""
+    _, model = _recorded("h200x2/zero3-linear-fixed", tmp_path)
+    check = model.plan_check
+    assert check is not None
+    for r in check.ranks:
+        assert not r.out_of_memory and not r.complete and r.reached == "set-up"
+        assert r.measured.peak is not None and r.measured.peak < r.predicted_peak
+        assert r.peak_error is None and not r.missed
+    assert "plan-missed" not in [f.code for f in diagnose(model)]

@@ -99,3 +99,31 @@ def test_bad_plan_settings_are_refused_before_running_anything() -> None:
     assert code == 2 and "cannot run 'no-such-program-here'" in err
     done = shardtop("plan", "python", "train.py", runs_dir=Path("/nonexistent-runs"), env=env())
     assert done.returncode == 2 and "shardtop plan -- python train.py" in done.stderr
+
+
+def test_what_a_script_hands_its_engine_is_planned_in_the_engines_terms() -> None:
+    """The facts the rank takes at the hand-over, in the plan's words (pure: no script needed)."""
+    from shardtop.plan.asked import Asked, strategy_of
+
+    config = {
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "reduce_bucket_size": 5e7,
+                              "stage3_prefetch_bucket_size": "auto", "overlap_comm": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+    }
+    s, notes = strategy_of(Asked(engine="zero3", deepspeed=config, partitioned=True, optimizer="SGD"))
+    assert s.label == "ZeRO-3, bf16-mixed, optimizer offload"
+    assert (s.zero.reduce_bucket_size, s.zero.prefetch_bucket_size, s.zero.overlap_comm) == (50_000_000, 50_000_000, True)
+    assert s.optimizer.name == "AdamW" and not s.built_whole and notes == []  # the config's optimizer, not the torch one
+
+    s, notes = strategy_of(Asked(engine="fsdp1", units=(0, 3, 7), sharding="SHARD_GRAD_OP", half="fp16-mixed",
+                                 offload_params=True, optimizer="SGD", momentum=0.9))
+    assert s.label == "FSDP SHARD_GRAD_OP, fp16-mixed, CPU offload, half precision in units only"
+    assert s.units == (3, 7) and s.root_wrapped and s.optimizer.state_bytes == 4 and notes == []
+
+    s, notes = strategy_of(Asked(engine="fsdp2", units=(2, 5), trainer_precision="bf16-mixed", optimizer="Shampoo"))
+    assert s.label == "FSDP2, bf16-mixed" and not s.root_wrapped and s.driver == "lightning"
+    assert notes == ["Shampoo is not an optimizer the plan knows: planned with AdamW's state (8 bytes per parameter)"]
+
+    s, notes = strategy_of(Asked(engine="single"))
+    assert s.label == "one device, fp32" and "no optimizer existed by the first forward" in notes[0]
