@@ -13,7 +13,7 @@ The bootstrap installs ``PATCHES`` in place of ``engines.PATCHES`` when
 - at the first call of the model, or of a module inside it (Lightning's
   ``training_step`` calls its submodules), the model on the meta
   device is traced at the shapes and dtypes of the batch just passed: the
-  activations it saves for backward, nothing allocated (``describe_call``:
+  activations it saves for backward, nothing allocated (``plan_trace.py``:
   the model's own tensors are swapped for meta ones while it is traced);
 - rank 0 writes the ``ScriptPlan``; every rank waits for the others (a
   barrier, when torch.distributed is up) and leaves with exit code 0 before
@@ -26,14 +26,13 @@ the engine than the stand-in has) is still planned, and says what it missed.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
     from types import ModuleType
 
 from shardtop.inject import PLAN_ONLY_ENV
@@ -113,6 +112,8 @@ def _deepspeed_initialize(original: Callable[..., Any]) -> Callable[..., Any]:
         _take(model, f"zero{stage}" if stage else "ddp", "deepspeed.initialize", deepspeed=config,
               partitioned=partitioned)
         if model is not None and _rank() == 0:  # the stand-in may not carry the script to a forward
+            from shardtop.inject.plan_trace import describe_call
+
             _write(describe_call(model, None, None, None), complete=False)
         return _stand_in(model), kwargs.get("optimizer"), None, None
 
@@ -243,11 +244,13 @@ def _root_call(module: Any, args: Any, kwargs: Any) -> None:
 
 
 def _plan_and_leave(root: Any, called: Any, args: Any, kwargs: Any) -> None:
+    from shardtop.inject.plan_trace import describe_call, path_in
+
     STATE.planning = True
     try:
         if _rank() == 0:
             _write(describe_call(root, called, args, kwargs), complete=True)
-            path = _path_in(root, called)
+            path = path_in(root, called)
             _say(f"planned at the first call of {type(called).__name__}"
                  + (f" ({path})" if path else "") + "; stopping before training")
     except Exception as e:  # noqa: BLE001 - said, and the plan made at the hand-over stands
@@ -265,79 +268,6 @@ def _leave() -> None:
         except Exception:  # noqa: BLE001, S110 - leaving anyway
             pass
     os._exit(0)
-
-
-def _path_in(root: Any, called: Any) -> str:
-    if called is root:
-        return ""
-    return next((name for name, m in root.named_modules() if m is called), "")
-
-
-@contextlib.contextmanager
-def on_meta(root: Any) -> Iterator[None]:
-    """``root``'s parameters and buffers on the meta device while inside, its own tensors back afterwards.
-
-    In place rather than a copy: a copy would also copy whatever else a module refers to (a Lightning
-    module's trainer), and the plan needs only the shapes.  A ZeRO-3 partition stands for its full shape.
-    """
-    import torch
-
-    metas: dict[int, Any] = {}
-    saved: list[tuple[dict[str, Any], str, Any]] = []
-    for module in root.modules():
-        for table in (module._parameters, module._buffers):
-            for name, t in table.items():
-                if t is None:
-                    continue
-                if id(t) not in metas:
-                    meta = torch.empty(tuple(getattr(t, "ds_shape", None) or t.shape), dtype=t.dtype, device="meta")
-                    is_param = isinstance(t, torch.nn.Parameter)
-                    metas[id(t)] = torch.nn.Parameter(meta, requires_grad=t.requires_grad) if is_param else meta
-                saved.append((table, name, t))
-                table[name] = metas[id(t)]
-    try:
-        yield
-    finally:
-        for table, name, t in saved:
-            table[name] = t
-
-
-def describe_call(root: Any, called: Any, args: Any, kwargs: Any) -> tuple[Any, list[str]]:
-    """The description of ``root`` on the meta device; with ``called`` and its arguments, its saved activations
-    for that call (``called`` is ``root`` or inside it); without, none."""
-    import torch
-    from torch.utils._pytree import tree_flatten, tree_map
-
-    from shardtop.plan.describe import describe_model
-
-    notes: list[str] = []
-    forward_loss = None
-    batch, input_bytes = 0, 0
-    if called is not None:
-        path = _path_in(root, called)
-        leaves = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        batch = int(leaves[0].shape[0]) if leaves and leaves[0].dim() else 1
-        input_bytes = sum(t.numel() * t.element_size() for t in leaves)
-        meta_args, meta_kwargs = tree_map(
-            lambda x: torch.empty(x.shape, dtype=x.dtype, device="meta") if isinstance(x, torch.Tensor) else x,
-            (tuple(args), dict(kwargs or {})),
-        )
-
-        def forward_loss(model: Any) -> Any:
-            target = model.get_submodule(path) if path else model
-            out = target(*meta_args, **meta_kwargs)
-            first = next((t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
-            return first.float().sum() if first is not None else torch.zeros((), device="meta")
-
-        where = f"`{path}`, the first module the step called" if path else "the model"
-        notes.append(f"activations traced on the meta device through {where}, at the shapes of the batch the "
-                     f"script passed (first dimension {batch}, taken as the batch per rank)")
-    else:
-        notes.append("no forward pass was traced (the script stopped before calling the model): activations "
-                     "are not planned")
-    with on_meta(root), torch.enable_grad():
-        desc = describe_model(root, forward_loss, name=type(root).__name__, batch_size=batch, input_bytes=input_bytes)
-    return desc, notes
 
 
 def _accelerator(root: Any) -> str:
