@@ -29,6 +29,8 @@ from shardtop.plan.presets import DescriptionKey
 POLL_S = 0.05
 """How often the worker looks whether it was cancelled while the helper runs."""
 TIMEOUT_S = 120.0
+KEPT = 16
+"""Descriptions kept (the oldest goes first): a description of 18 000 layers is about 1 MB."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,10 @@ def known(key: DescriptionKey) -> Described | None:
 
 
 def remember(key: DescriptionKey, answer: Described) -> None:
+    _answers.pop(key, None)
     _answers[key] = answer
+    while len(_answers) > KEPT:
+        del _answers[next(iter(_answers))]
 
 
 def describe(config: Mapping[str, Any], cancelled: Callable[[], bool]) -> Described | None:
