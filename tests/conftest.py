@@ -9,6 +9,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The tests start `python`, `torchrun`, `deepspeed` and `shardtop` by name, as a user types them: the
+# ones of the interpreter running the tests, also when its environment was not activated.
+os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+
 
 def shardtop(*args: str, runs_dir: Path, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run the real ``shardtop`` command as a user would."""
