@@ -272,6 +272,11 @@ class MemoryExplainer:
                 sample.peak_split = self.peak_split
                 self._peak_dirty = False
 
+    @property
+    def next_census(self) -> float:
+        """When (``time.monotonic()``) the budget lets the next census outside explained steps run."""
+        return self._census_due
+
     def _census_when_due(self, phase: str, step: int) -> None:
         """A census on the training thread, as often as ``CENSUS_BUDGET`` allows."""
         if not self.options.census or not self.census.has_target:
