@@ -202,7 +202,10 @@ class MemoryExplainer:
 
         if self._target is None:
             return
-        tree, shards = read_shards(self._target, tree_id=0, stage="optimizer", optimizer=None)
+        try:
+            tree, shards = read_shards(self._target, tree_id=0, stage="optimizer", optimizer=None)
+        except Exception:  # noqa: BLE001 - the shard reader's own failure, which its snapshot reports
+            return
         if shards.grad_bytes is not None:
             self.grads_before_step = (list(tree.names), list(tree.parents), list(shards.grad_bytes))
 

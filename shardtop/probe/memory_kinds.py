@@ -137,7 +137,7 @@ class MemoryCensus:
         try:
             holders = self._holders
             if holders is None:
-                target = resolve_target(self._target) if self._target is not None else None
+                target = _wrapped_model(self._target) if self._target is not None else None
                 holders = gather_holders(target, self._optimizer)
                 if self._target is not None:
                     self._holders = holders
@@ -156,6 +156,19 @@ class MemoryCensus:
             measured.add("activations")
         kinds = MemoryKinds(**{k: (v if k in measured else None) for k, v in tally.bytes.items()})
         return KindCount(kinds, tally.addresses, time.perf_counter() - started)
+
+
+def _wrapped_model(target: Any) -> Any:
+    """What a census reads for ``target`` (a LightningModule stands for its trainer's wrapped model).
+
+    A module that answers a missing attribute with something other than an
+    AttributeError makes the shard reader fail (and say so); the census reads
+    the module itself then.
+    """
+    try:
+        return resolve_target(target)
+    except Exception:  # noqa: BLE001
+        return target
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
