@@ -1,14 +1,30 @@
 """What the probe costs a training step, and what a huge model's tree costs to write.
 
 1. Step time with and without the probe, side by side in one process, on a
-   model of >= 1000 modules: blocks of steps alternate (off, on, off, on...)
-   so drift of the machine hits both alike; the ratio of medians is printed.
-   "With" means what a preset run has: the rank's events (phase x3 + step per
-   step), the memory sampler thread at 2 Hz, and OOM attribution armed.
-2. Tree + shards of a 100 000-module model: read, encode and write time, and
-   bytes on disk per rank.
+   model of >= 1000 modules: blocks of steps alternate (off, on, explained,
+   off, on, explained...) so drift of the machine hits all alike; the ratios
+   of medians are printed.  "On" is what a preset run has after its first
+   steps: the rank's events (phase x3 + step per step), a census of memory by
+   kind at phase changes (within its time budget), the memory sampler thread
+   at 2 Hz, and OOM attribution armed.  "Explained" is what the first steps (or a
+   request) cost: saved activations followed per module, a census at every
+   phase and, on CUDA, the allocator's history recorded.  "Off" stops the
+   sampler thread too.
+2. A census of memory by kind: its cost on that model and the interval its
+   budget allows.
+3. Tree + shards of a 100 000-module model: read, encode and write time, and
+   bytes on disk per rank; a census of it.
 
     python bench/bench_probe.py [--device cuda] [--blocks 8] [--steps 25]
+    python bench/bench_probe.py --explained RUN_DIR [RUN_DIR...]
+
+The second form reads recorded runs (GPU ones) and prints, per rank, how much of
+its peak allocated memory the recorded split explains, by kind, and at an OOM.
+
+On a machine others load too, run it with ``OMP_NUM_THREADS=1`` and short
+blocks (``--blocks 20 --steps 3``): OpenMP's spinning threads turn a neighbour's
+load into steps 10-40 times slower, and long blocks let that drift decide the
+ratio.
 """
 
 from __future__ import annotations
@@ -20,7 +36,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import torch
 from torch import nn
 
@@ -63,6 +81,7 @@ def step_times(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, st
 
 def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int) -> None:
     import shardtop.probe as st
+    from shardtop.probe.memory_explain import CENSUS_BUDGET, MemoryExplainer, MemoryOptions
     from shardtop.probe.session import current
 
     torch.manual_seed(0)
@@ -75,21 +94,81 @@ def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int)
         run_dir = Path(tmp) / "run"
         st.attach(model, optimizer=opt, run_dir=run_dir, name="bench", engine="plain")
         probe = current()
-        assert probe is not None
+        assert probe is not None and probe._sampler is not None
         probe.phase_name = "x"
+        steady = probe.memory()
+        first = step_times(model, opt, x, 3, probe=True)  # the first steps, explained as every run's are
+        explaining = MemoryExplainer(probe.device, MemoryOptions(explain_steps=10**9))
+        explaining.set_target(model, opt)
+        sampler = probe._sampler
         off: list[float] = []
         on: list[float] = []
+        explained: list[float] = []
         for _ in range(blocks):
+            sampler.stop()
             off += step_times(model, opt, x, steps, probe=False)
+            sampler.start()
+            probe._explainer = steady
             on += step_times(model, opt, x, steps, probe=True)
+            probe._explainer = explaining
+            explained += step_times(model, opt, x, steps, probe=True)
+        probe._explainer = steady
+        explaining.close()
+        census = [steady.census.count() for _ in range(21)]
+        faults = dict(probe.faults.told)
         probe.exit(0)
         probe.close()
         event_bytes = sum(p.stat().st_size for p in (run_dir / "events").iterdir())
-    m_off, m_on = statistics.median(off), statistics.median(on)
+    m_off, m_on, m_ex = statistics.median(off), statistics.median(on), statistics.median(explained)
     print(f"probe overhead on {device}: model of {n_modules} modules, batch {batch}x{width}, "
           f"{blocks} alternating blocks of {steps} steps")
     print(f"  median step without probe {m_off * 1e3:.3f} ms, with probe {m_on * 1e3:.3f} ms, "
           f"ratio {m_on / m_off:.4f} ({(m_on / m_off - 1) * 100:+.2f} %); event file {event_bytes / 1e6:.2f} MB")
+    print(f"  explained steps (the first {len(first) - 1} of a run, or on request): median {m_ex * 1e3:.3f} ms, "
+          f"ratio {m_ex / m_off:.4f} ({(m_ex / m_off - 1) * 100:+.2f} %); "
+          f"{explaining.activations.saved / max(1, len(explained)):.0f} saved tensors followed per step")
+    seconds = statistics.median(c.seconds for c in census if c is not None)
+    print(f"  census of memory by kind: {seconds * 1e3:.2f} ms on this model, so at most every "
+          f"{seconds / CENSUS_BUDGET:.2f} s, at a phase change; probe faults: {faults or 'none'}")
+    if steady.trace_seconds is not None:
+        taken, split = steady.trace_seconds
+        print(f"  allocator trace of the first steps: snapshot {taken:.3f} s (training thread), "
+              f"split {split:.3f} s (background)")
+    if steady.peak_split is not None and x.is_cuda:
+        print(f"  {describe_split(steady.peak_split, torch.cuda.max_memory_allocated())}")
+
+
+MiB = 1 << 20
+
+
+def describe_split(split: Any, peak: int | None) -> str:
+    """One line: how much of the peak a split explains, and by what."""
+    allocated = split.allocated or 0
+    explained = allocated - (split.unexplained or 0)
+    kinds = ", ".join(f"{k} {v / MiB:.1f}" for k, v in msgspec.structs.asdict(split.by_kind).items() if v is not None)
+    at = f"{split.phase} of step {split.step}" if split.phase else "a sample"
+    true_peak = f" of the peak {peak / MiB:.1f} MiB" if peak else ""
+    share = f"{100 * explained / allocated:.1f} %" if allocated else "-"
+    return (f"split at {at} ({split.source}): {allocated / MiB:.1f} MiB{true_peak}, explained {share}; "
+            f"MiB by kind: {kinds}; unexplained {(split.unexplained or 0) / MiB:.1f}")
+
+
+def explained_report(run_dirs: list[Path]) -> None:
+    """Per rank of each recorded run: the peak, the split at it, and the split at an OOM."""
+    from shardtop.events import Memory, Oom, read_all
+
+    for run_dir in run_dirs:
+        events, _ = read_all(run_dir / "events")
+        print(f"{run_dir}:")
+        for rank in sorted({e.rank for e in events}):
+            mine = [e for e in events if e.rank == rank]
+            samples = [e for e in mine if isinstance(e, Memory)]
+            peak = max((e.peak for e in samples if e.peak is not None), default=None)
+            split = next((e.peak_split for e in reversed(samples) if e.peak_split is not None), None)
+            print(f"  rank {rank}: " + (describe_split(split, peak) if split else f"no split (peak {peak})"))
+            for oom in (e for e in mine if isinstance(e, Oom)):
+                memory = f"; {describe_split(oom.memory, oom.peak)}" if oom.memory else ""
+                print(f"  rank {rank} OOM in {oom.phase}: max_memory_allocated {oom.peak}{memory}")
 
 
 def bench_big_tree(n_modules: int) -> None:
@@ -108,6 +187,18 @@ def bench_big_tree(n_modules: int) -> None:
         size = event_file(Path(tmp), 0).stat().st_size
     print(f"tree + shards of a {n_modules + 1}-module model: read {t1 - t0:.3f} s, encode+write {t2 - t1:.3f} s, "
           f"total {t2 - t0:.3f} s, {size / 1e6:.2f} MB on disk for this rank")
+    from shardtop.probe.memory_explain import CENSUS_BUDGET
+    from shardtop.probe.memory_kinds import MemoryCensus
+
+    census = MemoryCensus("cpu")
+    census.set_target(model)
+    t0 = time.perf_counter()
+    census.count()  # lists the parameters once
+    t1 = time.perf_counter()
+    counts = [census.count() for _ in range(3)]
+    seconds = min(c.seconds for c in counts if c is not None)
+    print(f"census of memory by kind of that model ({2 * n_modules} parameters): first {t1 - t0:.3f} s "
+          f"(listing them), then {seconds:.3f} s, so at most every {seconds / CENSUS_BUDGET:.0f} s")
 
 
 def main() -> None:
@@ -118,7 +209,11 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--modules", type=int, default=100_000)
+    parser.add_argument("--explained", type=Path, nargs="+", help="recorded run directories to read instead")
     args = parser.parse_args()
+    if args.explained:
+        explained_report(args.explained)
+        return
     os.environ.pop("SHARDTOP_RUN_DIR", None)
     print(f"torch {torch.__version__}, {os.cpu_count()} cpus, device {args.device}")
     bench_overhead(args.device, args.blocks, args.steps, args.width, args.batch)

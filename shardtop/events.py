@@ -44,6 +44,10 @@ SCHEMA_VERSION = 1
 
 EVENT_FILE_PREFIX = "rank-"
 EVENT_FILE_SUFFIX = ".jsonl"
+MEMORY_REQUEST_FILE = "requests/explain-memory"
+"""Created in the run directory by a reader to ask every rank to explain its next steps' memory
+(saved activations per module, a census at each phase, the CUDA allocator's trace); each rank
+removes it when it sees it, within a memory sample."""
 
 Scalar = Union[str, int, float, bool, None]
 
@@ -135,7 +139,9 @@ class Shards(Event, tag="shards"):
     tree_id: int
     engine: str
     stage: str
-    """``setup`` before the engine wrapped the model, ``engine`` after, ``step`` later."""
+    """``setup`` before the engine wrapped the model (after ``configure_model`` too), ``engine`` after,
+    ``step`` later, ``oom`` as the model was held when this rank ran out of memory (a set-up move
+    shows which modules had reached the device)."""
     devices: list[str]
     states: list[str]
     bytes: list[int]
@@ -151,7 +157,14 @@ class Shards(Event, tag="shards"):
     """Index into ``units`` of the innermost unit rooted at the module or an ancestor; -1 outside every unit."""
     units: list[Unit] = []
     grad_bytes: list[int] | None = None
+    """Bytes of each module's own gradients on this rank: ``param.grad``, FSDP's sharded gradients,
+    ZeRO-1/2 gradient partitions, ZeRO-3's partitioned gradient buffer; None when no source holds any.
+    At stage ``step``: as held just before the first optimizer step, when the probe saw that moment
+    (ZeRO-1/2 free their partitions inside the step, a loop may zero them after it)."""
     optim_bytes: list[int] | None = None
+    act_bytes: list[int] | None = None
+    """Bytes each module's own forward saved for backward (its children's not included; parameters
+    not counted), measured in the probe's first explained steps; None before a forward was explained."""
     info: dict[str, Scalar] = {}
     """Engine-wide facts: sharding strategy, mesh shape, data-parallel size, precision..."""
 
@@ -170,6 +183,73 @@ class GpuMemory(msgspec.Struct, kw_only=True, omit_defaults=True):
     pids: list[int] = []
 
 
+class MemoryKinds(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Bytes of a rank's device memory by what holds them; each None where its source was not read.
+
+    Every kind is measured from its own source (tensors found, engine buffers read, allocator
+    blocks traced); none is the remainder of the others.  A storage is counted once, under the
+    first kind that holds it in this order: params, grads, optimizer, comm, other, activations.
+    On CUDA each storage counts as the allocator's block (rounded up to 512 bytes), as
+    ``allocated`` does.
+    """
+
+    params: int | None = None
+    """Parameters: the stored shards (whole parameters, FSDP flat or DTensor shards, ZeRO-3
+    ``ds_tensor``), plus gathered, unsharded or low-precision copies while they exist."""
+    grads: int | None = None
+    """Gradients: ``param.grad``, FSDP sharded gradients and reduce-scatter output, ZeRO-1/2
+    gradient partitions, ZeRO-3's partitioned gradient buffer."""
+    optimizer: int | None = None
+    """Optimizer state: torch optimizers' state tensors; ZeRO's fp32 master partitions and state."""
+    activations: int | None = None
+    """Tensors saved for backward by the forward, parameters excluded.  Measured only while the
+    probe explains a step (its first steps, a request, or ``SHARDTOP_MEMORY_DETAIL=always``)."""
+    comm: int | None = None
+    """Communication buffers: ZeRO reduce buckets, DDP gradient buckets, FSDP all-gather and
+    reduce-scatter buffers."""
+    other: int | None = None
+    """Module buffers (BatchNorm statistics...) and, from the allocator's trace, temporaries of
+    the optimizer step and other blocks allocated by recognised code."""
+
+
+class MemorySplit(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What fills a rank's allocated memory at one moment: ``by_kind`` plus ``unexplained``."""
+
+    allocated: int | None = None
+    """The allocator's allocated bytes at that moment; None on CPU (no caching allocator)."""
+    by_kind: MemoryKinds = msgspec.field(default_factory=MemoryKinds)
+    unexplained: int | None = None
+    """``allocated`` minus every kind measured: what no source accounts for (rarely exactly 0;
+    negative only if the sources and the allocator were read a moment apart).  None on CPU."""
+    source: str = "tensors"
+    """``tensors``: the tensors and engine buffers found at that moment (``by_kind`` summed);
+    ``allocator-trace``: the CUDA allocator's recorded blocks at that moment, each classified
+    by the tensor found at its address or by the code that allocated it."""
+    step: int | None = None
+    """The training step of that moment, when known."""
+    phase: str = ""
+    """The phase of that moment (setup, forward, backward, optimizer...), when known."""
+
+
+class AllocatorStats(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The CUDA caching allocator's key numbers (``torch.cuda.memory_stats``), in bytes and counts."""
+
+    allocated: int
+    reserved: int
+    active: int | None = None
+    """Allocated plus blocks freed but still in use by another stream."""
+    inactive_split: int | None = None
+    """Free bytes inside split blocks: fragmentation the allocator cannot hand out whole."""
+    peak_allocated: int | None = None
+    """``max_memory_allocated``: the highest ``allocated`` since the process started."""
+    peak_reserved: int | None = None
+    num_alloc_retries: int | None = None
+    """How often a cudaMalloc failed and the allocator freed its cache to retry."""
+    num_ooms: int | None = None
+    largest_free_block: int | None = None
+    """The largest free block inside reserved memory; only where a memory snapshot was taken (at an OOM)."""
+
+
 class Memory(Event, tag="memory"):
     """A memory sample of this rank (and, from each node's local rank 0, its GPUs)."""
 
@@ -181,6 +261,20 @@ class Memory(Event, tag="memory"):
     """The per-process cap the run was given, if any."""
     host_rss: int = 0
     gpus: list[GpuMemory] | None = None
+    split: MemorySplit | None = None
+    """What fills ``allocated`` now (on CPU, the kinds alone), with the phase and step it was taken
+    at.  Only samples taken at a phase change or a step's end carry one (the census runs on the
+    training thread, as often as its time budget allows; at every phase of an explained step);
+    None on the others, the background thread's included."""
+    peak_split: MemorySplit | None = None
+    """The split at this rank's peak so far: from the allocator's trace where one was recorded
+    (CUDA), else the split sample with the highest ``allocated``.  Compare its ``allocated`` with
+    ``peak`` to see how close to the true peak it is.  Written when it changes; the latest holds."""
+    allocator: AllocatorStats | None = None
+    """The allocator's key numbers (CUDA only)."""
+    process_used: int | None = None
+    """Device memory NVML counts for this process (CUDA context, cuBLAS/NCCL workspaces and the
+    allocator's reserved memory); ``process_used - reserved`` is memory outside PyTorch's allocator."""
 
 
 class Phase(Event, tag="phase"):
@@ -222,6 +316,12 @@ class Oom(Event, tag="oom"):
     gpus: list[GpuMemory] | None = None
     message: str = ""
     traceback: list[str] = []
+    peak: int | None = None
+    """``torch.cuda.max_memory_allocated()`` read at the OOM: the true peak, which samples miss."""
+    allocator: AllocatorStats | None = None
+    """The allocator's key numbers at the OOM (CUDA only)."""
+    memory: MemorySplit | None = None
+    """What filled allocated memory at the OOM, by kind (on CPU, the kinds alone)."""
 
 
 ATTRIBUTED_BY_WORDS: dict[str, str] = {
@@ -252,6 +352,7 @@ FAULT_PARTS: dict[str, str] = {
     "oom": "OOM attribution",
     "steps": "step recorder",
     "run": "run directory",
+    "split": "memory split",
 }
 """``Fault.part`` in words: "the probe's {words} failed on rank N"."""
 

@@ -73,6 +73,7 @@ class ShardtopCallback(Callback):
         self._snapshots_after_step = 0
         self._failed = False
         self._no_run_dir = ""
+        self._wrapped_setup: Any = None
 
     # -- where to write --------------------------------------------------------
 
@@ -141,6 +142,32 @@ class ShardtopCallback(Callback):
         with probe.faults.guard("shards"):
             if any(True for _ in pl_module.parameters()):
                 probe.snapshot(pl_module, stage="setup")
+            if _builds_model_later(pl_module):
+                self._snapshot_when_configured(trainer, pl_module)
+
+    def _snapshot_when_configured(self, trainer: Any, pl_module: Any) -> None:
+        """Snapshot the model ``configure_model`` built (under ``zero.Init`` for ZeRO-3), before the engine.
+
+        No callback hook runs between ``configure_model`` and the strategy's
+        set-up (where DeepSpeed and FSDP wrap and move the model, and where
+        set-up OOMs happen), so the strategy's ``setup`` is wrapped, once, on
+        this trainer's strategy object only.
+        """
+        strategy = trainer.strategy
+        original = strategy.setup
+
+        def setup(*args: Any, **kwargs: Any) -> Any:
+            strategy.__dict__.pop("setup", None)  # back to the class's method: this runs once
+            probe = self.probe
+            if probe is not None and probe.faults.working("shards"):
+                with probe.faults.guard("shards"):
+                    probe.learn_names(pl_module)
+                    if any(True for _ in pl_module.parameters()):
+                        probe.snapshot(pl_module, stage="setup")
+            return original(*args, **kwargs)
+
+        strategy.setup = setup
+        self._wrapped_setup = setup
 
     def _engine_snapshot(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """Read the model as the strategy holds it (the engine), with its optimizer."""
@@ -197,9 +224,21 @@ class ShardtopCallback(Callback):
         self.probe.exit(1, exception)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if self._wrapped_setup is not None and trainer.strategy.__dict__.get("setup") is self._wrapped_setup:
+            trainer.strategy.__dict__.pop("setup", None)  # the strategy's set-up never ran
         if self.probe is not None and not self._failed:
             self.probe.phase("teardown")
             self.probe.exit(0)
+
+
+def _builds_model_later(pl_module: Any) -> bool:
+    """Does the LightningModule build (part of) its model in ``configure_model``?"""
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    try:
+        return any(is_overridden(name, pl_module) for name in ("configure_model", "configure_sharded_model"))
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _first_optimizer(trainer: Any) -> Any:

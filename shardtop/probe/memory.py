@@ -10,6 +10,11 @@ training: a failed sample is skipped, and a thread that cannot be started
 The last sample of all is the one CUDA's allocator gives when it runs out
 (``install_cuda_oom_observer``): the exact size asked for and NVML's picture
 at that moment, before the exception unwinds anything.
+
+What fills the memory (the split by kind, the allocator's key stats, NVML's
+figure for this process) is added to each sample by a ``detail`` callback,
+``MemoryExplainer.sample`` (``memory_explain.py``), given the allocator's raw
+stats so they are read once per sample.
 """
 
 from __future__ import annotations
@@ -76,8 +81,11 @@ class MemorySampler:
         interval: float = 0.5,
         sample_gpus: bool,
         limit: int | None,
+        detail: Callable[[Memory, dict[str, Any] | None, bool], None] | None = None,
     ) -> None:
         self.write = write
+        self.detail = detail
+        """Adds the split and the allocator's stats: (sample, raw allocator stats or None, fresh)."""
         self.device = device
         self.interval = max(0.01, float(interval))
         self.sample_gpus = sample_gpus
@@ -163,12 +171,13 @@ class MemorySampler:
 
     def _sample(self, fresh: bool) -> Memory:
         sample = Memory(device=self.device, limit=self.limit, host_rss=self._host_rss(fresh))
-        if self._cuda is not None:
-            numbers = self._allocator()
-            if numbers is not None:
-                sample.allocated, sample.reserved, sample.peak = numbers
+        stats = self._allocator_stats() if self._cuda is not None else None
+        if stats is not None:
+            sample.allocated, sample.reserved, sample.peak = allocator_numbers(stats)
         if self.sample_gpus:
             sample.gpus = self._gpu_reading(fresh)
+        if self.detail is not None:
+            self.detail(sample, stats, fresh)
         return sample
 
     def _host_rss(self, fresh: bool) -> int:
@@ -186,12 +195,12 @@ class MemorySampler:
                 pass
         return self._rss_value
 
-    def _allocator(self) -> tuple[int, int, int] | None:
+    def _allocator_stats(self) -> dict[str, Any] | None:
         torch = sys.modules.get("torch")
-        if torch is None or not torch.cuda.is_initialized():
+        if torch is None or not torch.cuda.is_initialized() or self._cuda is None:
             return None
         try:
-            return allocator_numbers(cuda_allocator_stats(torch, self._cuda))
+            return cuda_allocator_stats(torch, self._cuda)
         except Exception:  # noqa: BLE001
             return None
 

@@ -25,6 +25,7 @@ from shardtop.events import (
     Exit,
     Fault,
     Hello,
+    Memory,
     Oom,
     Phase,
     Shards,
@@ -38,6 +39,7 @@ from shardtop.probe.exits import install as install_exit_hooks
 from shardtop.probe.faults import Faults, describe, say
 from shardtop.probe.host import host_facts
 from shardtop.probe.memory import MemorySampler
+from shardtop.probe.memory_explain import MemoryExplainer
 from shardtop.probe.names import module_names
 from shardtop.probe.oom import (
     attribute,
@@ -95,6 +97,9 @@ class Probe:
         self.said_hello = False
         self.pending_hello: dict[str, str] | None = None
         """Hello fields known before the engine is: written with the first snapshot."""
+        self._explainer: MemoryExplainer | None = None
+        self._last_target: Any = None
+        """The model the last snapshot read (or, before any, whose names were learnt): what an OOM reads."""
 
     @property
     def exited(self) -> bool:
@@ -113,6 +118,10 @@ class Probe:
         if device.startswith("cuda"):
             with self.faults.guard("oom"):
                 install_cuda_oom_observer()
+        explainer = self.memory()
+        if explainer is not None:
+            with self.faults.guard("split"):
+                explainer.start()
         self.said_hello = True
         self.pending_hello = None
         slurm = SlurmIds.from_env()
@@ -151,6 +160,7 @@ class Probe:
                 interval=interval,
                 sample_gpus=self.local_rank == 0,
                 limit=self.memory_limit,
+                detail=self._split_sample,
             )
         if self._sampler is None:
             return
@@ -177,11 +187,45 @@ class Probe:
             return
         self.phase_name = phase
         self.writer.write(Phase(phase=phase, step=self.step_index))
+        explainer = self.memory()
+        if explainer is not None:
+            with self.faults.guard("split"):
+                explainer.on_phase(phase, self.step_index)
         self.sample_memory()
 
     def step(self, step: int, loss: float | None = None, seconds: float | None = None) -> None:
         self.step_index = step
         self.writer.write(Step(step=step, loss=loss, seconds=seconds))
+        explainer = self.memory()
+        if explainer is not None:
+            split = False
+            with self.faults.guard("split"):
+                split = explainer.on_step(step)
+            if split:
+                self.sample_memory()
+
+    # -- what fills memory -------------------------------------------------------
+
+    def memory(self) -> MemoryExplainer | None:
+        """What fills this rank's memory (``memory_explain.py``), for the current device; None once it failed."""
+        if not self.faults.working("split"):
+            return None
+        explainer = self._explainer
+        if explainer is None or explainer.device != self.device:
+            with self.faults.guard("split"):
+                self._explainer = MemoryExplainer(self.device, run_dir=self.run_dir)
+                if explainer is not None:
+                    explainer.close()
+                if self._last_target is not None:
+                    self._explainer.set_target(self._last_target)
+        return self._explainer if self.faults.working("split") else None
+
+    def _split_sample(self, sample: Memory, stats: dict[str, Any] | None, fresh: bool) -> None:
+        """The sampler's ``detail``: the split, the allocator's stats, NVML's figure for this process."""
+        explainer = self._explainer
+        if explainer is not None and self.faults.working("split"):
+            with self.faults.guard("split"):
+                explainer.sample(sample, stats, fresh)
 
     # -- the model -------------------------------------------------------------
 
@@ -193,6 +237,12 @@ class Probe:
             self.names.update(module_names(root))
             # No hooks: backward OOMs are read off the failed autograd graph, at no cost per step.
             self.tracker = ModuleTracker(root, self.names)
+        if self._last_target is None:  # before any snapshot (modules still being built): what an OOM reads
+            self._last_target = root
+            explainer = self.memory()
+            if explainer is not None:
+                with self.faults.guard("split"):
+                    explainer.set_target(root)
 
     def snapshot(self, target: Any, stage: str, optimizer: Any = None) -> tuple[Tree, Shards] | None:
         """Write how the model is held now: the tree (only when it changed) and this rank's shards.
@@ -200,9 +250,21 @@ class Probe:
         None when the shard reader failed (now or before): the run goes on without shards.
         """
         read: tuple[Tree, Shards] | None = None
+        self._last_target = target
+        explainer = self.memory()
+        activations: dict[int, int] | None = None
+        if explainer is not None:
+            with self.faults.guard("split"):
+                explainer.set_target(target, optimizer)
+                activations = explainer.act_bytes()
         if self.faults.working("shards"):
             with self.faults.guard("shards"):
-                read = read_shards(target, tree_id=self._tree_id + 1, stage=stage, optimizer=optimizer)
+                read = read_shards(
+                    target, tree_id=self._tree_id + 1, stage=stage, optimizer=optimizer, activations=activations
+                )
+        if read is not None and explainer is not None:
+            with self.faults.guard("split"):
+                explainer.annotate(*read)
         if not self.said_hello and self.pending_hello is not None:
             pending = dict(self.pending_hello)
             engine = pending.pop("engine", "") or (read[1].engine if read is not None else "")
@@ -220,6 +282,9 @@ class Probe:
         shards.tree_id = self._tree_id
         shards.info = {**shards.info, **self.extra_info}
         self.writer.write(shards)
+        if explainer is not None:
+            with self.faults.guard("split"):
+                explainer.on_snapshot(stage, self.step_index)
         self.sample_memory()
         return tree, shards
 
@@ -262,9 +327,19 @@ class Probe:
             event.message = _starved_message(exc)
         elif not event.message:  # a bare MemoryError says nothing: say at least what it is
             event.message = describe((oom_path(exc) or [exc])[-1])
+        explainer = self.memory()
+        if explainer is not None:
+            with self.faults.guard("split"):
+                explainer.on_oom(event, exc)
         self.writer.write(event)
         self._oom_written = True
+        self._snapshot_at_oom()
         return True
+
+    def _snapshot_at_oom(self) -> None:
+        """How the model was held at the OOM: during a set-up move, which modules had reached the device."""
+        if self._last_target is not None:
+            self.snapshot(self._last_target, stage="oom")  # guarded inside: a failure is the shards' fault
 
     def _bare_oom(self, exc: BaseException) -> Oom:
         return Oom(phase=self.phase_name, step=self.step_index, device=self.device, limit=self.memory_limit,
@@ -276,6 +351,7 @@ class Probe:
             return
         self._exited = True
         self._stop_sampler()
+        self._close_explainer()
         try:
             record = exit_record(code, error, oom=self._oom_written, received=received_signal())
         except Exception:  # noqa: BLE001
@@ -309,8 +385,14 @@ class Probe:
             except Exception:  # noqa: BLE001
                 pass
 
+    def _close_explainer(self) -> None:
+        if self._explainer is not None:
+            with self.faults.guard("split"):
+                self._explainer.close()
+
     def close(self) -> None:
         self._stop_sampler()
+        self._close_explainer()
         self.writer.close()
 
 

@@ -117,11 +117,15 @@ def _record(probe: Probe, work: Callable[[], Any], headroom: int) -> dict[str, A
     return {"same_object": False, "type": None, "message": "no error", "traceback_intact": False}
 
 
-def _probe(out_dir: Path, rank: int, world_size: int, model: nn.Module | None, phase: str) -> Probe:
+def _probe(
+    out_dir: Path, rank: int, world_size: int, model: nn.Module | None, phase: str, snapshot: bool = False
+) -> Probe:
     probe = Probe(Path(out_dir) / "run", rank, world_size)
     probe.hello(device="cpu", engine="plain")
     if model is not None:
         probe.learn_names(model)
+        if snapshot:  # the tree before the OOM, and the model a memory census reads
+            probe.snapshot(model, stage="setup")
     probe.phase(phase, 1)
     return probe
 
@@ -131,14 +135,14 @@ def forward_oom(rank: int, world_size: int, out_dir: Path) -> dict[str, Any]:
     torch.manual_seed(0)
     model = Net()
     x = torch.randn(BATCH, D)
-    probe = _probe(out_dir, rank, world_size, model, "forward")
+    probe = _probe(out_dir, rank, world_size, model, "forward", snapshot=True)
     return _record(probe, lambda: model(x), 64 * MiB)
 
 
 def setup_oom(rank: int, world_size: int, out_dir: Path, learn_names: bool = True) -> dict[str, Any]:
     """``model.double()`` needs 16 MiB for ``blocks.2.mlp.fc1.weight`` in float64; 8 MiB are left."""
     model = Net()
-    probe = _probe(out_dir, rank, world_size, model if learn_names else None, "setup")
+    probe = _probe(out_dir, rank, world_size, model if learn_names else None, "setup", snapshot=True)
     return _record(probe, model.double, 8 * MiB)
 
 

@@ -4,6 +4,10 @@ Every worker returns ``{"tree": ..., "shards": ..., "ref": ...}``: the two
 events as plain data, and ``ref``, numbers taken from the engine's own
 bookkeeping on this rank (FlatParameter sizes, ``to_local()``, ``ds_tensor``,
 optimizer state), for the test to hold the reader against.
+
+The training workers also run their forward under the probe's activation
+tracker and take memory censuses (``kinds``), so one process checks both the
+shard readers and the memory split of the same engine.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from shardtop.probe.activations import SavedActivations
+from shardtop.probe.memory_kinds import MemoryCensus
 from shardtop.probe.shards import read_shards
 
 DIM = 6
@@ -54,16 +60,52 @@ def tokens(batch: int = 4, length: int = 5) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(dist.get_rank()))
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
-    """One forward/backward (and step), leaving the gradients in place for the reader."""
-    loss = model(tokens()).float().pow(2).mean()
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
+    """One forward/backward (and step), leaving the gradients in place for the reader.
+
+    Returns the memory censuses around it and what each module saved (``explained_forward``).
+    """
+    loss, saved = explained_forward(model, optimizer, lambda: model(tokens()).float().pow(2).mean())
     loss.backward()
+    saved["kinds"]["backward"] = kinds(model, optimizer)
     if optimizer is not None:
         optimizer.step()
+        saved["kinds"]["step"] = kinds(model, optimizer)
+    return saved
 
 
-def result(target: Any, stage: str = "engine", optimizer: Any = None, **ref: Any) -> dict[str, Any]:
-    tree, shards = read_shards(target, tree_id=0, stage=stage, optimizer=optimizer)
+def kinds(target: Any, optimizer: Any = None, activations: SavedActivations | None = None) -> dict[str, Any]:
+    census = MemoryCensus("cpu")
+    census.set_target(target, optimizer)
+    count = census.count(activations)
+    assert count is not None
+    return msgspec.to_builtins(count.kinds)
+
+
+def explained_forward(target: Any, optimizer: Any, forward: Any) -> tuple[Any, dict[str, Any]]:
+    """``forward()`` under the probe's activation tracker, as an explained step runs it.
+
+    Returns its result and ``{"by_module": {id(module): bytes saved}, "kinds": {"engine", "forward"}}``.
+    """
+    before = kinds(target, optimizer)
+    tracker = SavedActivations()
+    assert tracker.start()
+    try:
+        out = forward()
+    finally:
+        tracker.stop()
+    census = MemoryCensus("cpu")
+    census.set_target(target, optimizer)
+    found = census.count()
+    assert found is not None
+    by_module = tracker.by_module(torch.device("cpu"), found.addresses)
+    return out, {"by_module": by_module, "kinds": {"engine": before, "forward": kinds(target, optimizer, tracker)}}
+
+
+def result(
+    target: Any, stage: str = "engine", optimizer: Any = None, activations: dict[int, int] | None = None, **ref: Any
+) -> dict[str, Any]:
+    tree, shards = read_shards(target, tree_id=0, stage=stage, optimizer=optimizer, activations=activations)
     return {"tree": msgspec.to_builtins(tree), "shards": msgspec.to_builtins(shards), "ref": ref}
 
 
@@ -139,13 +181,16 @@ def fsdp1(
     if not train:  # CPUOffload pins memory at the first forward, which needs an accelerator
         return result(model, **ref)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    loss = model(tokens()).float().pow(2).mean()
-    forward = result(model, stage="forward")
+    loss, saved = explained_forward(model, optimizer, lambda: model(tokens()).float().pow(2).mean())
+    forward = result(model, stage="forward", activations=saved["by_module"])
     loss.backward()
+    saved["kinds"]["backward"] = kinds(model, optimizer)
     optimizer.step()
+    saved["kinds"]["step"] = kinds(model, optimizer)
     out = result(model, stage="step", optimizer=optimizer, optim_state_bytes=_state_bytes(optimizer), **ref)
     out["forward"] = forward
     out["inner"] = result(model.module, stage="step")
+    out["kinds"] = saved["kinds"]
     return out
 
 
@@ -188,8 +233,11 @@ def fsdp2(
     fully_shard(model, mesh=device_mesh, offload_policy=policy)
     ref = _local_ref(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    train_step(model, optimizer)
-    return result(model, stage="step", optimizer=optimizer, optim_state_bytes=_state_bytes(optimizer), **ref)
+    saved = train_step(model, optimizer)
+    out = result(model, stage="step", optimizer=optimizer, activations=saved["by_module"],
+                 optim_state_bytes=_state_bytes(optimizer), **ref)
+    out["kinds"] = saved["kinds"]
+    return out
 
 
 class LitTiny:
@@ -264,6 +312,32 @@ def lightning_fsdp2(rank: int, world_size: int, out_dir: Path, data_parallel_siz
     return _lightning_fit(strategy, "fully_shard", out_dir)
 
 
+def lightning_probe(rank: int, world_size: int, out_dir: Path) -> dict[str, Any]:
+    """Lightning ``ModelParallelStrategy`` (FSDP2 applied in ``configure_model``) with ``ShardtopCallback``:
+    the test reads the events it wrote."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from shardtop.probe.callback import ShardtopCallback
+
+    data = TensorDataset(torch.randint(0, VOCAB, (8, 5)))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[ShardtopCallback(out_dir / "run")],
+        default_root_dir=str(out_dir),
+    )
+    trainer.fit(LitTiny.make("fully_shard"), DataLoader(data, batch_size=2))
+    return {}
+
+
 def lightning_ddp(rank: int, world_size: int, out_dir: Path) -> dict[str, Any]:
     """Lightning ``strategy="ddp"``: DDP around Lightning's own wrapper around the module."""
     return _lightning_fit("ddp", "", out_dir)
@@ -276,11 +350,74 @@ def ddp(rank: int, world_size: int, out_dir: Path) -> dict[str, Any]:
     _init()
     model = nn.parallel.DistributedDataParallel(TinyNet())
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    train_step(model, optimizer)
-    return result(model, stage="step", optimizer=optimizer, optim_state_bytes=_state_bytes(optimizer))
+    saved = train_step(model, optimizer)
+    out = result(model, stage="step", optimizer=optimizer, activations=saved["by_module"],
+                 optim_state_bytes=_state_bytes(optimizer))
+    out["kinds"] = saved["kinds"]
+    return out
 
 
 # -- DeepSpeed -----------------------------------------------------------------
+
+
+def probe_zero(rank: int, world_size: int, out_dir: Path, stage: int = 2) -> dict[str, Any]:
+    """Raw ``deepspeed.initialize`` driven through the probe's API, as a user's loop would: the test
+    reads the events."""
+    import deepspeed
+
+    from shardtop.probe.session import Probe
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    config = _ds_config(stage)
+    probe = Probe(out_dir / "run", rank, world_size)
+    probe.hello(device="cpu", engine=f"zero{stage}")
+    model = TinyNet()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    engine, zero_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    probe.snapshot(engine, stage="engine", optimizer=zero_optimizer)
+    probe.start_memory(interval=60.0)
+    for step in (1, 2, 3):
+        probe.phase("forward", step)
+        loss = engine(tokens()).float().pow(2).mean()
+        probe.phase("backward")
+        engine.backward(loss)
+        probe.phase("optimizer")
+        engine.step()
+        probe.step(step)
+        if step == 1:
+            probe.snapshot(engine, stage="step", optimizer=zero_optimizer)
+    probe.exit(0)
+    probe.close()
+    return {}
+
+
+def zero_oom_on_stack(rank: int, world_size: int, out_dir: Path) -> dict[str, Any]:
+    """An OOM raised from a method of a ZeRO optimizer that no engine or snapshot leads to (as in
+    ``_configure_zero_optimizer``, before the engine holds it): the census finds it on the stack."""
+    import deepspeed
+
+    from shardtop.probe.session import Probe
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    model = TinyNet()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    _, zero_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=_ds_config(2))
+    probe = Probe(out_dir / "run", rank, world_size)
+    probe.hello(device="cpu", engine="zero2")
+    probe.snapshot(model, stage="setup")  # the bare model: its parameters, no optimizer
+
+    def allocate_buckets(self: Any) -> None:
+        raise MemoryError("no room for the reduce buckets")
+
+    try:
+        allocate_buckets(zero_optimizer)
+    except MemoryError as error:
+        probe.record_oom(error)
+    probe.close()
+    masters = zero_optimizer.single_partition_of_fp32_groups
+    return {"master_bytes": sum(t.numel() * t.element_size() for t in masters)}
 
 
 def _ds_config(stage: int, offload_param: str = "none", persist: bool = True, bf16: bool = False) -> dict[str, Any]:
@@ -331,9 +468,13 @@ def deepspeed_zero(
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     engine, zero_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     out["engine"] = result(engine, **_ds_ref(engine.module))
-    loss = engine(tokens()).float().pow(2).mean()
+    loss, saved = explained_forward(engine, zero_optimizer, lambda: engine(tokens()).float().pow(2).mean())
     engine.backward(loss)
+    saved["kinds"]["backward"] = kinds(engine, zero_optimizer)
+    out["backward"] = result(engine, stage="backward", activations=saved["by_module"])
     engine.step()
+    saved["kinds"]["step"] = kinds(engine, zero_optimizer)
     out["step"] = result(engine, stage="step", **_ds_ref(engine.module))
     out["step_passed_optimizer"] = result(engine, stage="step", optimizer=zero_optimizer)
+    out["kinds"] = saved["kinds"]
     return out

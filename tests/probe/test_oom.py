@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from shardtop.events import Exit, Oom, read_all
+from shardtop.events import Exit, MemoryKinds, Oom, Shards, Tree, read_all, tree_paths
 from shardtop.probe.names import module_names
 from shardtop.probe.oom import (
     ObservedOom,
@@ -28,7 +28,7 @@ from shardtop.probe.oom import (
 )
 from shardtop.probe.tracker import ModuleTracker, tracked_modules
 from tests.distributed import run_ranks
-from tests.probe.oom_workers import Net
+from tests.probe.oom_workers import BATCH, D, Net
 
 GiB = 1 << 30
 CPU_MESSAGE = (
@@ -375,6 +375,18 @@ def test_real_forward_oom_names_the_linear(tmp_path: Path) -> None:
     assert (oom.phase, oom.step, oom.device, oom.engine_step) == ("forward", 1, "cpu", None)
     assert oom.traceback[-1].startswith("torch/nn/modules/linear.py:") and oom.traceback[-1].endswith("Linear.forward")
     assert exit_.status == "oom"
+    # What filled memory at the OOM (the first step is explained: activations are followed).
+    x, hidden = BATCH * D * 4, BATCH * 64 * 4
+    norm = x + 2 * BATCH * 4  # a LayerNorm saves its input, a mean and a reciprocal deviation per row
+    block = norm + x + 2 * hidden  # then fc1 its input, the GELU its input, fc2 its input
+    saved = x + 2 * block + norm  # embed's input, blocks 0 and 1, blocks.2's LayerNorm; fc1 then failed
+    weights = sum(p.numel() * 4 for p in Net().parameters())
+    assert oom.memory is not None
+    assert oom.memory.by_kind == MemoryKinds(params=weights, grads=0, activations=saved, other=0)
+    assert (oom.memory.phase, oom.memory.step, oom.memory.source) == ("forward", 1, "tensors")
+    # CPU: no caching allocator, so no allocated figure, no peak, no stats.
+    assert oom.memory.allocated is None and oom.memory.unexplained is None
+    assert oom.peak is None and oom.allocator is None
 
 
 def test_real_setup_oom_names_the_linear_being_converted(tmp_path: Path) -> None:
@@ -385,6 +397,17 @@ def test_real_setup_oom_names_the_linear_being_converted(tmp_path: Path) -> None
     assert oom.module_stack == ["", "blocks", "blocks.2", "blocks.2.mlp", "blocks.2.mlp.fc1"]
     assert oom.requested_bytes == 32 * 65536 * 8
     assert oom.phase == "setup"
+    # How far the conversion got: a snapshot of the model as the OOM left it.
+    events, _ = read_all(tmp_path / "run" / "events")
+    [tree] = [e for e in events if isinstance(e, Tree)]
+    [at_oom] = [e for e in events if isinstance(e, Shards) and e.stage == "oom"]
+    assert events.index(at_oom) > events.index(oom)  # the OOM event comes first, flushed
+    paths = tree_paths(tree.names, tree.parents)
+    converted = ("embed", "blocks.0.", "blocks.1.", "blocks.2.norm")  # children first, as Module._apply goes
+    for path, full, held in zip(paths, tree.bytes, at_oom.bytes):
+        if full:
+            assert held == (2 * full if path.startswith(converted) else full), path
+    assert oom.memory is not None and oom.memory.by_kind.params == sum(at_oom.bytes)
 
 
 def test_real_setup_oom_before_names_were_learnt(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from shardtop.probe.shards import read_shards
 from shardtop.probe.shards.tree import walk
 from shardtop.probe.shards.zero_optim import partition_numel
 from tests.distributed import run_ranks
+from tests.probe.memory_expect import check_activations
 from tests.probe.shard_workers import TinyNet
 
 WORKERS = "tests.probe.shard_workers"
@@ -169,6 +170,12 @@ def test_fsdp1_units(
         assert info["unmanaged_params"] == 0
         assert info["data_parallel_size"] == WORLD
         assert info["fsdp_units"] == 4
+        # Memory by kind: the shards at rest, the sharded gradients, SGD's momentum, nothing for comm.
+        kinds = result["kinds"]
+        assert kinds["engine"] == {"params": 4 * ref["local_numel"], "grads": 0, "optimizer": 0, "comm": 0, "other": 0}
+        assert kinds["step"] == {"params": 4 * ref["local_numel"], "grads": 4 * ref["local_numel"],
+                                 "optimizer": ref["optim_state_bytes"], "comm": 0, "other": 0}
+    check_activations(results, "forward", itemsize=2 if mixed else 4)
 
 
 @distributed
@@ -258,6 +265,13 @@ def test_fsdp2_fully_shard(tmp_path: Path, mesh: list[int], offload: bool, facto
         assert info["shard_group_size"] == mesh[-1]
         assert info["offload"] is offload
         assert info["mesh_shape"] == "x".join(map(str, mesh))
+        # Memory by kind: the padded local shards, gradients reduce-scattered into the same padding.
+        padded = 4 * sum(u["local_numel"] for u in shards["units"])
+        kinds = result["kinds"]
+        assert kinds["engine"] == {"params": padded, "grads": 0, "optimizer": 0, "comm": 0, "other": 0}
+        assert kinds["step"] == {"params": padded, "grads": padded, "optimizer": result["ref"]["optim_state_bytes"],
+                                 "comm": 0, "other": 0}
+    check_activations(results)
 
 
 @distributed
@@ -312,6 +326,11 @@ def test_ddp_replicates(tmp_path: Path) -> None:
         assert set(states(result).values()) == {"replicated"}
         assert unit_roots(result) == [""]
         assert shards["info"]["data_parallel_size"] == WORLD
+        # Memory by kind: DDP's gradient buckets are a second copy of every gradient (comm).
+        full = sum(expected.values())
+        assert result["kinds"]["step"] == {"params": full, "grads": full, "optimizer": 2 * full + 4 * 14,
+                                           "comm": full, "other": 0}
+    check_activations(results)
 
 
 @distributed
@@ -360,6 +379,22 @@ def test_zero3_built_outside_zero_init(tmp_path: Path) -> None:
     check_sums([r["engine"] for r in results], "optim_bytes", factor=1)
     check_sums([r["step"] for r in results], "optim_bytes", factor=3)
     check_sums([r["step_passed_optimizer"] for r in results], "optim_bytes", factor=3)
+    # ZeRO-3's gradient partitions (a persistent buffer, param.grad stays None) per module, after the step.
+    check_sums([r["step"] for r in results], "grad_bytes")
+    check_sums([r["backward"] for r in results], "grad_bytes")
+    check_activations(results, "backward")
+    partition = 4 * 120  # 239 elements padded to 240, split in two
+    for result in results:
+        kinds = result["kinds"]
+        # Set up: the partition, the gradient buffer, the fp32 master, the reduce bucket (5e8 elements,
+        # DeepSpeed's default reduce_bucket_size, allocated by the optimizer at set-up).
+        assert kinds["engine"] == {"params": partition, "grads": partition, "optimizer": partition,
+                                   "comm": 4 * 500_000_000, "other": 0}
+        # After the step: every parameter gathered whole beside its partition (they are under the
+        # persistence threshold; one all-gather output padded to an even size), Adam's two moments.
+        assert kinds["step"]["params"] == partition + 4 * (239 + 1)
+        assert kinds["step"]["optimizer"] == 3 * partition + 4  # master, exp_avg, exp_avg_sq, the step count
+        assert kinds["step"]["grads"] == partition
 
 
 @distributed
@@ -408,6 +443,19 @@ def test_zero12_partition_the_optimizer(tmp_path: Path, stage: int, bf16: bool) 
             assert info["param_dtype"] == ("bfloat16" if bf16 else "float32")
             assert info["optimizer"] == ("BF16_Optimizer" if bf16 else "DeepSpeedZeroOptimizer")
             assert sum(shards["bytes"]) == result["ref"]["stored_bytes"]
+    check_activations(results, "backward", itemsize=itemsize)
+    flat = itemsize * 240  # the parameters live in one flat buffer, padded to split evenly
+    if bf16:  # BF16_Optimizer: a full fp32 gradient buffer, and param.grad (bf16) until the step
+        check_sums([r["backward"] for r in results], "grad_bytes", factor=WORLD * 4 // itemsize + WORLD)
+        assert {r["kinds"]["backward"]["grads"] for r in results} == {4 * 240 + 2 * 239}
+        return
+    # ZeRO-1/2: this rank's slice of each gradient, from the end of the backward to the step.
+    check_sums([r["backward"] for r in results], "grad_bytes")
+    for result in results:
+        kinds = result["kinds"]
+        assert kinds["engine"] == {"params": flat, "grads": 0, "optimizer": 4 * 120, "comm": 0, "other": 0}
+        assert kinds["backward"]["grads"] == 4 * 120
+        assert kinds["step"] == {"params": flat, "grads": 0, "optimizer": 3 * 4 * 120 + 4, "comm": 0, "other": 0}
 
 
 # -- one process ---------------------------------------------------------------

@@ -80,9 +80,12 @@ that are not the engine's parameters (an optimizer built before wrapping, see
 elements the rank holds (``grad_numel``); FSDP2 units whether they are a root.
 
 ``grad_bytes`` counts ``param.grad`` as stored on this rank (FSDP1: its flat
-gradient, frozen elements included; None when no parameter has one);
+gradient, frozen elements included), and the engines' own gradient stores
+(ZeRO partitions, see ``zero_optim.py``; None when no source holds any);
 ``optim_bytes`` the optimizer's state (see ``optim.py`` and ``deepspeed.py``
-for what is counted; None without an optimizer).
+for what is counted; None without an optimizer); ``act_bytes`` what each
+module's own forward saved for backward, as measured by ``activations.py``
+and passed in by module object (None when not given).
 
 Never imports textual, nor deepspeed (its objects are read, not imported).
 """
@@ -107,8 +110,13 @@ from shardtop.probe.shards.tree import ModuleTree, walk
 __all__ = ["STATES", "read_shards", "resolve_target"]
 
 
-def read_shards(target: Any, *, tree_id: int, stage: str, optimizer: Any = None) -> tuple[Tree, Shards]:
+def read_shards(
+    target: Any, *, tree_id: int, stage: str, optimizer: Any = None, activations: dict[int, int] | None = None
+) -> tuple[Tree, Shards]:
     """The module tree of ``target`` and how this rank holds it now.
+
+    ``activations`` maps ``id(module)`` to the bytes its own forward saved; a
+    wrapper's entry goes to the row of the module it wraps.
 
     The cyclic garbage collector is paused meanwhile: the walk allocates a few
     small objects per module, and on a 100 000-module model the collections
@@ -122,6 +130,8 @@ def read_shards(target: Any, *, tree_id: int, stage: str, optimizer: Any = None)
         if optimizer is not None:
             table.param_numels = Counter()
         engine = _read(tree, table, optimizer)
+        if activations is not None:
+            table.add_activations(activations)
         _add_process_info(table)
         return table.tree_event(tree_id), table.shards_event(tree_id, engine, stage)
     finally:

@@ -56,6 +56,7 @@ class ShardTable:
         self._unit_roots: dict[int, int] = {}
         self.grad_bytes: list[int] | None = None
         self.optim_bytes: list[int] | None = None
+        self.act_bytes: list[int] | None = None
         self.info: dict[str, Scalar] = {}
         self.claimed: set[int] = set()
         """``id`` of every tensor an engine reader took as the model's own (sharded, flat or
@@ -128,6 +129,15 @@ class ShardTable:
             self.optim_bytes = [0] * len(self.params)
         self.optim_bytes[row] += nbytes
 
+    def add_activations(self, by_module: dict[int, int]) -> None:
+        """Saved-for-backward bytes per module object; modules outside the tree are left out."""
+        self.act_bytes = [0] * len(self.params)
+        row_of = self.tree.row_of
+        for module, nbytes in by_module.items():
+            row = row_of.get(module, -1)
+            if row >= 0:
+                self.act_bytes[row] += nbytes
+
     # -- output --------------------------------------------------------------
 
     def finish_units(self) -> None:
@@ -174,6 +184,7 @@ class ShardTable:
             units=self.units,
             grad_bytes=self.grad_bytes,
             optim_bytes=self.optim_bytes,
+            act_bytes=self.act_bytes,
             info=self.info,
         )
 

@@ -7,6 +7,14 @@ flat group as an fp32 master copy plus the optimizer's state tensors of the
 same size.  ZeRO-3's optimizer keeps one fp32 partition per sub-group, made of
 each parameter's own partition.
 
+Gradients are partitioned too, and ``param.grad`` stays None: ZeRO-1/2 keep
+this rank's slice of each parameter's gradient in ``averaged_gradients`` (one
+list per group, aligned with ``params_in_partition``) from the end of the
+backward until the step frees it; ZeRO-3 keeps one persistent buffer,
+``grad_partitions_flat_buffer``, cut into each parameter's partition.  Where
+such an optimizer exists, a module without gradient partitions now holds 0
+bytes of gradients, not an unknown amount.
+
 Counted per module: for every element of the module's parameters inside this
 rank's slice, the master element plus one element of each state tensor as
 large as the slice (Adam's ``exp_avg`` and ``exp_avg_sq``).  Partition padding
@@ -161,7 +169,26 @@ def read_optimizer_partitions(tree: ModuleTree, table: ShardTable, optimizer: An
         )
     rest = [i for i, p in enumerate(tree.params) if id(p) not in claimed]
     add_plain(tree, table, rest, REPLICATED)  # frozen parameters: whole everywhere, in no partition
+    add_gradient_partitions(tree, table, optimizer)
     return True
+
+
+def add_gradient_partitions(tree: ModuleTree, table: ShardTable, optimizer: Any) -> None:
+    """ZeRO-1/2: this rank's slice of each parameter's gradient, while the optimizer holds them."""
+    if table.grad_bytes is None:
+        table.grad_bytes = [0] * len(tree)
+    partitions = getattr(optimizer, "params_in_partition", None)
+    averaged = getattr(optimizer, "averaged_gradients", None)
+    if not partitions or not isinstance(averaged, dict):
+        return
+    for index, params in enumerate(partitions):
+        grads = averaged.get(index)
+        if not isinstance(grads, (list, tuple)) or len(grads) < len(params):
+            continue
+        for param, grad in zip(params, grads):  # a last, extra tensor is the partition's padding
+            row = tree.row_of_param(param)
+            if row >= 0 and grad is not None and hasattr(grad, "element_size"):
+                table.add_grad(row, grad.numel() * grad.element_size())
 
 
 def add_stage3_optimizer(tree: ModuleTree, table: ShardTable, optimizer: Any) -> None:
@@ -172,6 +199,8 @@ def add_stage3_optimizer(tree: ModuleTree, table: ShardTable, optimizer: Any) ->
         return
     ranks = Ranks()
     table.optim_bytes = table.optim_bytes or [0] * len(tree)
+    table.grad_bytes = table.grad_bytes or [0] * len(tree)
+    grad_partitions = getattr(optimizer, "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition", None) or {}
     for group, flat in zip(groups, flats):
         per_element = per_element_bytes(optimizer, flat)
         for param in group:
@@ -182,3 +211,6 @@ def add_stage3_optimizer(tree: ModuleTree, table: ShardTable, optimizer: Any) ->
             partition = int(getattr(part, "ds_numel", part.numel()))
             local = partition_numel(int(param.ds_numel), partition, ranks.of(getattr(param, "ds_process_group", None)))
             table.add_optim(row, local * per_element)
+            grad = grad_partitions.get(getattr(param, "ds_id", None))
+            if grad is not None:  # this rank's partition of the gradient, padding excluded
+                table.add_grad(row, min(grad.numel(), local) * grad.element_size())

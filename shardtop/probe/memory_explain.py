@@ -1,0 +1,399 @@
+"""Memory explained: what fills a rank's memory, by kind, live, at its peak and at an OOM.
+
+Two costs, two schedules:
+
+* **At phase changes** (the training thread): a census of the tensors and
+  engine buffers the rank holds (``memory_kinds.py``, about 1 µs per tensor),
+  run only as often as ``CENSUS_BUDGET`` of wall time allows, so a model of
+  100 000 tensors is split every minute or two instead of slowing its steps.
+  It runs on the training thread, between the steps' own work, because
+  reading tensors from another thread is not safe: ``param.grad`` read while
+  ``zero_grad`` sets it to None crashed the process (a segmentation fault in
+  torch 2.13).  The sampler thread reads only the allocator and NVML.
+* **Explained steps** (the first ``explain_steps`` steps, a request, or a peak
+  that moved past the explained one): activations are followed as they are
+  saved (``activations.py``), a census is taken at each phase boundary, and
+  on CUDA the allocator records every block with its stack from set-up on
+  (``allocator.py``); when the steps end, the trace's peak is split block by
+  block (``allocator_trace.py``) and recording stops.  Per-module activation
+  bytes and gradients before the first optimizer step come from these steps.
+
+The options and the request a reader makes are in ``memory_options.py``.
+The probe runs every call under its fault guard (part ``split``): one
+that fails is reported once and the split is switched off while training
+goes on.  Only the trace's background split catches its own errors.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from shardtop.events import AllocatorStats, Memory, MemoryKinds, MemorySplit, Oom, Shards, Tree
+from shardtop.probe.activations import SavedActivations
+from shardtop.probe.allocator import AllocatorHistory, ProcessMemory, allocator_stats, memory_snapshot
+from shardtop.probe.allocator_trace import KINDS, current_split, largest_free_block, peak_split
+from shardtop.probe.memory_kinds import KindCount, MemoryCensus
+from shardtop.probe.memory_options import REQUEST_FILE, MemoryOptions
+
+__all__ = ["CENSUS_BUDGET", "REQUEST_FILE", "MemoryExplainer", "MemoryOptions"]
+
+CENSUS_BUDGET = 0.005
+"""At most this share of wall time goes to censuses outside explained steps."""
+PEAK_MOVED = 1.05
+"""A peak this much above the explained one has the next steps explained again..."""
+MAX_REEXPLAINS = 2
+"""...at most this many times."""
+
+
+def unexplained(allocated: int | None, kinds: MemoryKinds) -> int | None:
+    if allocated is None:
+        return None
+    return allocated - sum(getattr(kinds, kind) or 0 for kind in KINDS)
+
+
+class MemoryExplainer:
+    """One rank's memory split: censuses, explained steps, the peak, the OOM."""
+
+    def __init__(self, device: str, options: MemoryOptions | None = None, run_dir: Path | None = None) -> None:
+        self.options = options or MemoryOptions.from_env()
+        self.device = device
+        self.census = MemoryCensus(device)
+        self.cuda = self.census.device.type == "cuda"
+        self.cuda_index = self.census.device.index or 0
+        self.activations = SavedActivations()
+        self.history = AllocatorHistory(self.cuda_index, self.options.trace_entries) if self.cuda else None
+        self.process = ProcessMemory(self.cuda_index) if self.cuda else None
+        self.request = run_dir / REQUEST_FILE if run_dir is not None else None
+        self._steps_left = max(0, self.options.explain_steps)
+        """The first steps still to explain (0 once their window opened)."""
+        self._explaining = False
+        self._window_target = 0
+        self._window_steps = 0
+        self._window_forwards = 0
+        self._requested = False
+        self._reexplains = 0
+        self._labels: list[tuple[str, int]] = []
+        self._censuses: list[dict[int, str]] = []
+        self._target: Any = None
+        self._pending: MemorySplit | None = None
+        """A split taken on the training thread, for its next sample."""
+        self.act_by_module: dict[int, int] | None = None
+        """Bytes each module's own forward saved (module id -> bytes), from the last explained forward."""
+        self.grads_before_step: tuple[list[str], list[int], list[int]] | None = None
+        """(tree names, parents, grad bytes per row) read just before the first explained optimizer step."""
+        self.peak_split: MemorySplit | None = None
+        self._peak_dirty = False
+        self._trace_peak: int | None = None
+        self._census_due = 0.0
+        self._lock = threading.Lock()
+        self.failures = 0
+        """Splits of a trace that failed on the background thread (which no fault guard covers)."""
+        self.trace_seconds: tuple[float, float] | None = None
+        """(snapshot, split) seconds of the last trace read: the explained steps' one-off cost."""
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """At hello: on CUDA, record the allocator from here, so a set-up OOM is explained too."""
+        if self.history is not None and self.options.trace and self._steps_left:
+            self.history.start()
+
+    def set_target(self, target: Any, optimizer: Any = None) -> None:
+        self._target = target
+        self.census.set_target(target, optimizer)
+
+    def on_snapshot(self, stage: str, step: int) -> None:
+        """A shard snapshot was taken: a census at this point of the set-up, tied to the trace."""
+        if self.history is not None and self.history.ours:
+            self._mark(stage, step)
+
+    # -- the training thread's phases --------------------------------------------------------
+
+    def on_phase(self, phase: str, step: int) -> None:
+        if phase == "forward":
+            self._forward(step)
+        elif self._explaining or self.activations.active:
+            self._boundary(phase, step)
+        if self._pending is None:
+            self._census_when_due(phase, step)
+
+    def _follows(self) -> bool:
+        """Are activations followed now, so that a census can count them?"""
+        return self._explaining or self.options.always
+
+    def _forward(self, step: int) -> None:
+        if self._explaining and self._window_forwards >= self._window_target:
+            self._close_window()  # a loop that reports no steps: its forwards count them
+        if not self._explaining and (self._requested or self._steps_left > 0):
+            self._open_window()
+        if self._explaining:
+            self._window_forwards += 1
+            if self.history is not None and self.history.ours:
+                self._mark("forward", step)
+        if self._follows():
+            self.activations.start()
+
+    def _boundary(self, phase: str, step: int) -> None:
+        count = self._end_of_forward() if self.activations.active else None
+        if not self._explaining:
+            return
+        self._mark(phase, step, count)
+        if phase == "optimizer" and self.grads_before_step is None:
+            self._read_grads_before_step()
+
+    def on_step(self, step: int) -> bool:
+        """A step ended; True if a split was taken for a sample to carry now."""
+        count = self._end_of_forward() if self.activations.active else None
+        if not self._explaining:
+            return False
+        self._mark("step", step, count)
+        self._window_steps += 1
+        if self._window_steps >= self._window_target:
+            self._close_window()
+        return self._pending is not None
+
+    def _open_window(self) -> None:
+        self._window_target = self._steps_left if self._steps_left > 0 else max(1, self.options.explain_steps)
+        self._steps_left = 0
+        self._requested = False
+        self._window_steps = self._window_forwards = 0
+        self._explaining = True
+        self._labels, self._censuses = [], []
+        if self.history is not None and self.options.trace:
+            self.history.start()
+
+    def _end_of_forward(self) -> KindCount | None:
+        """Forward is over: what each module saved is all there; stop the hooks (they cost per tensor).
+
+        Returns the census taken to tell saved tensors from parameters, for the phase's split.
+        """
+        self.activations.stop()
+        if not self._explaining:  # followed in every step (``always``): the split is taken when due
+            return None
+        count = self.census.count(self.activations)
+        skip = [a for a, kind in count.addresses.items() if kind != "activations"] if count is not None else []
+        self.act_by_module = self.activations.by_module(self.census.device, skip)
+        return count
+
+    def _mark(self, phase: str, step: int, count: KindCount | None = None) -> None:
+        """A census now (or the one just taken), as the next training-thread sample's split, and a
+        marker tying it to the trace."""
+        if count is None:
+            count = self.census.count(self.activations if self._follows() else None)
+        if count is None:
+            return
+        stats = self._stats()
+        allocated = stats.allocated if stats is not None else None
+        split = MemorySplit(allocated=allocated, by_kind=count.kinds, unexplained=unexplained(allocated, count.kinds),
+                            phase=phase, step=step)
+        self._pending = split
+        self._offer_peak(split)
+        if self.history is not None and self.history.mark():
+            self._labels.append((phase, step))
+            self._censuses.append(count.addresses)
+
+    def _read_grads_before_step(self) -> None:
+        from shardtop.probe.shards import read_shards
+
+        if self._target is None:
+            return
+        try:
+            tree, shards = read_shards(self._target, tree_id=0, stage="optimizer", optimizer=None)
+        except Exception:  # noqa: BLE001 - the shard reader's own failure, which its snapshot reports
+            return
+        if shards.grad_bytes is not None:
+            self.grads_before_step = (list(tree.names), list(tree.parents), list(shards.grad_bytes))
+
+    def _close_window(self) -> None:
+        self._explaining = False
+        if not self.options.always:
+            self.activations.stop()
+        history = self.history
+        if history is None or not history.recording:
+            return
+        started = time.perf_counter()
+        snapshot = history.snapshot()  # before stopping: stopping clears the trace
+        history.stop()
+        if snapshot is None:
+            return
+        censuses, labels = self._censuses, self._labels
+        taken = time.perf_counter() - started
+        thread = threading.Thread(target=self._split_trace, args=(snapshot, censuses, labels, taken),
+                                  name="shardtop-memory-trace", daemon=True)
+        thread.start()
+
+    def _split_trace(
+        self, snapshot: dict[str, Any], censuses: list[dict[int, str]], labels: list[tuple[str, int]], taken: float
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            found = peak_split(snapshot, self.cuda_index, censuses, labels)
+        except Exception:  # noqa: BLE001
+            self.failures += 1
+            return
+        self.trace_seconds = (taken, time.perf_counter() - started)
+        if found is not None:
+            split, _ = found
+            self._trace_peak = split.allocated
+            self._offer_peak(split, trace=True)
+
+    def _offer_peak(self, split: MemorySplit, trace: bool = False) -> None:
+        """Keep the split of the highest allocated seen; a trace's split wins a tie (it is the true peak)."""
+        if split.allocated is None:
+            return
+        with self._lock:
+            best = self.peak_split
+            if best is None or best.allocated is None or split.allocated > best.allocated or (
+                trace and split.allocated >= best.allocated
+            ):
+                self.peak_split = split
+                self._peak_dirty = True
+
+    # -- samples ---------------------------------------------------------------------------
+
+    def sample(self, sample: Memory, stats: dict[str, Any] | None, fresh: bool) -> None:
+        """Add the allocator's stats, NVML's figure and the peak's split to a sample.
+
+        ``fresh``: the sampler thread (allocator, NVML, requests only); else the training thread,
+        whose sample also carries the split its phase change took.
+        """
+        key = allocator_stats(stats) if stats else None
+        sample.allocator = key
+        if fresh:
+            if self.process is not None:
+                sample.process_used = self.process.used()
+            self._check_request(key)
+        else:
+            sample.split, self._pending = self._pending, None
+        with self._lock:
+            if self._peak_dirty and self.peak_split is not None:
+                sample.peak_split = self.peak_split
+                self._peak_dirty = False
+
+    @property
+    def next_census(self) -> float:
+        """When (``time.monotonic()``) the budget lets the next census outside explained steps run."""
+        return self._census_due
+
+    def _census_when_due(self, phase: str, step: int) -> None:
+        """A census on the training thread, as often as ``CENSUS_BUDGET`` allows."""
+        if not self.options.census or not self.census.has_target:
+            return
+        now = time.monotonic()
+        if now < self._census_due:
+            return
+        count: KindCount | None = self.census.count(self.activations if self._follows() else None)
+        if count is None:
+            return
+        self._census_due = now + count.seconds / CENSUS_BUDGET
+        stats = self._stats()
+        allocated = stats.allocated if stats is not None else None
+        split = MemorySplit(allocated=allocated, by_kind=count.kinds, unexplained=unexplained(allocated, count.kinds),
+                            phase=phase, step=step)
+        self._pending = split
+        self._offer_peak(split)
+
+    def _check_request(self, stats: AllocatorStats | None) -> None:
+        """A reader asked for an explanation, or the peak rose past the explained one."""
+        if self.request is not None and self.request.exists():
+            try:
+                self.request.unlink()
+            except OSError:
+                pass
+            self._requested = True
+        peak = stats.peak_allocated if stats is not None else None
+        if (self._trace_peak and peak and peak > self._trace_peak * PEAK_MOVED and self._reexplains < MAX_REEXPLAINS
+                and not self._explaining):
+            self._reexplains += 1
+            self._trace_peak = None
+            self._requested = True
+
+    # -- what the probe's other events carry -------------------------------------------------
+
+    def act_bytes(self) -> dict[int, int] | None:
+        return self.act_by_module
+
+    def annotate(self, tree: Tree, shards: Shards) -> None:
+        """At stage ``step``: each module's gradients as held just before the first optimizer step,
+        where that was more than now (ZeRO-1/2 free their partitions inside the step)."""
+        before = self.grads_before_step
+        if shards.stage != "step" or before is None:
+            return
+        names, parents, grads = before
+        if names != tree.names or parents != tree.parents:
+            return
+        now = shards.grad_bytes or [0] * len(grads)
+        shards.grad_bytes = [max(a, b) for a, b in zip(now, grads)]
+
+    def on_oom(self, event: Oom, error: BaseException | None = None) -> None:
+        """The OOM event gets the true peak, the allocator's stats and the split at this moment."""
+        follows = self._follows()
+        self.activations.stop()
+        count = self.census.count(self.activations if follows else None, also=objects_on_stack(error))
+        stats = self._stats()
+        if stats is not None:
+            event.peak = stats.peak_allocated
+        snapshot = memory_snapshot() if self.cuda else None
+        if stats is not None and snapshot is not None:
+            stats.largest_free_block = largest_free_block(snapshot.get("segments", ()), self.cuda_index)
+        event.allocator = stats
+        allocated = stats.allocated if stats is not None else None
+        if snapshot is not None and count is not None:
+            blocks = current_split(snapshot, self.cuda_index, count.addresses)
+            kinds = blocks.memory_kinds()
+            traced = self.history is not None and self.history.recording
+            kinds = _only_measured(kinds, count.kinds)
+            event.memory = MemorySplit(allocated=allocated, by_kind=kinds, unexplained=unexplained(allocated, kinds),
+                                       source="allocator-trace" if traced else "tensors",
+                                       phase=event.phase, step=event.step)
+        elif count is not None:
+            event.memory = MemorySplit(allocated=allocated, by_kind=count.kinds,
+                                       unexplained=unexplained(allocated, count.kinds), phase=event.phase, step=event.step)
+        if self.history is not None:
+            self.history.stop()
+
+    def close(self) -> None:
+        self.activations.stop()
+        if self.history is not None:
+            self.history.stop()
+
+    def _stats(self) -> AllocatorStats | None:
+        if not self.cuda:
+            return None
+        from shardtop.probe.memory import cuda_allocator_stats
+
+        try:
+            return allocator_stats(cuda_allocator_stats(torch, self.cuda_index))
+        except Exception:  # noqa: BLE001
+            return None
+
+
+def objects_on_stack(error: BaseException | None) -> list[Any]:
+    """The ``self`` of every frame the error passed through: an engine or optimizer still being built
+    (a set-up OOM in ``_configure_zero_optimizer``) holds buffers no finished object points to yet."""
+    found: list[Any] = []
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        tb = error.__traceback__
+        while tb is not None:
+            this = tb.tb_frame.f_locals.get("self")
+            if this is not None and all(this is not known for known in found):
+                found.append(this)
+            tb = tb.tb_next
+        error = error.__cause__ or error.__context__
+    return found
+
+
+def _only_measured(blocks: MemoryKinds, census: MemoryKinds) -> MemoryKinds:
+    """Block kinds, with a kind the census could not measure and no block named left None."""
+    values = {}
+    for kind in KINDS:
+        value = getattr(blocks, kind)
+        values[kind] = value if value or getattr(census, kind) is not None else None
+    return MemoryKinds(**values)
