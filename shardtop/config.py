@@ -104,11 +104,10 @@ def presets_dir() -> Traversable:
     Both are found from ``__file__``, so the working directory does not matter.
     """
     packaged = files("shardtop").joinpath("presets")
-    if packaged.is_dir():
-        return packaged
     checkout = Path(__file__).resolve().parent.parent / "presets"
-    if checkout.is_dir():
-        return checkout
+    for place in (packaged, checkout):  # a directory left empty by an older install holds no preset
+        if place.is_dir() and any(p.name.endswith(".yaml") for p in place.iterdir()):
+            return place
     raise ConfigError(
         f"shardtop's presets are missing (looked in {packaged} and {checkout}); reinstall shardtop."
     )
