@@ -322,6 +322,9 @@ class Oom(Event, tag="oom"):
     """The allocator's key numbers at the OOM (CUDA only)."""
     memory: MemorySplit | None = None
     """What filled allocated memory at the OOM, by kind (on CPU, the kinds alone)."""
+    peak_split: MemorySplit | None = None
+    """What filled it at the rank's peak (``peak``), from the allocator's trace, where one was
+    recording: a set-up OOM often comes after a higher, passing peak."""
 
 
 ATTRIBUTED_BY_WORDS: dict[str, str] = {

@@ -11,8 +11,9 @@ request fails.  ``shardtop report`` should explain it with ``allocator-fragmenta
     SHARDTOP_RUNS_DIR=/tmp/runs python gpu/scenarios/fragmentation.py
     SHARDTOP_RUNS_DIR=/tmp/runs PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python gpu/scenarios/fragmentation.py
 
-With ``expandable_segments:True`` the allocator can unmap the free pages and map the request
-in one piece, so the second run is expected to train through (and the rule to stay silent).
+With ``expandable_segments:True`` the allocator can grow a segment in place and reuse free
+space at its end, but it cannot move live tensors: on an H200 (torch 2.11) this script ran out
+of memory the same way with it on, and the rule's advice changes accordingly.
 """
 
 from __future__ import annotations

@@ -98,9 +98,11 @@ def explain_fragmented(e: Fragmented) -> Finding:
     else:
         was = f" (it is `{e.alloc_conf}` now)" if e.alloc_conf else ""
         fix = (
-            f"Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in every rank's environment{was}: the "
-            "allocator then grows its segments in place instead of stranding freed blocks between live ones "
-            "(PyTorch 2.1 and later)."
+            f"Try `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in every rank's environment{was} (PyTorch "
+            "2.1 and later): the allocator then grows its segments in place, so free space at their ends is "
+            "reused. It cannot move live tensors: where the holes lie between long-lived tensors (on an H200, "
+            "tensors of a few MiB freed every other one under a per-process cap still failed with it on), "
+            "free or reuse the long-lived tensors allocated between short-lived ones."
         )
         if o.phase in ("forward", "backward", "optimizer", "validation"):
             fix += " Tensors whose size changes from step to step (variable sequence lengths) fragment most: padding batches to a few fixed shapes helps too."

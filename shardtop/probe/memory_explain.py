@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,13 @@ def unexplained(allocated: int | None, kinds: MemoryKinds) -> int | None:
 class MemoryExplainer:
     """One rank's memory split: censuses, explained steps, the peak, the OOM."""
 
-    def __init__(self, device: str, options: MemoryOptions | None = None, run_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        device: str,
+        options: MemoryOptions | None = None,
+        run_dir: Path | None = None,
+        on_failure: Callable[[BaseException], object] | None = None,
+    ) -> None:
         self.options = options or MemoryOptions.from_env()
         self.device = device
         self.census = MemoryCensus(device)
@@ -93,6 +100,8 @@ class MemoryExplainer:
         self._lock = threading.Lock()
         self.failures = 0
         """Splits of a trace that failed on the background thread (which no fault guard covers)."""
+        self.on_failure = on_failure
+        """Told the error of such a failure (the probe writes it as a fault)."""
         self.trace_seconds: tuple[float, float] | None = None
         """(snapshot, split) seconds of the last trace read: the explained steps' one-off cost."""
 
@@ -233,8 +242,10 @@ class MemoryExplainer:
         started = time.perf_counter()
         try:
             found = peak_split(snapshot, self.cuda_index, censuses, labels)
-        except Exception:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - told as a fault; the censuses' splits remain
             self.failures += 1
+            if self.on_failure is not None:
+                self.on_failure(e)
             return
         self.trace_seconds = (taken, time.perf_counter() - started)
         if found is not None:
@@ -243,14 +254,14 @@ class MemoryExplainer:
             self._offer_peak(split, trace=True)
 
     def _offer_peak(self, split: MemorySplit, trace: bool = False) -> None:
-        """Keep the split of the highest allocated seen; a trace's split wins a tie (it is the true peak)."""
+        """Keep the split of the peak: a higher one replaces it, but within ``PEAK_SAME`` of it the better
+        explained one stays (a census outside the explained steps measures no activations); a trace's
+        split wins a tie (it is the true peak)."""
         if split.allocated is None:
             return
         with self._lock:
             best = self.peak_split
-            if best is None or best.allocated is None or split.allocated > best.allocated or (
-                trace and split.allocated >= best.allocated
-            ):
+            if best is None or best.allocated is None or _better_peak(split, best, trace):
                 self.peak_split = split
                 self._peak_dirty = True
 
@@ -354,6 +365,17 @@ class MemoryExplainer:
         elif count is not None:
             event.memory = MemorySplit(allocated=allocated, by_kind=count.kinds,
                                        unexplained=unexplained(allocated, count.kinds), phase=event.phase, step=event.step)
+        if snapshot is not None and self.history is not None and self.history.recording:
+            # the trace since set-up: the split at the peak, which a set-up OOM often comes after
+            try:
+                found = peak_split(snapshot, self.cuda_index, [*self._censuses, *( [count.addresses] if count else [])],
+                                   [*self._labels, (event.phase, event.step)])
+            except Exception as e:  # noqa: BLE001 - told as a fault; the split at this moment remains
+                found = None
+                if self.on_failure is not None:
+                    self.on_failure(e)
+            if found is not None:
+                event.peak_split = found[0]
         if self.history is not None:
             self.history.stop()
 
@@ -371,6 +393,25 @@ class MemoryExplainer:
             return allocator_stats(cuda_allocator_stats(torch, self.cuda_index))
         except Exception:  # noqa: BLE001
             return None
+
+
+PEAK_SAME = 0.05
+"""Two peaks within 5 % of each other are the same peak, seen at different steps."""
+
+
+def _explained(split: MemorySplit) -> int:
+    return (split.allocated or 0) - max(split.unexplained or 0, 0)
+
+
+def _better_peak(split: MemorySplit, best: MemorySplit, trace: bool) -> bool:
+    assert split.allocated is not None and best.allocated is not None
+    if split.allocated > best.allocated * (1 + PEAK_SAME):
+        return True
+    if split.allocated < best.allocated * (1 - PEAK_SAME):
+        return False
+    if trace and best.source != "allocator-trace":
+        return True
+    return split.allocated >= best.allocated and _explained(split) >= _explained(best)
 
 
 def objects_on_stack(error: BaseException | None) -> list[Any]:

@@ -213,7 +213,13 @@ class Probe:
         explainer = self._explainer
         if explainer is None or explainer.device != self.device:
             with self.faults.guard("split"):
-                self._explainer = MemoryExplainer(self.device, run_dir=self.run_dir)
+                self._explainer = MemoryExplainer(
+                    self.device,
+                    run_dir=self.run_dir,
+                    on_failure=lambda e: self.faults.report(
+                        "split", e, then="the peak's split from the allocator's trace is left out"
+                    ),
+                )
                 if explainer is not None:
                     explainer.close()
                 if self._last_target is not None:
