@@ -19,10 +19,9 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from shardtop.runs import RunDirectory, RunError, find_run
-
 if TYPE_CHECKING:
     from shardtop.gpus import GpuSource, HostProbe
+    from shardtop.runs import RunDirectory
     from shardtop.tui.screens.home import HomeScreen
     from shardtop.tui.screens.run_view import RunScreen
 
@@ -46,12 +45,15 @@ class ShardtopApp(App[int]):
         gpu_source: GpuSource | None = None,
         host_probe: HostProbe | None = None,
         clock: Callable[[], float] = time.time,
+        on_load: Callable[[], None] | None = None,
     ) -> None:
         """``run``: a run id or directory to open at once (None: the home screen).
 
         ``refresh``: seconds between screen updates; ``gpu_source`` and
         ``host_probe`` replace NVML and psutil (recorded samples in tests);
-        ``clock`` gives "now" for elapsed times (frozen in snapshot tests).
+        ``clock`` gives "now" for elapsed times (frozen in snapshot tests);
+        ``on_load`` is called just before Textual takes the terminal over (the
+        plain first frame hands the screen to it).
         """
         super().__init__()
         self.runs_root = Path(runs_root)
@@ -61,13 +63,20 @@ class ShardtopApp(App[int]):
         self.gpu_source = gpu_source
         self.host_probe = host_probe
         self.clock = clock
+        self._on_load = on_load
         if read_only:
             self.sub_title = "read-only"
+
+    def on_load(self) -> None:
+        if self._on_load is not None:
+            self._on_load()
 
     def on_mount(self) -> None:
         if self.initial_run is None:
             self.push_screen(self._home())
             return
+        from shardtop.runs import RunError, find_run
+
         try:
             run = find_run(self.runs_root, self.initial_run)
         except RunError as e:
@@ -144,12 +153,19 @@ def refresh_setting(environ: Mapping[str, str] = os.environ) -> float:
     return min(60.0, max(0.05, value))
 
 
-def run_app(runs_root: Path, run: str | None = None, read_only: bool = False, refresh: float | None = None) -> int:
+def run_app(
+    runs_root: Path,
+    run: str | None = None,
+    read_only: bool = False,
+    refresh: float | None = None,
+    on_load: Callable[[], None] | None = None,
+) -> int:
     """Open the TUI; returns the exit code (0: the user quit).
 
-    ``refresh``: seconds between screen updates (``--interval``); None reads ``$SHARDTOP_REFRESH``.
+    ``refresh``: seconds between screen updates (``--interval``); None reads ``$SHARDTOP_REFRESH``;
+    ``on_load``: called just before Textual takes the terminal over.
     """
     refresh = refresh_setting() if refresh is None else refresh
-    app = ShardtopApp(runs_root=runs_root, run=run, read_only=read_only, refresh=refresh)
+    app = ShardtopApp(runs_root=runs_root, run=run, read_only=read_only, refresh=refresh, on_load=on_load)
     result = app.run()
     return int(result or app.return_code or 0)
