@@ -270,10 +270,10 @@ def _open_tui(args: argparse.Namespace, run_id: str | None) -> int:
     from shardtop.tui.first_frame import painted
 
     # the home screen's top is drawn at once, plainly, while Textual loads (a run's view is not)
-    with painted() if run_id is None else nullcontext(None) as hand_over:
+    with painted() if run_id is None else nullcontext(None) as driver:
         from shardtop.tui.app import run_app
 
-        return run_app(runs_root=root, run=run_id, read_only=args.read_only, refresh=args.interval, on_load=hand_over)
+        return run_app(runs_root=root, run=run_id, read_only=args.read_only, refresh=args.interval, driver_class=driver)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:

@@ -20,6 +20,8 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 if TYPE_CHECKING:
+    from textual.driver import Driver
+
     from shardtop.gpus import GpuSource, HostProbe
     from shardtop.runs import RunDirectory
     from shardtop.tui.screens.home import HomeScreen
@@ -45,17 +47,17 @@ class ShardtopApp(App[int]):
         gpu_source: GpuSource | None = None,
         host_probe: HostProbe | None = None,
         clock: Callable[[], float] = time.time,
-        on_load: Callable[[], None] | None = None,
+        driver_class: type[Driver] | None = None,
     ) -> None:
         """``run``: a run id or directory to open at once (None: the home screen).
 
         ``refresh``: seconds between screen updates; ``gpu_source`` and
         ``host_probe`` replace NVML and psutil (recorded samples in tests);
         ``clock`` gives "now" for elapsed times (frozen in snapshot tests);
-        ``on_load`` is called just before Textual takes the terminal over (the
-        plain first frame hands the screen to it).
+        ``driver_class``: Textual's terminal driver (None: its own), or the one
+        that takes the screen over from the plain first frame.
         """
-        super().__init__()
+        super().__init__(driver_class=driver_class)
         self.runs_root = Path(runs_root)
         self.initial_run = run
         self.read_only = read_only
@@ -63,17 +65,17 @@ class ShardtopApp(App[int]):
         self.gpu_source = gpu_source
         self.host_probe = host_probe
         self.clock = clock
-        self._on_load = on_load
+        self._first_home: HomeScreen | None = None
         if read_only:
             self.sub_title = "read-only"
 
     def on_load(self) -> None:
-        if self._on_load is not None:
-            self._on_load()
+        """Before Textual takes the terminal: the home screen's code is loaded while the plain first frame is up."""
+        self._first_home = self._home() if self.initial_run is None else None
 
     def on_mount(self) -> None:
         if self.initial_run is None:
-            self.push_screen(self._home())
+            self.push_screen(self._first_home or self._home())
             return
         from shardtop.runs import RunError, find_run
 
@@ -158,14 +160,14 @@ def run_app(
     run: str | None = None,
     read_only: bool = False,
     refresh: float | None = None,
-    on_load: Callable[[], None] | None = None,
+    driver_class: type[Driver] | None = None,
 ) -> int:
     """Open the TUI; returns the exit code (0: the user quit).
 
     ``refresh``: seconds between screen updates (``--interval``); None reads ``$SHARDTOP_REFRESH``;
-    ``on_load``: called just before Textual takes the terminal over.
+    ``driver_class``: Textual's terminal driver (None: its own).
     """
     refresh = refresh_setting() if refresh is None else refresh
-    app = ShardtopApp(runs_root=runs_root, run=run, read_only=read_only, refresh=refresh, on_load=on_load)
+    app = ShardtopApp(runs_root=runs_root, run=run, read_only=read_only, refresh=refresh, driver_class=driver_class)
     result = app.run()
     return int(result or app.return_code or 0)

@@ -7,19 +7,24 @@ its top (the GPUs with their memory, the processes on them, the preset names)
 to the alternate screen, with the same figures and words as the home screen
 (``format.py``, ``gpus.py``), then loads Textual, which takes the screen over.
 
-The terminal is left as it was on every path.  Until Textual says it is taking
-the terminal over (``hand_over``, called as the app loads), leaving ``painted``
-leaves the alternate screen, shows the cursor and wraps lines again, whatever
-ended the block (Textual failing to import, Ctrl+C); from then on Textual
-restores the terminal itself.  Nothing is written without a terminal, or
-without a GPU to show.  This module imports no Textual.
+Textual's own driver would clear the alternate screen as it starts, leaving it
+blank until its first paint; the driver ``painted`` gives Textual leaves the
+frame up instead, until that paint covers it.
+
+The terminal is left as it was on every path.  Until Textual's driver has
+taken the terminal over, leaving ``painted`` (Textual failing to import or to
+start, Ctrl+C) leaves the alternate screen, shows the cursor and wraps lines
+again; from then on Textual restores the terminal itself.  Nothing is written
+without a terminal, or without a GPU to show.  This module imports Textual only
+once the frame is up, to hand it over.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TextIO
@@ -34,10 +39,14 @@ from shardtop.tui.format import (
 )
 
 if TYPE_CHECKING:
+    from textual.driver import Driver
+
     from shardtop.events import GpuMemory
     from shardtop.gpus import GpuProcessInfo
 
-ENTER = "\x1b[?1049h\x1b[?25l\x1b[?7l\x1b[H\x1b[2J"
+ALTERNATE_SCREEN = "\x1b[?1049h"
+"""To the alternate screen (the main screen's cursor is saved); most terminals clear it as they switch."""
+ENTER = ALTERNATE_SCREEN + "\x1b[?25l\x1b[?7l\x1b[H\x1b[2J"
 """To the alternate screen, cleared; cursor hidden; no line wrap (a long line is cut, never scrolls)."""
 LEAVE = "\x1b[?1049l\x1b[?25h\x1b[?7h"
 """Back to the main screen as it was; cursor shown; lines wrap again."""
@@ -127,7 +136,7 @@ class FirstFrame:
         _write(self.out, ENTER + _positioned(frame_lines(first, *_size(self.out))))
 
     def hand_over(self) -> None:
-        """Textual is taking the terminal over: restoring it is now Textual's to do."""
+        """Textual has taken the terminal over: restoring it is now Textual's to do."""
         self.shown = False
         if self._suspend is not None:
             signal.signal(signal.SIGTSTP, self._suspend)
@@ -139,16 +148,40 @@ class FirstFrame:
             _write(self.out, LEAVE)
         self.hand_over()
 
+    def driver(self) -> type[Driver]:
+        """Textual's own Linux driver, taking the terminal over from this frame.
+
+        Its switch to the alternate screen, which would clear the frame, is left
+        out (the frame is on it already); Textual's first paint then covers the
+        frame whole.  A later switch (back from Ctrl+Z) is made as usual.
+        """
+        from textual.drivers.linux_driver import LinuxDriver
+
+        frame = self
+
+        class TakesOverTheFrame(LinuxDriver):
+            def write(self, data: str) -> None:
+                if data == ALTERNATE_SCREEN and frame.shown:
+                    return
+                super().write(data)
+
+            def start_application_mode(self) -> None:
+                super().start_application_mode()
+                frame.hand_over()
+
+        return TakesOverTheFrame
+
 
 @contextmanager
-def painted(stream: TextIO | None = None) -> Iterator[Callable[[], None]]:
-    """Show the first frame on ``stream`` (stdout) if it is a terminal; yield ``hand_over``.
+def painted(stream: TextIO | None = None) -> Iterator[type[Driver] | None]:
+    """Show the first frame on ``stream`` (stdout) if it is a terminal; yield the driver for Textual.
 
-    Call ``hand_over()`` as Textual takes the terminal over.  Whatever ends the
-    block before that, the terminal is restored.
+    The driver (None where no frame was shown: Textual's own is right) takes the
+    screen over from the frame.  Whatever ends the block before it has, the
+    terminal is restored.
     """
     frame = FirstFrame(sys.stdout if stream is None else stream)
-    if frame.out.isatty():
+    if os.name == "posix" and frame.out.isatty():
         try:
             first = look()
         except Exception:  # noqa: BLE001 - the frame is a courtesy: the home screen says what failed, in words
@@ -156,14 +189,12 @@ def painted(stream: TextIO | None = None) -> Iterator[Callable[[], None]]:
         if first is not None:
             frame.show(first)
     try:
-        yield frame.hand_over
+        yield frame.driver() if frame.shown else None
     finally:
         frame.close()
 
 
 def _size(out: TextIO) -> tuple[int, int]:
-    import os
-
     try:
         size = os.get_terminal_size(out.fileno())
     except (OSError, ValueError):
