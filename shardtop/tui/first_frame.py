@@ -99,10 +99,26 @@ def gpu_line(gpu: GpuMemory, width: int) -> str:
 
 
 def process_lines(processes: tuple[GpuProcessInfo, ...]) -> list[str]:
-    """The process table as aligned text: a header, then one row per process."""
-    rows = [PROCESS_COLUMNS, *(process_cells(p, {}) for p in processes)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(PROCESS_COLUMNS))]
-    return [" " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    """The process table as aligned text: a header, then one row per process.
+
+    A column empty in every row (which run a process is: not known yet) is left out.
+    """
+    rows = [process_cells(p, {}) for p in processes]
+    shown = [i for i in range(len(PROCESS_COLUMNS)) if any(row[i] for row in rows)]
+    table = [[PROCESS_COLUMNS[i] for i in shown], *([row[i] for i in shown] for row in rows)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(shown))]
+    return [" " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
+
+
+def word_lines(words: tuple[str, ...], width: int) -> list[str]:
+    """``words`` two spaces apart, as many to a line as fit in ``width``."""
+    lines: list[str] = []
+    for word in words:
+        if lines and len(lines[-1]) + 2 + len(word) <= width:
+            lines[-1] += "  " + word
+        else:
+            lines.append(" " + word)
+    return lines
 
 
 def frame_lines(first: FirstLook, width: int, height: int) -> list[str]:
@@ -110,7 +126,7 @@ def frame_lines(first: FirstLook, width: int, height: int) -> list[str]:
     top = ["shardtop · starting", f"GPUs ({len(first.gpus)})", *(gpu_line(g, width) for g in first.gpus)]
     count = len(first.processes)
     processes = [f"Processes on the GPUs ({count})", *process_lines(first.processes)] if count else []
-    presets = ["Presets", " " + "  ".join(first.presets)]
+    presets = ["Presets", *word_lines(first.presets, width)]
     room = max(0, height - len(top) - len(presets))
     if len(processes) > room:
         processes = processes[: max(0, room - 1)] + ([f" … {count} in all"] if room else [])
