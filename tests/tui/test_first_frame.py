@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +24,12 @@ from shardtop.config import preset_names
 from shardtop.gpus import GpuProcessInfo
 from shardtop.tui import first_frame
 from shardtop.tui.first_frame import ALTERNATE_SCREEN, FirstLook, frame_lines, painted
-from tests.tui.recorded import TRAINER_PIDS, copy_runs, eight_h200_processes, eight_h200s
+from tests.tui.recorded import (
+    TRAINER_PIDS,
+    copy_runs,
+    eight_h200_processes,
+    eight_h200s,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 LEAVE_ALTERNATE = b"\x1b[?1049l"
@@ -219,3 +225,17 @@ def test_ctrl_z_is_ignored_only_while_the_frame_is_up(monkeypatch: pytest.Monkey
     assert during == signal.SIG_IGN
     assert signal.getsignal(signal.SIGTSTP) == before
     assert out.getvalue().endswith(first_frame.LEAVE)
+
+
+def test_help_imports_neither_textual_nor_torch_and_the_frame_needs_no_textual() -> None:
+    code = (
+        "import contextlib, io, sys\n"
+        "from shardtop import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    cli.main(['--help'])\n"
+        "import shardtop.tui.first_frame\n"
+        "print(sorted(m for m in ('textual', 'torch') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
