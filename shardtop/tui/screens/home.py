@@ -21,9 +21,9 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, OptionList
 from textual.worker import get_current_worker
 
-from shardtop.config import Preset, list_presets
-from shardtop.gpus import GpuSource, HostProbe
-from shardtop.runs import RunDirectory
+from shardtop.config import ConfigError, Preset, list_presets
+from shardtop.gpus import GpuSource, HostProbe, gpu_count
+from shardtop.runs import RunDirectory, RunError, ensure_root
 from shardtop.tui.watch.gpu_feed import GpuFeed, GpuSnapshot
 from shardtop.tui.watch.run_catalog import RunCatalog, RunsSnapshot
 from shardtop.tui.widgets.gpu_panel import GpuPanel
@@ -32,7 +32,7 @@ from shardtop.tui.widgets.preset_list import PresetList
 from shardtop.tui.widgets.process_table import ProcessTable
 from shardtop.tui.widgets.run_list import RunList
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # what only launching and stopping need is imported when first used
     from shardtop.tui.screens.launch_prompt import LaunchRequest
 
 NARROW_WIDTH = 100
@@ -236,7 +236,6 @@ class ControlledHomeScreen(HomeScreen):
         self.action_launch(name)
 
     def action_launch(self, name: str | None = None) -> None:
-        from shardtop.gpus import gpu_count
         from shardtop.tui.screens.launch_prompt import LaunchPrompt
 
         name = name or self.query_one(PresetList).selected
@@ -248,9 +247,6 @@ class ControlledHomeScreen(HomeScreen):
         self.app.push_screen(LaunchPrompt(presets[name], gpu_count, gpus), self._launch)
 
     def _launch(self, request: LaunchRequest | None) -> None:
-        from shardtop.config import ConfigError
-        from shardtop.runs import RunError
-
         if request is None:
             return
         try:
@@ -297,7 +293,6 @@ class ControlledHomeScreen(HomeScreen):
 def launch_run(runs_root: Path, request: LaunchRequest) -> RunDirectory:
     """Create the run directory and start the run, as ``shardtop launch`` does (no child is left here)."""
     from shardtop.launch import start
-    from shardtop.runs import ensure_root
 
     root = ensure_root(runs_root)
     run = RunDirectory.create(
