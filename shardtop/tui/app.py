@@ -75,7 +75,7 @@ class ShardtopApp(App[int]):
 
     def on_mount(self) -> None:
         if self.initial_run is None:
-            self.push_screen(self._first_home or self._home())
+            self.push_screen(self._first_home if self._first_home is not None else self._home())
             return
         from shardtop.runs import RunError, find_run
 
