@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 EXIT_USAGE = 2
 
@@ -242,7 +243,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     job = start_command(args.cmd, runs_dir=args.runs_dir, run_dir=args.run_dir, name=args.name)
     if args.headless:
         return follow_command(job, sys.stdout, every=args.every)
-    return _open_tui(args, run_id=str(job.run.path), launched=True)
+    return _open_tui(args, run_id=str(job.run.path))
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
@@ -265,9 +266,14 @@ def _open_tui(args: argparse.Namespace, run_id: str | None) -> int:
 
         run = find_run(_root(args), run_id)
         return follow(run, sys.stdout)
-    from shardtop.tui.app import run_app
+    root = _root(args)
+    from shardtop.tui.first_frame import painted
 
-    return run_app(runs_root=_root(args), run=run_id, read_only=args.read_only, refresh=args.interval)
+    # the home screen's top is drawn at once, plainly, while Textual loads (a run's view is not)
+    with painted() if run_id is None else nullcontext(None) as driver:
+        from shardtop.tui.app import run_app
+
+        return run_app(runs_root=root, run=run_id, read_only=args.read_only, refresh=args.interval, driver_class=driver)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:

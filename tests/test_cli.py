@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,22 @@ def test_read_only_and_interval_reach_the_tui_from_either_side(
     assert [(o["read_only"], o["refresh"], o["runs_root"]) for o in opened] == [
         (True, 2.5, tmp_path), (True, 0.5, tmp_path), (False, None, tmp_path)
     ]  # None: $SHARDTOP_REFRESH or 1 s, read by run_app
+
+
+def test_run_on_a_terminal_opens_the_runs_view(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``shardtop run -- CMD`` without --headless: the command runs and its view opens."""
+    import shardtop.tui.app
+
+    opened: list[dict[str, object]] = []
+    monkeypatch.setattr(shardtop.tui.app, "run_app", lambda **kw: opened.append(kw) or 0)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert cli.main(["run", "--runs-dir", str(tmp_path), "--", sys.executable, "-c", "pass"]) == 0
+    [run] = list_runs(tmp_path)
+    assert [o["run"] for o in opened] == [str(run.path)]
+    deadline = time.monotonic() + 60
+    while run.status().state == "running" and time.monotonic() < deadline:  # the command's own short life
+        time.sleep(0.1)
+    assert run.status().state == "finished", run.status().describe()
 
 
 def test_interval_out_of_range_is_refused(tmp_path: Path) -> None:

@@ -19,10 +19,11 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from shardtop.runs import RunDirectory, RunError, find_run
-
 if TYPE_CHECKING:
+    from textual.driver import Driver
+
     from shardtop.gpus import GpuSource, HostProbe
+    from shardtop.runs import RunDirectory
     from shardtop.tui.screens.home import HomeScreen
     from shardtop.tui.screens.run_view import RunScreen
 
@@ -46,14 +47,17 @@ class ShardtopApp(App[int]):
         gpu_source: GpuSource | None = None,
         host_probe: HostProbe | None = None,
         clock: Callable[[], float] = time.time,
+        driver_class: type[Driver] | None = None,
     ) -> None:
         """``run``: a run id or directory to open at once (None: the home screen).
 
         ``refresh``: seconds between screen updates; ``gpu_source`` and
         ``host_probe`` replace NVML and psutil (recorded samples in tests);
-        ``clock`` gives "now" for elapsed times (frozen in snapshot tests).
+        ``clock`` gives "now" for elapsed times (frozen in snapshot tests);
+        ``driver_class``: Textual's terminal driver (None: its own), or the one
+        that takes the screen over from the plain first frame.
         """
-        super().__init__()
+        super().__init__(driver_class=driver_class)
         self.runs_root = Path(runs_root)
         self.initial_run = run
         self.read_only = read_only
@@ -61,13 +65,20 @@ class ShardtopApp(App[int]):
         self.gpu_source = gpu_source
         self.host_probe = host_probe
         self.clock = clock
+        self._first_home: HomeScreen | None = None
         if read_only:
             self.sub_title = "read-only"
 
+    def on_load(self) -> None:
+        """Before Textual takes the terminal: the home screen's code is loaded while the plain first frame is up."""
+        self._first_home = self._home() if self.initial_run is None else None
+
     def on_mount(self) -> None:
         if self.initial_run is None:
-            self.push_screen(self._home())
+            self.push_screen(self._first_home if self._first_home is not None else self._home())
             return
+        from shardtop.runs import RunError, find_run
+
         try:
             run = find_run(self.runs_root, self.initial_run)
         except RunError as e:
@@ -144,12 +155,19 @@ def refresh_setting(environ: Mapping[str, str] = os.environ) -> float:
     return min(60.0, max(0.05, value))
 
 
-def run_app(runs_root: Path, run: str | None = None, read_only: bool = False, refresh: float | None = None) -> int:
+def run_app(
+    runs_root: Path,
+    run: str | None = None,
+    read_only: bool = False,
+    refresh: float | None = None,
+    driver_class: type[Driver] | None = None,
+) -> int:
     """Open the TUI; returns the exit code (0: the user quit).
 
-    ``refresh``: seconds between screen updates (``--interval``); None reads ``$SHARDTOP_REFRESH``.
+    ``refresh``: seconds between screen updates (``--interval``); None reads ``$SHARDTOP_REFRESH``;
+    ``driver_class``: Textual's terminal driver (None: its own).
     """
     refresh = refresh_setting() if refresh is None else refresh
-    app = ShardtopApp(runs_root=runs_root, run=run, read_only=read_only, refresh=refresh)
+    app = ShardtopApp(runs_root=runs_root, run=run, read_only=read_only, refresh=refresh, driver_class=driver_class)
     result = app.run()
     return int(result or app.return_code or 0)

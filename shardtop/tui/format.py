@@ -1,15 +1,22 @@
-"""Pure formatting for the TUI: byte sizes in columns, bars, sparklines, durations.
+"""Pure formatting for the TUI: byte sizes in columns, bars, sparklines, durations, GPU and process figures.
 
-No Textual here, so every function is unit-tested on its own.
+No Textual here, so every function is unit-tested on its own, and the plain
+first frame (``first_frame.py``) draws with them before Textual is loaded.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from shardtop.units import format_bytes
+from shardtop.units import GiB, format_bytes
+
+if TYPE_CHECKING:
+    from shardtop.events import GpuMemory
+    from shardtop.gpus import GpuProcessInfo
+    from shardtop.tui.watch.run_catalog import RankOwner
 
 __all__ = [
     "BAR_EMPTY",
@@ -21,6 +28,8 @@ __all__ = [
     "duration",
     "format_bytes",
     "fraction",
+    "gpu_line_parts",
+    "process_cells",
     "short_bytes",
     "short_count",
     "short_run_id",
@@ -178,3 +187,44 @@ def short_run_id(run_id: str) -> str:
     """The part of a run id people tell apart: preset and suffix, without the date."""
     pieces = run_id.split("-", 2)
     return pieces[2] if len(pieces) == 3 and pieces[0].isdigit() else run_id
+
+
+def gpu_line_parts(gpu: GpuMemory, width: int) -> dict[str, str]:
+    """The texts of a GPU line that do not depend on colour, sized for ``width`` cells."""
+    used = gpu.used / GiB
+    total = gpu.total / GiB
+    parts = {
+        "index": f"{gpu.index:>2}",
+        "name": truncate(gpu.name.replace("NVIDIA ", ""), 14 if width >= 100 else 8),
+        "memory": f"{used:5.1f}/{total:.0f}G" if width < 100 else f"{used:6.1f}/{total:6.1f} GiB",
+        "util": f"{gpu.util:3d}%" if gpu.util is not None else "  - ",
+        "temperature": f"{gpu.temperature:3d}°C" if gpu.temperature is not None else "   - ",
+        "power": f"{gpu.power_w:4.0f} W" if gpu.power_w is not None else "    - ",
+    }
+    return parts
+
+
+PROCESS_COLUMNS = ("PID", "USER", "GPU", "GPU MEM", "CPU %", "RSS", "RUN / RANK", "COMMAND")
+"""The columns of the table of processes on the GPUs, as ``process_cells`` fills them."""
+
+
+def process_cells(p: GpuProcessInfo, owners: Mapping[int, RankOwner]) -> tuple[str, ...]:
+    """The process table's cells for one process, in words where psutil could not look."""
+    owner = owners.get(p.pid)
+    run = f"{short_run_id(owner.run_id)} r{owner.rank}" if owner else ""
+    gpus = ",".join(str(g) for g in p.gpus)
+    if p.visibility == "not-visible":
+        return (
+            str(p.pid),
+            "?",
+            gpus,
+            short_bytes(p.gpu_memory),
+            "-",
+            "-",
+            run,
+            "not visible (another pid namespace, e.g. a container)",
+        )
+    command = truncate(p.command, 120) if p.command else "(hidden: other user)"
+    user = p.user + (" (other user)" if p.visibility == "other-user" else "")
+    cpu = f"{p.cpu_percent:.0f}" if p.cpu_percent is not None else "-"
+    return (str(p.pid), user, gpus, short_bytes(p.gpu_memory), cpu, short_bytes(p.host_rss), run, command)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from textual import on, work
 from textual.app import ComposeResult, SystemCommand
@@ -20,12 +21,9 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, OptionList
 from textual.worker import get_current_worker
 
-from shardtop.config import ConfigError
+from shardtop.config import ConfigError, Preset, list_presets
 from shardtop.gpus import GpuSource, HostProbe, gpu_count
-from shardtop.launch import start, stop
 from shardtop.runs import RunDirectory, RunError, ensure_root
-from shardtop.tui.screens.confirm import ConfirmScreen
-from shardtop.tui.screens.launch_prompt import LaunchPrompt, LaunchRequest
 from shardtop.tui.watch.gpu_feed import GpuFeed, GpuSnapshot
 from shardtop.tui.watch.run_catalog import RunCatalog, RunsSnapshot
 from shardtop.tui.widgets.gpu_panel import GpuPanel
@@ -34,11 +32,21 @@ from shardtop.tui.widgets.preset_list import PresetList
 from shardtop.tui.widgets.process_table import ProcessTable
 from shardtop.tui.widgets.run_list import RunList
 
+if TYPE_CHECKING:  # what only launching and stopping need is imported when first used
+    from shardtop.tui.screens.launch_prompt import LaunchRequest
+
 NARROW_WIDTH = 100
 SHORT_HEIGHT = 32
 """Below this many lines the process table and the run list give up lines to the GPUs (8 GPUs at 80×24)."""
 RUNS_EVERY = 2.0
 """Seconds between looks at the runs directory (GPUs follow the refresh setting)."""
+GPUS_FIRST = 2.0
+"""Seconds the first look at the runs directory waits, at most, for the GPUs to be on screen.
+
+Summarising a long runs directory takes seconds; started at once, it would hold
+the GPUs' first frame back.  It waits until they are shown, or this long where
+NVML is slow to answer.
+"""
 
 
 class HomeScreen(Screen[None]):
@@ -60,6 +68,11 @@ class HomeScreen(Screen[None]):
             super().__init__()
             self.snapshot = snapshot
 
+    class PresetsListed(Message):
+        def __init__(self, presets: tuple[Preset, ...]) -> None:
+            super().__init__()
+            self.presets = presets
+
     def __init__(
         self,
         runs_root: Path,
@@ -76,10 +89,12 @@ class HomeScreen(Screen[None]):
         self.host_probe = host_probe
         self.gpus: GpuSnapshot | None = None
         self.runs: RunsSnapshot | None = None
+        self.presets: tuple[Preset, ...] = ()
         self._awake = threading.Event()
         self._awake.set()
         self._feeds_done = threading.Event()
         self._poke = threading.Event()
+        self._gpus_shown = threading.Event()
         self._was_suspended = False
 
     def compose(self) -> ComposeResult:
@@ -140,10 +155,16 @@ class HomeScreen(Screen[None]):
             snapshot = feed.poll()
             return None if snapshot is None else self.GpusSampled(snapshot)
 
-        self._loop(poll, self.refresh_s)
+        try:
+            self._loop(poll, self.refresh_s)
+        finally:
+            self._gpus_shown.set()  # a failed feed never holds the runs back
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="runs-feed", name="runs watcher")
     def watch_runs(self) -> None:
+        """The presets at once (a few small files), the runs once the GPUs are on screen."""
+        self.post_message(self.PresetsListed(tuple(list_presets())))
+        self._gpus_shown.wait(GPUS_FIRST)
         catalog = RunCatalog(self.runs_root)
 
         def poll() -> Message | None:
@@ -155,12 +176,17 @@ class HomeScreen(Screen[None]):
     def on_home_screen_gpus_sampled(self, message: GpusSampled) -> None:
         self.gpus = message.snapshot
         self._show()
+        if not self._gpus_shown.is_set():
+            self.call_after_refresh(self._gpus_shown.set)
+
+    def on_home_screen_presets_listed(self, message: PresetsListed) -> None:
+        self.presets = message.presets
+        self.query_one(PresetList).show(message.presets)
 
     def on_home_screen_runs_listed(self, message: RunsListed) -> None:
         self.runs = message.snapshot
         with self.app.batch_update():
             self.query_one(RunList).show(message.snapshot.rows)
-            self.query_one(PresetList).show(message.snapshot.presets)
             self._show()
 
     def _show(self) -> None:
@@ -210,8 +236,10 @@ class ControlledHomeScreen(HomeScreen):
         self.action_launch(name)
 
     def action_launch(self, name: str | None = None) -> None:
+        from shardtop.tui.screens.launch_prompt import LaunchPrompt
+
         name = name or self.query_one(PresetList).selected
-        presets = {p.name: p for p in (self.runs.presets if self.runs else ())}
+        presets = {p.name: p for p in self.presets}
         if name is None or name not in presets:
             self.notify("Choose a preset first (p moves to the list).")
             return
@@ -234,6 +262,8 @@ class ControlledHomeScreen(HomeScreen):
         if row is None or not row.live:
             self.notify("Select a running run first.")
             return
+        from shardtop.tui.screens.confirm import ConfirmScreen
+
         run = RunDirectory(row.path)
         self.app.push_screen(
             ConfirmScreen(f"Stop run {run.id}?", "Its processes get SIGTERM, then SIGKILL after 10 s."),
@@ -246,13 +276,15 @@ class ControlledHomeScreen(HomeScreen):
 
     @work(thread=True, exclusive=False, exit_on_error=False, group="stop", name="stop run")
     def stop_run(self, run: RunDirectory) -> None:
+        from shardtop.launch import stop
+
         stopped = stop(run, grace=10.0, out=lambda _line: None)
         self.app.call_from_thread(self.notify, f"Stopped {run.id}." if stopped else f"{run.id} was not running.")
         self._poke.set()
 
     def commands(self) -> Iterable[SystemCommand]:
         yield from super().commands()
-        for preset in self.runs.presets if self.runs else ():
+        for preset in self.presets:
             yield SystemCommand(
                 f"Launch {preset.name}", preset.description, lambda p=preset: self.action_launch(p.name)
             )
@@ -260,6 +292,8 @@ class ControlledHomeScreen(HomeScreen):
 
 def launch_run(runs_root: Path, request: LaunchRequest) -> RunDirectory:
     """Create the run directory and start the run, as ``shardtop launch`` does (no child is left here)."""
+    from shardtop.launch import start
+
     root = ensure_root(runs_root)
     run = RunDirectory.create(
         root, request.config["preset"], {"config": request.config, "command": ["shardtop", "launch", *request.settings]}

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.reactive import reactive
 
 from shardtop.events import GpuMemory
-from shardtop.tui.format import bar, fraction, sparkline, truncate
+from shardtop.tui.format import bar, fraction, gpu_line_parts, sparkline, truncate
 from shardtop.tui.repaint import PiecedLine
 
 SPARK_WIDTH = 16
@@ -20,21 +20,6 @@ def memory_spark(history: tuple[int, ...], total: int) -> str:
 HIGH = 0.9
 """Memory use from which the bar is drawn as a warning."""
 GIB = 1024**3
-
-
-def gpu_line_parts(gpu: GpuMemory, width: int) -> dict[str, str]:
-    """The texts of a GPU line that do not depend on colour, sized for ``width`` cells."""
-    used = gpu.used / GIB
-    total = gpu.total / GIB
-    parts = {
-        "index": f"{gpu.index:>2}",
-        "name": truncate(gpu.name.replace("NVIDIA ", ""), 14 if width >= 100 else 8),
-        "memory": f"{used:5.1f}/{total:.0f}G" if width < 100 else f"{used:6.1f}/{total:6.1f} GiB",
-        "util": f"{gpu.util:3d}%" if gpu.util is not None else "  - ",
-        "temperature": f"{gpu.temperature:3d}°C" if gpu.temperature is not None else "   - ",
-        "power": f"{gpu.power_w:4.0f} W" if gpu.power_w is not None else "    - ",
-    }
-    return parts
 
 
 FIELDS = ("head", "bar", "memory", "util", "temperature", "power", "history", "owner")

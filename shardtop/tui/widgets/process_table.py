@@ -7,33 +7,12 @@ from collections.abc import Mapping
 from textual.widgets.data_table import RowDoesNotExist
 
 from shardtop.gpus import GpuProcessInfo
-from shardtop.tui.format import short_bytes, short_run_id, truncate
+from shardtop.tui.format import PROCESS_COLUMNS as COLUMNS
+from shardtop.tui.format import process_cells
 from shardtop.tui.repaint import CellsTable
 from shardtop.tui.watch.run_catalog import RankOwner
 
-COLUMNS = ("PID", "USER", "GPU", "GPU MEM", "CPU %", "RSS", "RUN / RANK", "COMMAND")
-
-
-def process_cells(p: GpuProcessInfo, owners: Mapping[int, RankOwner]) -> tuple[str, ...]:
-    """The table's cells for one process, in words where psutil could not look."""
-    owner = owners.get(p.pid)
-    run = f"{short_run_id(owner.run_id)} r{owner.rank}" if owner else ""
-    gpus = ",".join(str(g) for g in p.gpus)
-    if p.visibility == "not-visible":
-        return (
-            str(p.pid),
-            "?",
-            gpus,
-            short_bytes(p.gpu_memory),
-            "-",
-            "-",
-            run,
-            "not visible (another pid namespace, e.g. a container)",
-        )
-    command = truncate(p.command, 120) if p.command else "(hidden: other user)"
-    user = p.user + (" (other user)" if p.visibility == "other-user" else "")
-    cpu = f"{p.cpu_percent:.0f}" if p.cpu_percent is not None else "-"
-    return (str(p.pid), user, gpus, short_bytes(p.gpu_memory), cpu, short_bytes(p.host_rss), run, command)
+__all__ = ["COLUMNS", "ProcessTable", "process_cells"]
 
 
 class ProcessTable(CellsTable):
