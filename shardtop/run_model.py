@@ -13,7 +13,7 @@ works a fact out again.  Pure Python: no torch, no textual, no I/O.
 from __future__ import annotations
 
 import signal as signals
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
@@ -68,6 +68,17 @@ class RankStatus:
     @property
     def ended(self) -> bool:
         return self.state not in ("starting", "running")
+
+
+SEVERITY: tuple[RankState_, ...] = (
+    "finished", "running", "starting", "interrupted", "lost", "killed", "failed", "out of memory"
+)
+"""Rank states from the best to the worst: a group of ranks (a host's) is told by its worst."""
+
+
+def worst_status(statuses: Iterable[RankStatus]) -> RankStatus | None:
+    """The worst of ``statuses`` (the first of equals); None for none."""
+    return max(statuses, key=lambda s: SEVERITY.index(s.state), default=None)
 
 
 def _signal_name(number: int) -> str:

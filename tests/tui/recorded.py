@@ -2,10 +2,12 @@
 
 Runs are the real recordings committed under ``tests/fixtures/runs/``:
 ``h200/`` (every preset on one NVIDIA H200, story 2 under a 15 GiB cap) and
-``cpu-6ranks/`` (story 2 on 6 gloo CPU processes), and under
+``cpu-6ranks/`` (story 2 on 6 gloo CPU processes), ``cpu-2hosts/`` (a user's
+own FSDP2 script on two hosts of two CPU ranks each), and under
 ``tests/tui/fixtures/runs/`` (``fsdp2-mlp`` on 2 CPU processes).  They are
-named here ``machine/preset``: ``h200/zero3-linear``, ``cpu-6ranks/zero3-linear``,
-``cpu/fsdp2-mlp``.
+named here ``machine/preset`` (or ``machine/program`` for a user's own job):
+``h200/zero3-linear``, ``cpu-6ranks/zero3-linear``, ``cpu/fsdp2-mlp``,
+``cpu-2hosts/fsdp2_train``.
 
 NVML's answers for the GPU panel are the samples the probe recorded inside those
 runs (the ``gpus`` of their Memory and Oom events).  The one thing made up is
@@ -34,6 +36,7 @@ MACHINES = {
     "h200x2": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "h200x2",
     "cpu-6ranks": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-6ranks",
     "cpu": Path(__file__).resolve().parent / "fixtures" / "runs",
+    "cpu-2hosts": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-2hosts",
 }
 """Where each machine's recordings are."""
 STORY2_OOM = "h200/zero3-linear"
@@ -44,7 +47,8 @@ def recorded_run(name: str) -> Path:
     """The committed run directory of ``machine/preset`` (``h200/zero3-linear``)."""
     machine, _, preset = name.partition("/")
     for meta in sorted(MACHINES[machine].glob("*/run.json")):
-        if json.loads(meta.read_text()).get("preset") == preset:
+        recorded = json.loads(meta.read_text())
+        if preset in (recorded.get("preset"), recorded.get("config", {}).get("program")):
             return meta.parent
     raise LookupError(f"no recorded {preset} run under {MACHINES[machine]}")
 
@@ -87,6 +91,10 @@ def nvml_samples(name: str = STORY2_OOM) -> list[list[GpuMemory]]:
     return [list(e.gpus) for e in events if isinstance(e, Memory | Oom) and e.gpus]
 
 
+RECORDED_HOST_NAME = "vm"
+"""The host name on the recorded runs' events (the H200 machine and the CPU machine alike)."""
+
+
 class RecordedGpus:
     """NVML's answers, recorded: ``sample()`` replays them, then repeats the last."""
 
@@ -107,11 +115,17 @@ def recorded_h200(ramp: bool = False) -> RecordedGpus:
 
 
 class RecordedHost:
-    """psutil's answers, recorded: the host and the processes behind the GPU pids."""
+    """psutil's answers, recorded: the host and the processes behind the GPU pids.
 
-    def __init__(self, host: HostSample, processes: dict[int, GpuProcessInfo] | None = None) -> None:
+    ``name``: the machine's host name; the recordings' ranks wrote ``vm``.
+    """
+
+    def __init__(
+        self, host: HostSample, processes: dict[int, GpuProcessInfo] | None = None, name: str = RECORDED_HOST_NAME
+    ) -> None:
         self._host = host
         self._processes = processes or {}
+        self.name = name
 
     def host(self) -> HostSample:
         return self._host

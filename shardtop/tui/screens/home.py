@@ -144,7 +144,7 @@ class HomeScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="runs-feed", name="runs watcher")
     def watch_runs(self) -> None:
-        catalog = RunCatalog(self.runs_root)
+        catalog = RunCatalog(self.runs_root, here=self.host_probe.name if self.host_probe is not None else None)
 
         def poll() -> Message | None:
             snapshot = catalog.poll()
@@ -168,7 +168,7 @@ class HomeScreen(Screen[None]):
         owners = runs.owners if runs is not None else {}
         with self.app.batch_update():
             if gpus is not None:
-                self.query_one(GpuPanel).show(gpus, owners)
+                self.query_one(GpuPanel).show(gpus, owners, runs.host_gpus if runs is not None else ())
                 self.query_one(ProcessTable).show(gpus.processes, owners)
                 self.query_one(ProcessTable).display = bool(gpus.gpus)
             self.query_one(HostPanel).show(

@@ -177,6 +177,7 @@ class RunScreen(Screen[None]):
             # a run that ended before its model existed never gets a tree: give its space to the OOM
             self.set_class(snap.tree is None and not snap.live, "-treeless")
             tree.set_model(snap.tree, oom_path)
+            tree.show_hosts(snap.model.ranks_by_host)
             self.query_one(OomPanel).show(snap.model.ooms, snap.findings)
             self.query_one(FindingsList).show(snap.findings)
             self.query_one(LogPane).append(snap.new_log)
@@ -219,8 +220,7 @@ class RunScreen(Screen[None]):
     @on(Input.Changed, "#search")
     def _search_changed(self, event: Input.Changed) -> None:
         tree = self.query_one(ShardTree)
-        count = tree.search(event.value)
-        tree.border_subtitle = f"{count} match{'es' if count != 1 else ''}" if event.value else ""
+        tree.search(event.value)
 
     @on(SearchBar.Closed)
     def _search_closed(self) -> None:

@@ -1,4 +1,9 @@
-"""``RankMemory``: each rank's memory — allocator allocated/reserved/peak vs its limit, and NVML."""
+"""``RankMemory``: each rank's memory — allocator allocated/reserved/peak vs its limit, and NVML.
+
+A run over several hosts is drawn host by host: a line naming the host above
+its ranks, or, past ``HOST_LINES_FROM`` ranks, one line per host summing its
+ranks up (lowest…highest allocation, the worst status), so 512 ranks take 64 lines.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from shardtop.events import GpuMemory
 from shardtop.run_model import RankStatus, RunModel
 from shardtop.run_state import RankState
 from shardtop.tui.format import bar, fraction, short_bytes, sparkline, split_bar
+from shardtop.tui.host_groups import by_host, rank_spans
+from shardtop.tui.widgets.host_memory import HOST_LINES_FROM, host_lines, host_memory_rows
 
 
 @dataclass(frozen=True)
@@ -19,6 +26,7 @@ class RankMemoryRow:
     """What one rank's bar shows."""
 
     rank: int
+    host: str
     device: str
     pid: int | None
     allocated: int | None
@@ -30,6 +38,11 @@ class RankMemoryRow:
     """The NVML view of the rank's GPU (matched by pid, else by device index)."""
     history: tuple[int, ...]
     status: RankStatus
+
+    @property
+    def whole(self) -> int | None:
+        """What the allocation is measured against: the limit, else the GPU, else the allocator's own peak."""
+        return self.limit or (self.gpu.total if self.gpu else None) or self.peak or self.reserved
 
 
 STATUS_WORDS = {"out of memory": "OOM"}
@@ -76,6 +89,7 @@ def rank_rows(model: RunModel) -> tuple[RankMemoryRow, ...]:
         rows.append(
             RankMemoryRow(
                 rank=rs.rank,
+                host=rs.host,
                 device=rs.device or "?",
                 pid=rs.pid,
                 allocated=allocated,
@@ -137,15 +151,26 @@ class RankMemory(Widget):
         if not self.rows:
             return Text("waiting for the ranks…", style=self.get_component_rich_style("rank-memory--muted"))
         width = self.size.width or 40
-        layout = memory_layout(width, len(self.rows))
+        groups = by_host(self.rows, lambda r: r.host)
+        if len(groups) > 1 and len(self.rows) >= HOST_LINES_FROM:
+            return host_lines(host_memory_rows(self.rows), width, self.get_component_rich_style, self._status)
+        headings = len(groups) if len(groups) > 1 else 0
+        layout = memory_layout(width, len(self.rows) + headings)
         out = Text(no_wrap=True, overflow="ellipsis")
         top = max((r.peak or r.reserved or r.allocated or r.host_rss or 0) for r in self.rows) or 1
-        labels = [self._label(row, layout) for row in self.rows]
-        label_width = max(label.cell_len for label in labels)
-        for i, (row, label) in enumerate(zip(self.rows, labels, strict=True)):
-            if i:
-                out.append("\n")
-            self._render_row(out, row, label, label_width, width, layout, top)
+        labels = {row.rank: self._label(row, layout) for row in self.rows}
+        label_width = max(label.cell_len for label in labels.values())
+        lines = 0
+        for host, group in groups:
+            if headings:
+                out.append("\n" if lines else "")
+                out.append(host, self.get_component_rich_style("rank-memory--label"))
+                out.append(f" {rank_spans([r.rank for r in group])}", self.get_component_rich_style("rank-memory--muted"))
+                lines += 1
+            for row in group:
+                out.append("\n" if lines else "")
+                self._render_row(out, row, labels[row.rank], label_width, width, layout, top)
+                lines += 1
         return out
 
     def _label(self, row: RankMemoryRow, layout: str) -> Text:
@@ -155,13 +180,17 @@ class RankMemory(Widget):
         out.append(f"r{row.rank}", style("rank-memory--label"))
         if layout == "wide":
             out.append(f" {row.device}" + (f" pid {row.pid}" if row.pid else ""), style("rank-memory--muted"))
-        status = row.status
+        self._status(out, row.status)
+        return out
+
+    def _status(self, out: Text, status: RankStatus) -> None:
+        """`` ✓`` once finished, `` ✗ OOM`` and the like once ended otherwise; nothing while running."""
+        style = self.get_component_rich_style
         if status.state == "finished":
             out.append(f" {status.mark}", style("rank-memory--muted"))
         elif status.ended:
             word = STATUS_WORDS.get(status.state, status.state)
             out.append(f" {status.mark} {word}", style("rank-memory--oom"))
-        return out
 
     def _render_row(
         self, out: Text, row: RankMemoryRow, label: Text, label_width: int, width: int, layout: str, top: int
@@ -169,7 +198,7 @@ class RankMemory(Widget):
         """One rank's lines in ``layout`` (``memory_layout``); one-line labels padded to ``label_width``."""
         out.append_text(label)
         if row.allocated is not None:
-            whole = row.limit or (row.gpu.total if row.gpu else None) or row.peak or row.reserved or 1
+            whole = row.whole or 1
             figures = f"{short_bytes(row.allocated)}/{short_bytes(whole)}"
         else:
             whole, figures = top, f"rss {short_bytes(row.host_rss)}"
