@@ -40,8 +40,6 @@ from shardtop.tui.widgets.shard_tree import ShardTree
 
 NARROW_WIDTH = 120
 """Below this many columns the side panel goes under the tree."""
-EVENT_TICK = 0.25
-"""How often new events are looked for; what is urgent (an OOM) is shown at once."""
 STOP_GRACE = 10.0
 
 
@@ -155,14 +153,13 @@ class RunScreen(Screen[None]):
     def follow_run(self) -> None:
         worker = get_current_worker()
         feed = RunFeed(self.run_dir, refresh=self.refresh_s, findings=self.findings_of)
-        tick = min(self.refresh_s, EVENT_TICK)
         while not worker.is_cancelled and not self._feeds_done.is_set():
             forced = self._wake.is_set()
             self._wake.clear()
             snap = feed.poll(force=forced)
             if snap is not None:
                 self.post_message(self.Updated(snap))
-            self._wake.wait(tick)
+            self._wake.wait(feed.every)
 
     def on_run_screen_updated(self, message: Updated) -> None:
         snap = message.snapshot

@@ -25,6 +25,7 @@ from shardtop.run_state import RankState, RunStateBuilder
 from shardtop.run_summary import RunSummary, summarize
 from shardtop.runs import RunDirectory, list_runs
 from shardtop.tui.watch.gpu_feed import gpus_as_shown
+from shardtop.tui.watch.run_feed import read_into
 
 MAX_RUNS = 50
 """The newest runs shown on the home view."""
@@ -101,8 +102,7 @@ class RunCatalog:
             live = status.state == "running"
             if live:
                 follow = self._live.setdefault(run.id, _Follow(EventReader(run.events_dir), RunStateBuilder()))
-                follow.builder.apply(follow.reader.read_new())
-                follow.builder.note_skipped(follow.reader.skipped)
+                read_into(follow.reader, follow.builder)
                 state = follow.builder.snapshot()
                 summary = summarize(run, RunModel.of(state, RunMeta.parse(run.read_meta()), status))
                 for rs in state.rank_list():

@@ -77,11 +77,15 @@ def host_lines(
     ``style``: the widget's component styles; ``status``: how the widget words a status after a label.
     """
     wide = width >= 44
+    label_style, muted = style("rank-memory--label"), style("rank-memory--muted")
+    used_style, held_style, free_style = (
+        style("rank-memory--allocated"), style("rank-memory--reserved"), style("rank-memory--free")
+    )
     labels = []
     for h in hosts:
-        label = Text(h.host, style("rank-memory--label"))
+        label = Text(h.host, label_style)
         n = len(h.ranks)
-        label.append(f" {n} rank{'s' if n != 1 else ''}" if wide else f" ×{n}", style("rank-memory--muted"))
+        label.append(f" {n} rank{'s' if n != 1 else ''}" if wide else f" ×{n}", muted)
         status(label, h.status)
         labels.append(label)
     label_width = max(label.cell_len for label in labels)
@@ -103,8 +107,8 @@ def host_lines(
             fraction(max(h.reserved or 0, h.high), whole),
             max(4, min(40, width - label_width - len(figures) - 2)),
         )
-        out.append(used, style("rank-memory--allocated"))
-        out.append(held, style("rank-memory--reserved"))
-        out.append(free, style("rank-memory--free"))
+        out.append(used, used_style)
+        out.append(held, held_style)
+        out.append(free, free_style)
         out.append(" " + figures)
     return out

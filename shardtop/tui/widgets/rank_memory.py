@@ -56,9 +56,10 @@ def device_index(device: str) -> int | None:
 
 
 def gpu_of(rs: RankState, gpus: tuple[GpuMemory, ...]) -> GpuMemory | None:
-    if rs.pid is not None:
+    pid = rs.pid
+    if pid is not None:
         for g in gpus:
-            if rs.pid in g.pids:
+            if pid in g.pids:
                 return g
     index = device_index(rs.device)
     return next((g for g in gpus if g.index == index), None)
@@ -105,6 +106,11 @@ def rank_rows(model: RunModel) -> tuple[RankMemoryRow, ...]:
     return tuple(rows)
 
 
+def line_shape(rows: tuple[RankMemoryRow, ...]) -> tuple[tuple[str, bool, bool], ...]:
+    """What decides how many lines the bars take (at one width): the ranks' hosts, allocator and NVML figures."""
+    return tuple((r.host, r.allocated is None, r.gpu is None) for r in rows)
+
+
 def memory_layout(width: int, ranks: int) -> str:
     """How many lines a rank gets: wide (3-4, with words), tall (4, narrow), two-line, or one-line.
 
@@ -137,17 +143,34 @@ class RankMemory(Widget):
     }
     """
 
-    rows: reactive[tuple[RankMemoryRow, ...]] = reactive((), layout=True)
+    rows: reactive[tuple[RankMemoryRow, ...]] = reactive(())
     """One entry per rank, from the latest run snapshot."""
 
     def __init__(self, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self.border_title = "Memory per rank"
+        self._drawn: tuple[tuple[object, ...], Text] | None = None
 
     def show(self, model: RunModel) -> None:
-        self.rows = rank_rows(model)
+        """New figures repaint the bars; the screen is laid out again only when the bars need more or fewer lines."""
+        rows = rank_rows(model)
+        reshaped = line_shape(rows) != line_shape(self.rows)
+        self.rows = rows
+        if reshaped:
+            self.refresh(layout=True)
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._drawn = None
 
     def render(self) -> Text:
+        """The bars, drawn once per new rows and width (a relayout asks for them twice: to measure, to paint)."""
+        key = (self.rows, self.size.width)
+        if self._drawn is None or self._drawn[0] != key:
+            self._drawn = (key, self._draw())
+        return self._drawn[1]
+
+    def _draw(self) -> Text:
         if not self.rows:
             return Text("waiting for the ranks…", style=self.get_component_rich_style("rank-memory--muted"))
         width = self.size.width or 40
@@ -165,7 +188,8 @@ class RankMemory(Widget):
             if headings:
                 out.append("\n" if lines else "")
                 out.append(host, self.get_component_rich_style("rank-memory--label"))
-                out.append(f" {rank_spans([r.rank for r in group])}", self.get_component_rich_style("rank-memory--muted"))
+                spans = rank_spans([r.rank for r in group])
+                out.append(f" {spans}", self.get_component_rich_style("rank-memory--muted"))
                 lines += 1
             for row in group:
                 out.append("\n" if lines else "")
