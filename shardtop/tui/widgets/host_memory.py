@@ -72,7 +72,7 @@ def host_lines(
     style: Callable[[str], Style],
     status: Callable[[Text, RankStatus], None],
 ) -> Text:
-    """``gpu-a 8 ranks ✗ OOM ███▒░ 1.21G…1.96G/80.0G`` per host (narrow: ``gpu-a ×8 ✗ OOM ██ ≤1.96G``).
+    """``gpu-a 8 ranks ✗ OOM ███▒░ 1.21G…1.96G/80.0G`` per host (narrow: ``gpu-a ×8 ✗ OOM ██░ ≤1.96G``).
 
     ``style``: the widget's component styles; ``status``: how the widget words a status after a label.
     """
@@ -96,7 +96,7 @@ def host_lines(
         span = (low if low == high else f"{low}…{high}") if wide else f"≤{high}"
         if h.on_allocator:
             whole = h.whole or h.high or 1
-            figures = f"{span}/{short_bytes(h.whole)}" if h.whole else span
+            figures = f"{span}/{short_bytes(h.whole)}" if h.whole and wide else span
         else:
             whole, figures = top, f"rss {span}"
         out.append("\n" if i else "")

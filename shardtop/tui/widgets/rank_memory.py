@@ -140,6 +140,7 @@ class RankMemory(Widget):
         text-wrap: nowrap;
         text-overflow: ellipsis;
         height: auto;
+        overflow-y: auto;
     }
     """
 
@@ -157,6 +158,9 @@ class RankMemory(Widget):
         reshaped = line_shape(rows) != line_shape(self.rows)
         self.rows = rows
         if reshaped:
+            hosts = len({r.host for r in rows})
+            per_host = hosts > 1 and len(rows) >= HOST_LINES_FROM
+            self.border_title = f"Memory per host ({len(rows)} ranks)" if per_host else "Memory per rank"
             self.refresh(layout=True)
 
     def notify_style_update(self) -> None:
