@@ -19,6 +19,7 @@ are recorded as the host and the processes behind the GPU pids.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +27,8 @@ from pathlib import Path
 import msgspec
 
 from shardtop.events import GpuMemory, Memory, Oom, read_all
-from shardtop.gpus import GpuProcessInfo, GpuProcessUse, HostSample
+from shardtop.gpus import GpuProcessInfo, GpuProcessUse, GpuUnavailable, HostSample
+from shardtop.runs import process_start_time
 # built runs, importable from here for bench/, tests/test_report.py and tests/test_diagnose.py
 from tests.tui.built_runs import PIDS, T0, big_tree_run, fsdp2_cpu_run, zero3_oom_run  # noqa: F401
 
@@ -64,6 +66,16 @@ def copy_runs(dest: Path, *names: str) -> dict[str, Path]:
             shutil.copytree(source, target)
         out[name] = target
     return out
+
+
+def live_copy(dest: Path, name: str) -> Path:
+    """A copy of a recording made live again: no exit record, the calling process as the run's own."""
+    run = copy_runs(dest, name)[name]
+    (run / "exit.json").unlink(missing_ok=True)
+    meta = json.loads((run / "run.json").read_text())
+    meta.update(pid=os.getpid(), pid_started=process_start_time(os.getpid()))
+    (run / "run.json").write_text(json.dumps(meta))
+    return run
 
 
 ALL_RUNS = (
@@ -137,6 +149,16 @@ class RecordedHost:
             out.append(self._processes.get(pid, GpuProcessInfo(pid, gpus, None, "not-visible")))
         return out
 
+
+class NoDriver:
+    """NVML's answer on a machine without the NVIDIA driver, recorded."""
+
+    def sample(self) -> list[GpuMemory]:
+        raise GpuUnavailable("no NVIDIA driver: NVML Shared Library Not Found")
+
+
+LOGIN_NODE = HostSample(cpu_percent=3.0, cores=8, memory_used=6 * GIB, memory_total=31 * GIB)
+"""A login node: no GPU, 8 cores (its host name is given as ``login-1``)."""
 
 H200_HOST = HostSample(cpu_percent=4.0, cores=16, memory_used=21 * GIB, memory_total=126 * GIB)
 """The H200 machine the fixtures were recorded on (16 cores, 126 GiB), during story 2's set-up."""
