@@ -98,3 +98,4 @@ def test_other_hosts_gpus_fit_a_line_each_or_one_per_host() -> None:
     assert gpu_lines_fit(16, 48) and not gpu_lines_fit(17, 48) and gpu_lines_fit(8, 24) and not gpu_lines_fit(9, 24)
     assert used_span(node_b.gpus) == "61.2…78.0/141G" and util_span(node_b.gpus) == "util 90…99%"
     assert util_span((GpuMemory(index=0),)) == "", "no utilisation from NVML: nothing said"
+

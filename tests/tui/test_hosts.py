@@ -124,3 +124,22 @@ async def test_many_ranks_take_a_line_per_host(tmp_path: Path) -> None:
         await pilot.press("home")
         details = text_of(app.screen.query_one(ModuleDetails).query_one("#details-text", Static))
         assert "405M on each of 24 ranks" in details, "the whole model's share (9.49 GiB / 24): one figure, not 24"
+
+
+async def test_a_login_node_sums_up_64_hosts_gpus_in_a_third_of_the_screen(tmp_path: Path) -> None:
+    from bench.bench_scale import make_run
+
+    make_run(tmp_path, hosts=64)  # alive by its hosts' supervisor records, as seen from another machine
+    app = ShardtopApp(tmp_path, gpu_source=NoDriver(), host_probe=LOGIN_NODE)  # type: ignore[arg-type]
+    async with app.run_test(size=(160, 48)) as pilot:
+        screen = app.screen
+        assert isinstance(screen, HomeScreen)
+        await wait_for(pilot, lambda: screen.runs is not None and screen.runs.host_gpus, timeout=30, what="64 hosts")
+        await pilot.pause()
+        assert screen.query_one(GpuPanel).border_title == "GPUs (512 on 64 hosts)"
+        lines = screen.query_one(RemoteGpus).render().plain.splitlines()
+        assert len(lines) == 16, "a third of 48 lines"
+        assert lines[0].split()[:4] == ["gpu-001", "8", "×", "H200"] and "util 9" in lines[0], lines[0]
+        assert lines[-1].split()[:4] == ["+49", "hosts", "392", "×"], "the rest summed up in one line"
+        runs = screen.query_one(RunList)
+        assert runs.get_row_at(0)[COLUMNS.index("HOSTS")] == "64"

@@ -4,7 +4,8 @@ Each host's local rank 0 samples its host's GPUs through NVML and writes them
 as events, so a machine that watches a run over several hosts (a login node
 without GPUs of its own, say) shows every host's GPUs, each line labelled with
 its host.  When there are more GPUs than fit (a third of the screen's height),
-one line per host says how many GPUs it has and how full the fullest is.
+one line per host says how many GPUs it has and how full the fullest is; past
+that many hosts, the last line sums up the rest.
 Drawn as one text; a new sample repaints only the cells it changed.
 """
 
@@ -25,9 +26,14 @@ HOST_WIDTH = 16
 """Cells a host name gets before it is cut."""
 
 
+def lines_room(screen_height: int) -> int:
+    """Lines other hosts' GPUs may take: a third of the screen, at least 4."""
+    return max(4, screen_height // 3)
+
+
 def gpu_lines_fit(gpus: int, screen_height: int) -> bool:
-    """One line per GPU while they take at most a third of the screen (at least 4); else one per host."""
-    return gpus <= max(4, screen_height // 3)
+    """One line per GPU while they fit ``lines_room``; else one per host."""
+    return gpus <= lines_room(screen_height)
 
 
 def used_span(gpus: Sequence[GpuMemory]) -> str:
@@ -73,14 +79,21 @@ class RemoteGpus(PaintsChanges):
     def draw(self) -> Text:
         width = self.size.width or 80
         hosts = self.hosts
-        label_width = min(HOST_WIDTH, max((len(h.host) for h in hosts), default=0))
         count = sum(len(h.gpus) for h in hosts)
+        screen_height = self.screen.size.height if self.is_mounted else 48
         lines: list[Text] = []
-        if gpu_lines_fit(count, self.screen.size.height if self.is_mounted else 48):
+        if gpu_lines_fit(count, screen_height):
             room = max((len(owners_text(g.pids, h.owners)) for h in hosts for g in h.gpus), default=0)
+            label_width = min(HOST_WIDTH, max((len(h.host) for h in hosts), default=0))
             for h in hosts:
                 lines += [self._gpu_line(h, g, label_width, width, room) for g in h.gpus]
         else:
+            shown = lines_room(screen_height)
+            if len(hosts) > shown:
+                rest = hosts[shown - 1 :]
+                gpus = tuple(g for h in rest for g in h.gpus)
+                hosts = hosts[: shown - 1] + (HostGpus(f"+{len(rest)} hosts", "", gpus, {}),)
+            label_width = min(HOST_WIDTH, max((len(h.host) for h in hosts), default=0))
             lines = [self._host_line(h, label_width, width) for h in hosts]
         return Text("\n", no_wrap=True, overflow="ellipsis").join(lines)
 
