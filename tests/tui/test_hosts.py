@@ -9,7 +9,6 @@ sampled its host's GPUs; the larger run is the benchmark's (``bench/bench_scale.
 from __future__ import annotations
 
 import io
-import os
 import time
 from pathlib import Path
 
@@ -25,8 +24,8 @@ from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.remote_gpus import RemoteGpus
 from shardtop.tui.widgets.run_list import COLUMNS, RunList
 from shardtop.tui.widgets.shard_tree import ShardTree
-from tests.tui.recorded import LOGIN_NODE as LOGIN_HOST
 from tests.tui.recorded import H200_HOST, NoDriver, RecordedHost, copy_runs, live_copy, recorded_h200
+from tests.tui.recorded import LOGIN_NODE as LOGIN_HOST
 from tests.tui.waiting import wait_for
 
 TWO_HOSTS = "cpu-2hosts/fsdp2_train"
