@@ -1,7 +1,7 @@
 """What a run over many hosts costs the TUI: 64 hosts × 8 ranks side by side with 1 host × 8 ranks.
 
-Both runs are the same model, a 24-layer transformer (245 modules, 6.5 G
-parameters in bf16) sharded with FSDP2 over every rank, written as the probe
+Both runs are the same model, a 24-layer transformer (245 modules, 5.1 G
+parameters, 9.5 GiB in bf16) sharded with FSDP2 over every rank, written as the probe
 writes it: each rank's hello, tree and shards, a memory sample every 0.5 s
 (each host's local rank 0 adds NVML of its host's 8 GPUs), and forward /
 backward / optimizer phases and a step every 2 s.  The run directory is laid
@@ -18,10 +18,7 @@ Then, while a writer process goes on appending at that cadence (2 Hz per rank):
 2. CPU: ``shardtop attach RUN`` in the pseudo-terminal at a 1 s refresh, CPU time
    over ``--seconds`` (20 s), after 3 s to settle; and bytes written per second.
 
-    python bench/bench_scale.py [--seconds 20] [--hosts 64] [--profile]
-
-``--profile`` runs the 64-host attach under cProfile for the CPU window and
-prints the top functions by cumulative time.
+    python bench/bench_scale.py [--seconds 20] [--hosts 64]
 """
 
 from __future__ import annotations
@@ -301,9 +298,8 @@ class Writer:
         self.proc.wait()
 
 
-def attach(root: Path, run: Path, refresh: float = 1.0, profile: Path | None = None) -> Terminal:
-    prefix = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "shardtop"] if profile else SHARDTOP
-    return Terminal([*prefix, "attach", str(run), "--runs-dir", str(root)],
+def attach(root: Path, run: Path, refresh: float = 1.0) -> Terminal:
+    return Terminal([*SHARDTOP, "attach", str(run), "--runs-dir", str(root)],
                     env={"SHARDTOP_REFRESH": str(refresh), "PYTHONPATH": str(ROOT)})
 
 
@@ -358,8 +354,8 @@ async def open_in_app(root: Path, run: Path) -> tuple[float, float]:
     return painted["tree"] - t0, painted["ranks"] - t0
 
 
-def cpu_while_written(root: Path, run: Path, seconds: float, profile: Path | None = None) -> tuple[float, float]:
-    term = attach(root, run, profile=profile)
+def cpu_while_written(root: Path, run: Path, seconds: float) -> tuple[float, float]:
+    term = attach(root, run)
     try:
         term.wait_for(*ON_SCREEN, timeout=60)
         time.sleep(3.0)
@@ -368,18 +364,10 @@ def cpu_while_written(root: Path, run: Path, seconds: float, profile: Path | Non
         term.close()
 
 
-def print_profile(path: Path) -> None:
-    import pstats
-
-    stats = pstats.Stats(str(path))
-    stats.sort_stats("cumulative").print_stats(35)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20.0, help="CPU measuring window")
     parser.add_argument("--hosts", type=int, default=64, help="hosts of the large run (8 ranks each)")
-    parser.add_argument("--profile", action="store_true", help="profile the large run's attach (cProfile)")
     parser.add_argument("--write", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.write:
@@ -402,11 +390,8 @@ def main() -> None:
                 time.sleep(1.0)
                 pty_open = open_in_terminal(root, run)
                 tree_s, ranks_s = asyncio.run(open_in_app(root, run))
-                profile = root / "attach.prof" if args.profile and hosts == args.hosts else None
-                cpu, rate = cpu_while_written(root, run, args.seconds, profile)
+                cpu, rate = cpu_while_written(root, run, args.seconds)
             results[hosts] = (pty_open, tree_s, ranks_s, cpu, rate)
-            if profile is not None:
-                print_profile(profile)
     print()
     print(f"{'':44}{'1 host x 8':>14}{f'{args.hosts} hosts x 8':>16}   goal")
     rows = [

@@ -47,7 +47,7 @@ RANK_MARKS: Mapping[str, str] = MappingProxyType(
 """A symbol beside each rank status, so no view says it in colour alone."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RankStatus:
     """How one rank stands: from its own exit record, its OOM, and the run's liveness."""
 
@@ -140,7 +140,7 @@ def _first_line(text: str | None) -> str:
     return line if len(line) <= DETAIL_CHARS else line[: DETAIL_CHARS - 1].rsplit(" ", 1)[0] + " …"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RankFacts:
     """One rank: who it is, how it stands, and its holdings summed over the tree."""
 

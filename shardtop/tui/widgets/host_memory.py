@@ -25,7 +25,7 @@ HOST_LINES_FROM = 17
 """From this many ranks over several hosts, one line per host instead of a bar per rank."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class HostMemoryRow:
     """The ranks of one host on one line: how many, their lowest and highest figure, the worst status."""
 

@@ -21,7 +21,7 @@ from shardtop.tui.host_groups import by_host, rank_spans
 from shardtop.tui.widgets.host_memory import HOST_LINES_FROM, host_lines, host_memory_rows
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RankMemoryRow:
     """What one rank's bar shows."""
 
@@ -151,11 +151,13 @@ class RankMemory(Widget):
         super().__init__(id=id, classes=classes)
         self.border_title = "Memory per rank"
         self._drawn: tuple[tuple[object, ...], Text] | None = None
+        self._shape: tuple[tuple[str, bool, bool], ...] = ()
 
     def show(self, model: RunModel) -> None:
         """New figures repaint the bars; the screen is laid out again only when the bars need more or fewer lines."""
         rows = rank_rows(model)
-        reshaped = line_shape(rows) != line_shape(self.rows)
+        shape = line_shape(rows)
+        reshaped, self._shape = shape != self._shape, shape
         self.rows = rows
         if reshaped:
             hosts = len({r.host for r in rows})
