@@ -303,8 +303,8 @@ def attach(root: Path, run: Path, refresh: float = 1.0) -> Terminal:
                     env={"SHARDTOP_REFRESH": str(refresh), "PYTHONPATH": str(ROOT)})
 
 
-ON_SCREEN = (b"Shard tree", b"blocks", b"r0", b"GiB")
-"""The run view with the tree and the memory panel drawn."""
+ON_SCREEN = (b"Shard tree", b"blocks", b"/140G")
+"""The run view with the tree (a block list) and the memory panel (allocated of the GPUs' 140 GiB) drawn."""
 
 
 def open_in_terminal(root: Path, run: Path, trials: int = 3) -> float:
@@ -318,8 +318,9 @@ def open_in_terminal(root: Path, run: Path, trials: int = 3) -> float:
     return statistics.median(times)
 
 
-async def open_in_app(root: Path, run: Path) -> tuple[float, float]:
-    """Seconds from the app's start to the tree's first paint with the model, and to the memory panel's with ranks."""
+async def open_in_app(root: Path, run: Path) -> tuple[float, float, float]:
+    """Seconds from the app's start to the tree's first paint with the model, and to the memory panel's with
+    ranks; and the CPU seconds the app used until both (a figure a busy machine inflates less than wall time)."""
     from shardtop.tui.app import ShardtopApp
     from shardtop.tui.widgets.rank_memory import RankMemory
     from shardtop.tui.widgets.shard_tree import ShardTree
@@ -343,15 +344,16 @@ async def open_in_app(root: Path, run: Path) -> tuple[float, float]:
     ShardTree.render_lines = timed_lines  # type: ignore[method-assign]
     RankMemory.render = timed_render  # type: ignore[method-assign]
     try:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         app = ShardtopApp(root, run=str(run), refresh=1.0)
         async with app.run_test(size=(160, 48)) as pilot:
             while len(painted) < 2 and time.perf_counter() - t0 < 30:
                 await pilot.pause(0.01)
+            cpu = time.process_time() - c0
     finally:
         ShardTree.render_lines = tree_lines  # type: ignore[method-assign]
         RankMemory.render = memory_render  # type: ignore[method-assign]
-    return painted["tree"] - t0, painted["ranks"] - t0
+    return painted["tree"] - t0, painted["ranks"] - t0, cpu
 
 
 def cpu_while_written(root: Path, run: Path, seconds: float) -> tuple[float, float]:
@@ -389,17 +391,18 @@ def main() -> None:
             with Writer(run, hosts):
                 time.sleep(1.0)
                 pty_open = open_in_terminal(root, run)
-                tree_s, ranks_s = asyncio.run(open_in_app(root, run))
+                tree_s, ranks_s, open_cpu = asyncio.run(open_in_app(root, run))
                 cpu, rate = cpu_while_written(root, run, args.seconds)
-            results[hosts] = (pty_open, tree_s, ranks_s, cpu, rate)
+            results[hosts] = (pty_open, tree_s, ranks_s, open_cpu, cpu, rate)
     print()
     print(f"{'':44}{'1 host x 8':>14}{f'{args.hosts} hosts x 8':>16}   goal")
     rows = [
         ("open, process start to screen (pty, median of 3)", 0, "{:.3f} s", "<= 1 s"),
         ("open, in app: tree painted", 1, "{:.3f} s", "<= 1 s"),
         ("open, in app: memory panel painted", 2, "{:.3f} s", ""),
-        (f"CPU at 1 s refresh, {args.seconds:.0f} s, while written", 3, "{:.2f} %", "<= 5 % of a core"),
-        ("bytes to the terminal per second", 4, "{:.0f} B/s", ""),
+        ("open, in app: CPU seconds until both", 3, "{:.3f} s", ""),
+        (f"CPU at 1 s refresh, {args.seconds:.0f} s, while written", 4, "{:.2f} %", "<= 5 % of a core"),
+        ("bytes to the terminal per second", 5, "{:.0f} B/s", ""),
     ]
     for label, i, fmt, goal in rows:
         small, large = fmt.format(results[1][i]), fmt.format(results[args.hosts][i])

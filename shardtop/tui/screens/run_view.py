@@ -15,7 +15,7 @@ from pathlib import Path
 from textual import on, work
 from textual.app import ComposeResult, SystemCommand
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Input, TabbedContent, TabPane
@@ -121,8 +121,7 @@ class RunScreen(Screen[None]):
                 yield ShardTree(id="tree")
                 yield SearchBar(id="search")
             with Vertical(id="side"):
-                with VerticalScroll(id="ranks-box"):  # 64 hosts' lines scroll within their half of the side
-                    yield RankMemory(id="ranks")
+                yield RankMemory(id="ranks")
                 with TabbedContent(id="tabs", initial="module"):
                     with TabPane("Module", id="module"):
                         yield ModuleDetails(id="details")

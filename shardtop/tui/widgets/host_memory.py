@@ -3,6 +3,8 @@
 512 ranks would take 512 bars; a line per host says how many ranks it has,
 their lowest and highest allocation (or RSS on CPU) against what they may use,
 and the worst way one of them stands (``✗ OOM`` on the host where it struck).
+When the hosts do not fit, the worst come first (then by name) and the last
+line sums up the hosts left out, so a failing host is never the one hidden.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING
 from rich.style import Style
 from rich.text import Text
 
-from shardtop.run_model import RankStatus, worst_status
+from shardtop.run_model import SEVERITY, RankStatus, worst_status
 from shardtop.tui.format import fraction, short_bytes, split_bar
 from shardtop.tui.host_groups import by_host
 
@@ -66,16 +68,41 @@ def host_memory_rows(rows: tuple[RankMemoryRow, ...]) -> tuple[HostMemoryRow, ..
     return tuple(out)
 
 
+def fitted(hosts: tuple[HostMemoryRow, ...], room: int) -> tuple[HostMemoryRow, ...]:
+    """``hosts`` in ``room`` lines: all of them, or the worst ``room - 1`` and one line summing up the rest."""
+    if len(hosts) <= room:
+        return hosts
+    ordered = sorted(hosts, key=lambda h: (-SEVERITY.index(h.status.state), h.host))
+    shown, rest = ordered[: max(0, room - 1)], ordered[max(0, room - 1) :]
+    wholes = [h.whole for h in rest if h.whole is not None]
+    status = worst_status(h.status for h in rest)
+    assert status is not None
+    summed = HostMemoryRow(
+        host=f"+{len(rest)} hosts",
+        ranks=tuple(r for h in rest for r in h.ranks),
+        low=min(h.low for h in rest),
+        high=max(h.high for h in rest),
+        reserved=max((h.reserved for h in rest if h.reserved is not None), default=None),
+        whole=max(wholes) if wholes else None,
+        on_allocator=any(h.on_allocator for h in rest),
+        status=status,
+    )
+    return (*shown, summed)
+
+
 def host_lines(
     hosts: tuple[HostMemoryRow, ...],
     width: int,
     style: Callable[[str], Style],
     status: Callable[[Text, RankStatus], None],
+    room: int,
 ) -> Text:
-    """``gpu-a 8 ranks ✗ OOM ███▒░ 1.21G…1.96G/80.0G`` per host (narrow: ``gpu-a ×8 ✗ OOM ██░ ≤1.96G``).
+    """``gpu-a 8 ranks ✗ OOM ███▒░ 1.21G…1.96G/80.0G`` per host (narrow: ``gpu-a ×8 ✗ OOM ██░ ≤1.96G``),
+    in ``room`` lines (``fitted``).
 
     ``style``: the widget's component styles; ``status``: how the widget words a status after a label.
     """
+    hosts = fitted(hosts, room)
     wide = width >= 44
     label_style, muted = style("rank-memory--label"), style("rank-memory--muted")
     used_style, held_style, free_style = (
@@ -86,7 +113,12 @@ def host_lines(
         label = Text(h.host, label_style)
         n = len(h.ranks)
         label.append(f" {n} rank{'s' if n != 1 else ''}" if wide else f" ×{n}", muted)
-        status(label, h.status)
+        if wide:
+            status(label, h.status)
+        elif h.status.ended:  # narrow: the mark, and OOM by name
+            word = " OOM" if h.status.state == "out of memory" else ""
+            finished = h.status.state == "finished"
+            label.append(f" {h.status.mark}{word}", muted if finished else style("rank-memory--oom"))
         labels.append(label)
     label_width = max(label.cell_len for label in labels)
     top = max(h.high for h in hosts) or 1

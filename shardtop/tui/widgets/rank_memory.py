@@ -2,7 +2,9 @@
 
 A run over several hosts is drawn host by host: a line naming the host above
 its ranks, or, past ``HOST_LINES_FROM`` ranks, one line per host summing its
-ranks up (lowest…highest allocation, the worst status), so 512 ranks take 64 lines.
+ranks up (lowest…highest allocation, the worst status), so 512 ranks take 64
+lines; when those do not fit, the worst hosts come first and the last line sums
+up the rest (``host_memory.host_lines``).
 """
 
 from __future__ import annotations
@@ -10,14 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rich.text import Text
+from textual.geometry import Size
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from shardtop.events import GpuMemory
 from shardtop.run_model import RankStatus, RunModel
 from shardtop.run_state import RankState
 from shardtop.tui.format import bar, fraction, short_bytes, sparkline, split_bar
 from shardtop.tui.host_groups import by_host, rank_spans
+from shardtop.tui.repaint import PaintsChanges
 from shardtop.tui.widgets.host_memory import HOST_LINES_FROM, host_lines, host_memory_rows
 
 
@@ -122,8 +125,12 @@ def memory_layout(width: int, ranks: int) -> str:
     return "tall" if ranks <= 2 else "two-line" if ranks <= 4 else "one-line"
 
 
-class RankMemory(Widget):
-    """Per-rank memory bars; one line per rank when narrow, three when wide."""
+class RankMemory(PaintsChanges):
+    """Per-rank memory bars; one line per rank when narrow, three when wide.
+
+    New figures repaint only the cells that changed (``PaintsChanges``): with
+    hundreds of ranks, most of the panel stays as it is from one second to the next.
+    """
 
     COMPONENT_CLASSES = {
         "rank-memory--label",
@@ -140,11 +147,10 @@ class RankMemory(Widget):
         text-wrap: nowrap;
         text-overflow: ellipsis;
         height: auto;
-        overflow-y: auto;
     }
     """
 
-    rows: reactive[tuple[RankMemoryRow, ...]] = reactive(())
+    rows: reactive[tuple[RankMemoryRow, ...]] = reactive((), repaint=False)
     """One entry per rank, from the latest run snapshot."""
 
     def __init__(self, id: str | None = None, classes: str | None = None) -> None:
@@ -160,18 +166,28 @@ class RankMemory(Widget):
         reshaped, self._shape = shape != self._shape, shape
         self.rows = rows
         if reshaped:
-            hosts = len({r.host for r in rows})
-            per_host = hosts > 1 and len(rows) >= HOST_LINES_FROM
+            per_host = self._per_host()
             self.border_title = f"Memory per host ({len(rows)} ranks)" if per_host else "Memory per rank"
             self.refresh(layout=True)
+        else:
+            self.repaint_changes()
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
         self._drawn = None
 
-    def render(self) -> Text:
-        """The bars, drawn once per new rows and width (a relayout asks for them twice: to measure, to paint)."""
-        key = (self.rows, self.size.width)
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        """One line per host when summing up (the lines that do not fit are summed up in the last one)."""
+        if self._per_host():
+            return len({r.host for r in self.rows})
+        return super().get_content_height(container, viewport, width)
+
+    def _per_host(self) -> bool:
+        return len(self.rows) >= HOST_LINES_FROM and len({r.host for r in self.rows}) > 1
+
+    def draw(self) -> Text:
+        """The bars, drawn once per new rows and size (a relayout asks for them twice: to measure, to paint)."""
+        key = (self.rows, self.size.width, self.size.height)
         if self._drawn is None or self._drawn[0] != key:
             self._drawn = (key, self._draw())
         return self._drawn[1]
@@ -182,7 +198,9 @@ class RankMemory(Widget):
         width = self.size.width or 40
         groups = by_host(self.rows, lambda r: r.host)
         if len(groups) > 1 and len(self.rows) >= HOST_LINES_FROM:
-            return host_lines(host_memory_rows(self.rows), width, self.get_component_rich_style, self._status)
+            hosts = host_memory_rows(self.rows)
+            room = self.size.height or len(hosts)
+            return host_lines(hosts, width, self.get_component_rich_style, self._status, room)
         headings = len(groups) if len(groups) > 1 else 0
         layout = memory_layout(width, len(self.rows) + headings)
         out = Text(no_wrap=True, overflow="ellipsis")
