@@ -9,7 +9,7 @@ from shardtop.run_model import RankStatus, worst_status
 from shardtop.tui.host_groups import by_host, hosts_caption, rank_columns, rank_spans
 from shardtop.tui.watch.run_catalog import HostGpus
 from shardtop.tui.widgets.gpu_panel import panel_title
-from shardtop.tui.widgets.host_memory import host_memory_rows
+from shardtop.tui.widgets.host_memory import fitted, host_memory_rows
 from shardtop.tui.widgets.rank_memory import RankMemoryRow
 from shardtop.tui.widgets.remote_gpus import gpu_lines_fit, used_span, util_span
 from shardtop.tui.widgets.run_list import hosts_cell
@@ -99,3 +99,14 @@ def test_other_hosts_gpus_fit_a_line_each_or_one_per_host() -> None:
     assert used_span(node_b.gpus) == "61.2…78.0/141G" and util_span(node_b.gpus) == "util 90…99%"
     assert util_span((GpuMemory(index=0),)) == "", "no utilisation from NVML: nothing said"
 
+
+
+def test_hosts_that_do_not_fit_leave_the_worst_on_screen_and_sum_up_the_rest() -> None:
+    rows = tuple(_row(r, f"gpu-{r // 8:03d}", (10 + r % 8) * GIB) for r in range(64 * 8))
+    rows = tuple(_row(r.rank, r.host, 79 * GIB, "out of memory") if r.rank == 500 else r for r in rows)
+    hosts = fitted(host_memory_rows(rows), room=8)
+    assert [h.host for h in hosts] == ["gpu-062", *(f"gpu-{h:03d}" for h in range(6)), "+57 hosts"]
+    assert hosts[0].status.state == "out of memory", "rank 500's host first: a failing host is never hidden"
+    rest = hosts[-1]
+    assert len(rest.ranks) == 57 * 8 and (rest.low, rest.high, rest.status.state) == (10 * GIB, 17 * GIB, "running")
+    assert fitted(hosts[:3], room=8) == hosts[:3], "what fits is shown as it comes (in name order)"
