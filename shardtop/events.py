@@ -553,24 +553,49 @@ class EventReader:
 
     events_dir: Path
     skipped: dict[str, int] = field(default_factory=lambda: {"bad": 0, "unknown": 0, "newer": 0, "torn": 0})
-    _tails: dict[Path, _Tail] = field(default_factory=dict)
+    _tails: dict[str, _Tail] = field(default_factory=dict)
+    _listed: tuple[list[str], list[str]] = field(default_factory=lambda: ([], []))
 
     def files(self) -> list[Path]:
-        if not self.events_dir.is_dir():
+        return [Path(p) for p in self._paths()]
+
+    @property
+    def file_count(self) -> int:
+        """Event files seen at the last read."""
+        return len(self._listed[1])
+
+    def _paths(self) -> list[str]:
+        """The event files in name order, as strings: a follower lists 512 of them several times a second."""
+        try:
+            names = os.listdir(self.events_dir)
+        except OSError:
             return []
-        return sorted(self.events_dir.glob(f"{EVENT_FILE_PREFIX}*{EVENT_FILE_SUFFIX}"))
+        if names != self._listed[0]:
+            directory = os.fspath(self.events_dir)
+            paths = sorted(
+                os.path.join(directory, n)
+                for n in names
+                if n.startswith(EVENT_FILE_PREFIX) and n.endswith(EVENT_FILE_SUFFIX)
+            )
+            self._listed = (names, paths)
+        return self._listed[1]
 
     def read_new(self) -> list[AnyEvent]:
-        """Every event appended since the last call, file by file."""
+        """Every event appended since the last call, file by file.
+
+        Each file is opened anew every time: on shared storage (NFS) opening is
+        what fetches what other hosts appended (close-to-open consistency); a
+        file kept open, or a size from ``stat``, can lag by seconds.
+        """
         events: list[AnyEvent] = []
-        for path in self.files():
+        for path in self._paths():
             events.extend(self._read_file(path))
         return events
 
-    def _read_file(self, path: Path) -> Iterator[AnyEvent]:
+    def _read_file(self, path: str) -> Iterator[AnyEvent]:
         tail = self._tails.setdefault(path, _Tail())
         try:
-            with open(path, "rb") as f:
+            with open(path, "rb", buffering=0) as f:
                 size = os.fstat(f.fileno()).st_size
                 if size < tail.offset:  # a writer cut a torn line off: read again from that line's start
                     tail.offset = min(size, tail.offset - len(tail.pending))

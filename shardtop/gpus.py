@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from shardtop.cluster import host_name
 from shardtop.events import GpuMemory
 
 
@@ -185,6 +186,11 @@ class HostProbe:
         self._me = user or getpass.getuser()
         self._procs: dict[int, Any] = {}
         psutil.cpu_percent(None)
+
+    @property
+    def name(self) -> str:
+        """This machine's host name, as its ranks write it on their events."""
+        return host_name()
 
     def host(self) -> HostSample:
         p = self._psutil

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -106,13 +107,20 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 def read_members(run_path: Path) -> list[Member]:
     """Every supervisor and self-registered rank of the run, with its heartbeat."""
-    members = [_member(path, "supervisor") for path in sorted((run_path / SUPERVISORS_DIR).glob("*.json"))]
+    return list(iter_members(run_path))
+
+
+def iter_members(run_path: Path) -> Iterator[Member]:
+    """``read_members`` one record at a time: "is one still there?" stops at the first (64 hosts, 64 records)."""
+    for path in sorted((run_path / SUPERVISORS_DIR).glob("*.json")):
+        supervisor = _member(path, "supervisor")
+        if supervisor is not None:
+            yield supervisor
     for path in sorted(run_path.glob(RANK_RECORD_GLOB)):
         rank = _member(path, "rank")
         if rank is not None:
             events = _mtime(run_path / "events" / f"rank-{rank.rank}.jsonl")
-            members.append(replace(rank, heartbeat=events or rank.heartbeat))
-    return [m for m in members if m is not None]
+            yield replace(rank, heartbeat=events or rank.heartbeat)
 
 
 def _member(path: Path, kind: str) -> Member | None:

@@ -13,7 +13,7 @@ works a fact out again.  Pure Python: no torch, no textual, no I/O.
 from __future__ import annotations
 
 import signal as signals
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
@@ -23,13 +23,10 @@ from shardtop.events import Exit, Fault, Hello, Memory, Oom, Scalar, Shards, Tre
 from shardtop.oom_story import OomStory, user_type
 from shardtop.plan_check import PlanCheck, check_plan
 from shardtop.run_meta import RunMeta
-from shardtop.run_state import TRAINING_PHASES, GpuSample, RankState, RunState
+from shardtop.run_state import STORED_NOWHERE, TRAINING_PHASES, GpuSample, RankState, RunState  # noqa: F401
 from shardtop.run_status import RankExit, RunStatus
 from shardtop.shard_model import subtree_sums
 from shardtop.tree_facts import Block, find_block
-
-STORED_NOWHERE = frozenset({"meta"})
-"""Devices that store nothing (deferred initialisation)."""
 
 PHASE_ORDER = {"forward": 0, "backward": 1, "optimizer": 2}
 
@@ -50,7 +47,7 @@ RANK_MARKS: Mapping[str, str] = MappingProxyType(
 """A symbol beside each rank status, so no view says it in colour alone."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RankStatus:
     """How one rank stands: from its own exit record, its OOM, and the run's liveness."""
 
@@ -68,6 +65,17 @@ class RankStatus:
     @property
     def ended(self) -> bool:
         return self.state not in ("starting", "running")
+
+
+SEVERITY: tuple[RankState_, ...] = (
+    "finished", "running", "starting", "interrupted", "lost", "killed", "failed", "out of memory"
+)
+"""Rank states from the best to the worst: a group of ranks (a host's) is told by its worst."""
+
+
+def worst_status(statuses: Iterable[RankStatus]) -> RankStatus | None:
+    """The worst of ``statuses`` (the first of equals); None for none."""
+    return max(statuses, key=lambda s: SEVERITY.index(s.state), default=None)
 
 
 def _signal_name(number: int) -> str:
@@ -132,7 +140,7 @@ def _first_line(text: str | None) -> str:
     return line if len(line) <= DETAIL_CHARS else line[: DETAIL_CHARS - 1].rsplit(" ", 1)[0] + " …"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RankFacts:
     """One rank: who it is, how it stands, and its holdings summed over the tree."""
 
@@ -187,20 +195,10 @@ class RankFacts:
         return max(values) if values else None
 
 
-def _sum(values: Sequence[int] | None) -> int | None:
-    return None if values is None else sum(values)
-
-
 def rank_facts(rs: RankState, run: RunStatus | None) -> RankFacts:
     latest = rs.shards
     engine_shards = latest if latest is not None and latest.stage != "setup" else None
-    held = engine_shards or rs.setup_shards
-    by_device: dict[str, int] = {}
-    if held is not None:
-        for b, d in zip(held.bytes, held.device):
-            if b and 0 <= d < len(held.devices) and held.devices[d] not in STORED_NOWHERE:
-                name = held.devices[d]
-                by_device[name] = by_device.get(name, 0) + b
+    held = rs.holdings if engine_shards is not None else rs.setup_holdings
     return RankFacts(
         rank=rs.rank,
         host=rs.host,
@@ -210,10 +208,10 @@ def rank_facts(rs: RankState, run: RunStatus | None) -> RankFacts:
         state=rs,
         shards=engine_shards,
         setup=rs.setup_shards,
-        param_bytes=sum(by_device.values()),
-        grad_bytes=_sum(held.grad_bytes) if held is not None else None,
-        optim_bytes=_sum(held.optim_bytes) if held is not None else None,
-        by_device=MappingProxyType(by_device),
+        param_bytes=held.param_bytes if held is not None else 0,
+        grad_bytes=held.grad_bytes if held is not None else None,
+        optim_bytes=held.optim_bytes if held is not None else None,
+        by_device=held.by_device if held is not None else MappingProxyType({}),
     )
 
 

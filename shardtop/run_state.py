@@ -7,14 +7,22 @@ not apply: a tree whose parents point outside it or after the row, or shards
 whose arrays disagree in length, are counted as ``inconsistent`` and left out,
 so one bad event never breaks a view (the read model, ``run_model.py``,
 answers the questions the views ask).
+
+A run of 512 ranks appends some 2 000 events a second, so the fold does per
+event only what that event changes, in place (``_RankFold``); ``snapshot()``
+freezes the ranks that changed since the last one.  A tree that every rank
+sends alike is checked once, and what a shards snapshot holds per device is
+summed once, when it arrives (``Holdings``).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from shardtop.event_checks import fits, same_tree, shards_problem, tree_problem
 from shardtop.events import (
     AnyEvent,
     Exit,
@@ -43,8 +51,39 @@ PHASE_SAMPLES_KEPT = 12
 GPU_SAMPLES_KEPT = 12
 """NVML samples taken during training kept per host."""
 
+STORED_NOWHERE = frozenset({"meta"})
+"""Devices that store nothing (deferred initialisation)."""
+
 
 @dataclass(frozen=True)
+class Holdings:
+    """What one shards snapshot says its rank stores: parameter bytes per device, gradients, optimizer state."""
+
+    by_device: Mapping[str, int]
+    """Stored parameter bytes per device (meta excluded)."""
+    grad_bytes: int | None
+    optim_bytes: int | None
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(self.by_device.values())
+
+
+def holdings_of(shards: Shards) -> Holdings:
+    """Summed over the tree once per snapshot: views ask every refresh, for every rank."""
+    by_device: dict[str, int] = {}
+    for b, d in zip(shards.bytes, shards.device):
+        if b and 0 <= d < len(shards.devices) and shards.devices[d] not in STORED_NOWHERE:
+            name = shards.devices[d]
+            by_device[name] = by_device.get(name, 0) + b
+    return Holdings(
+        by_device=MappingProxyType(by_device),
+        grad_bytes=None if shards.grad_bytes is None else sum(shards.grad_bytes),
+        optim_bytes=None if shards.optim_bytes is None else sum(shards.optim_bytes),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class PhaseSample:
     """A rank's latest memory sample taken in one step and phase."""
 
@@ -53,7 +92,7 @@ class PhaseSample:
     memory: Memory
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GpuSample:
     """One NVML reading of a host's GPUs, with when and in which phase the sampling rank took it."""
 
@@ -64,7 +103,7 @@ class GpuSample:
     gpus: tuple[GpuMemory, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RankState:
     """What one rank has said so far."""
 
@@ -84,8 +123,12 @@ class RankState:
     """The latest sample of each recent (step, phase) in a training phase, oldest first."""
     shards: Shards | None = None
     """The latest shards for the current tree."""
+    holdings: Holdings | None = None
+    """What ``shards`` hold, summed."""
     setup_shards: Shards | None = None
     """How the rank held the model before the engine wrapped it (stage ``setup``)."""
+    setup_holdings: Holdings | None = None
+    """What ``setup_shards`` hold, summed."""
     oom: Oom | None = None
     exit: Exit | None = None
     faults: tuple[Fault, ...] = ()
@@ -138,49 +181,75 @@ class RunState:
         return [self.ranks[r] for r in sorted(self.ranks)]
 
 
-def tree_problem(tree: Tree) -> str:
-    """Why a tree cannot be drawn (columns of different lengths, parents outside it), or ``""``."""
-    n = len(tree.names)
-    if n == 0:
-        return "it has no rows"
-    if any(len(col) != n for col in (tree.parents, tree.types, tree.params, tree.bytes)):
-        return "its columns differ in length"
-    if tree.parents[0] != -1:
-        return "its first row is not the root"
-    if any(not 0 <= p < row for row, p in enumerate(tree.parents) if row):
-        return "a parent row points outside the tree or after its child"
-    if any(not 0 <= t < len(tree.type_names) for t in tree.types):
-        return "a type index points outside type_names"
-    if any(v < 0 for v in tree.params) or any(v < 0 for v in tree.bytes):
-        return "a size is negative"
-    return ""
-
-
-def shards_problem(shards: Shards) -> str:
-    """Why a rank's shards cannot be read (arrays of different lengths, indexes out of range), or ``""``."""
-    n = len(shards.bytes)
-    columns = [shards.device, shards.state, shards.unit]
-    columns += [c for c in (shards.grad_bytes, shards.optim_bytes) if c is not None]
-    if any(len(col) != n for col in columns):
-        return "its arrays differ in length"
-    if any(not -1 <= d < len(shards.devices) for d in shards.device):
-        return "a device index is out of range"
-    if any(not -1 <= s < len(shards.states) for s in shards.state):
-        return "a state index is out of range"
-    if any(not -1 <= u < len(shards.units) for u in shards.unit):
-        return "a unit index is out of range"
-    if any(not 0 <= u.module < n for u in shards.units):
-        return "a unit is rooted outside the tree"
-    return ""
-
-
-def _fits(shards: Shards, tree: Tree | None) -> bool:
-    """Shards of the tree in hand must have one entry per row; shards of another tree wait for theirs."""
-    return tree is None or shards.tree_id != tree.tree_id or len(shards.bytes) == len(tree.names)
-
-
 def _peak_of(m: Memory) -> int:
-    return max(v for v in (m.peak, m.allocated, 0) if v is not None)
+    peak, allocated = m.peak or 0, m.allocated or 0
+    return peak if peak > allocated else allocated
+
+
+@dataclass(slots=True)
+class _RankFold:
+    """One rank while events are applied: changed in place, frozen into a ``RankState`` by ``freeze()``.
+
+    An event changes a field or two here instead of copying the rank's state,
+    so following 512 ranks allocates next to nothing per event.
+    """
+
+    rank: int
+    host: str = ""
+    hello: Hello | None = None
+    phase: str = ""
+    step: int = 0
+    last_step: Step | None = None
+    memory: Memory | None = None
+    peak_memory: Memory | None = None
+    history: deque[int] = field(default_factory=lambda: deque(maxlen=MEMORY_HISTORY))
+    peak_host_rss: int = 0
+    samples: list[PhaseSample] = field(default_factory=list)
+    """The latest sample of each recent training step and phase, oldest first."""
+    shards: Shards | None = None
+    holdings: Holdings | None = None
+    setup_shards: Shards | None = None
+    setup_holdings: Holdings | None = None
+    oom: Oom | None = None
+    exit: Exit | None = None
+    faults: tuple[Fault, ...] = ()
+    frozen: RankState | None = None
+    """The rank as the last snapshot showed it; None once an event changed it."""
+
+    def freeze(self) -> RankState:
+        if self.frozen is None:
+            self.frozen = RankState(
+                rank=self.rank,
+                host=self.host,
+                hello=self.hello,
+                phase=self.phase,
+                step=self.step,
+                last_step=self.last_step,
+                memory=self.memory,
+                peak_memory=self.peak_memory,
+                allocated_history=tuple(self.history),
+                peak_host_rss=self.peak_host_rss,
+                phase_samples=tuple(self.samples),
+                shards=self.shards,
+                holdings=self.holdings,
+                setup_shards=self.setup_shards,
+                setup_holdings=self.setup_holdings,
+                oom=self.oom,
+                exit=self.exit,
+                faults=self.faults,
+            )
+        return self.frozen
+
+    def sample(self, m: Memory) -> None:
+        """Keep ``m`` as the latest sample of the current training step and phase."""
+        samples, step, phase = self.samples, self.step, self.phase
+        latest = PhaseSample(step, phase, m)
+        if samples and samples[-1].step == step and samples[-1].phase == phase:
+            samples[-1] = latest  # the usual case: another sample of the same step and phase
+            return
+        samples[:] = [p for p in samples if p.step != step or p.phase != phase]
+        samples.append(latest)
+        del samples[:-PHASE_SAMPLES_KEPT]
 
 
 class RunStateBuilder:
@@ -188,9 +257,14 @@ class RunStateBuilder:
 
     def __init__(self) -> None:
         self._state = RunState()
-        self._ranks: dict[int, RankState] = {}
+        self._ranks: dict[int, _RankFold] = {}
         self._gpus: dict[str, tuple[GpuMemory, ...]] = {}
         self._gpu_samples: dict[str, tuple[GpuSample, ...]] = {}
+        self._events = 0
+        self.structure = 0
+        """Counts what a view must show at once: a rank seen first, its hello, a tree, shards, an OOM, an exit."""
+        self._first_t: float | None = None
+        self._last_t: float | None = None
         self._dirty = False
 
     def apply(self, events: Iterable[AnyEvent]) -> None:
@@ -199,104 +273,110 @@ class RunStateBuilder:
 
     def note_skipped(self, skipped: Mapping[str, int]) -> None:
         """The reader's skip counts so far (``EventReader.skipped``)."""
-        if dict(skipped) != dict(self._state.skipped_by):
-            self._state = replace(self._state, skipped_by=MappingProxyType({k: v for k, v in skipped.items() if v}))
+        counted = {k: v for k, v in skipped.items() if v}
+        if counted != self._state.skipped_by:  # a new state only when a count moved: views compare states
+            self._state = replace(self._state, skipped_by=MappingProxyType(counted))
 
     def snapshot(self) -> RunState:
         if self._dirty:
             self._state = replace(
                 self._state,
-                ranks=MappingProxyType(dict(self._ranks)),
+                events=self._events,
+                first_t=self._first_t,
+                last_t=self._last_t,
+                ranks=MappingProxyType({rank: r.freeze() for rank, r in self._ranks.items()}),
                 gpus=MappingProxyType(dict(self._gpus)),
                 gpu_samples=MappingProxyType(dict(self._gpu_samples)),
             )
             self._dirty = False
         return self._state
 
-    def _rank(self, event: AnyEvent) -> RankState:
-        return self._ranks.get(event.rank) or RankState(rank=event.rank, host=event.host)
+    def _rank(self, event: AnyEvent) -> _RankFold:
+        r = self._ranks.get(event.rank)
+        if r is None:
+            self.structure += 1
+            r = self._ranks[event.rank] = _RankFold(rank=event.rank, host=event.host)
+        r.frozen = None
+        return r
 
     def _reject(self) -> None:
         self._state = replace(self._state, inconsistent=self._state.inconsistent + 1)
 
     def _apply_one(self, event: AnyEvent) -> None:
-        s = self._state
-        self._state = replace(
-            s,
-            events=s.events + 1,
-            first_t=event.t if s.first_t is None else min(s.first_t, event.t),
-            last_t=event.t if s.last_t is None else max(s.last_t, event.t),
-        )
+        self._events += 1
+        t = event.t
+        if self._first_t is None or t < self._first_t:
+            self._first_t = t
+        if self._last_t is None or t > self._last_t:
+            self._last_t = t
+        self._dirty = True
         if isinstance(event, Tree):
             self._apply_tree(event)
             return
         if isinstance(event, Planned):
             self._state = replace(self._state, plan=event)
+            self.structure += 1
             return
-        if isinstance(event, Shards) and (shards_problem(event) or not _fits(event, self._state.tree)):
+        if not isinstance(event, (Memory, Phase, Step)):
+            self.structure += 1
+        if isinstance(event, Shards) and (shards_problem(event) or not fits(event, self._state.tree)):
             self._reject()
             return
-        rs = self._rank(event)
-        if isinstance(event, Hello):
-            rs = replace(rs, hello=event, host=event.host)
+        r = self._rank(event)
+        if isinstance(event, Memory):
+            self._apply_memory(r, event)
+        elif isinstance(event, Phase):
+            r.phase, r.step = event.phase, max(r.step, event.step)
+        elif isinstance(event, Step):
+            r.last_step, r.step = event, max(r.step, event.step)
+        elif isinstance(event, Hello):
+            r.hello, r.host = event, event.host
         elif isinstance(event, Shards):
             tree = self._state.tree
+            held = holdings_of(event)
             if event.stage == "setup":
-                rs = replace(rs, setup_shards=event)
+                r.setup_shards, r.setup_holdings = event, held
             if tree is None or event.tree_id == tree.tree_id:
-                rs = replace(rs, shards=event)
-        elif isinstance(event, Memory):
-            rs = self._apply_memory(rs, event)
-        elif isinstance(event, Phase):
-            rs = replace(rs, phase=event.phase, step=max(rs.step, event.step))
-        elif isinstance(event, Step):
-            rs = replace(rs, last_step=event, step=max(rs.step, event.step))
+                r.shards, r.holdings = event, held
         elif isinstance(event, Oom):
-            if rs.oom is None:  # a rank runs out once; a second record (a retry) keeps the first
-                rs = replace(rs, oom=event, phase=event.phase)
+            if r.oom is None:  # a rank runs out once; a second record (a retry) keeps the first
+                r.oom, r.phase = event, event.phase
             if event.gpus is not None:
                 self._gpus[event.host] = tuple(event.gpus)
         elif isinstance(event, Exit):
-            rs = replace(rs, exit=event)
+            r.exit = event
         elif isinstance(event, Fault):
-            rs = replace(rs, faults=rs.faults + (event,))
-        self._ranks[event.rank] = rs
-        self._dirty = True
+            r.faults = (*r.faults, event)
 
     def _apply_tree(self, tree: Tree) -> None:
+        current = self._state.tree
+        if current is not None and same_tree(tree, current):
+            return  # another rank's copy of the tree in hand: checked and applied already
         if tree_problem(tree):
             self._reject()
             return
-        if self._state.tree is None or tree.tree_id >= self._state.tree.tree_id:
+        self.structure += 1
+        if current is None or tree.tree_id >= current.tree_id:
             self._state = replace(self._state, tree=tree, paths=tuple(tree_paths(tree.names, tree.parents)))
-            for rank, rs in self._ranks.items():
-                if rs.shards is not None and (rs.shards.tree_id != tree.tree_id or not _fits(rs.shards, tree)):
-                    self._ranks[rank] = replace(rs, shards=None)
-        self._dirty = True
+            for r in self._ranks.values():
+                if r.shards is not None and (r.shards.tree_id != tree.tree_id or not fits(r.shards, tree)):
+                    r.shards, r.holdings, r.frozen = None, None, None
 
-    def _apply_memory(self, rs: RankState, m: Memory) -> RankState:
-        history = (rs.allocated_history + (m.allocated or m.host_rss,))[-MEMORY_HISTORY:]
-        peak = rs.peak_memory
-        if peak is None or _peak_of(m) >= _peak_of(peak):
-            peak = m
-        samples = rs.phase_samples
-        if rs.phase in TRAINING_PHASES and rs.exit is None and rs.oom is None:
-            kept = tuple(p for p in samples if (p.step, p.phase) != (rs.step, rs.phase))
-            samples = (kept + (PhaseSample(rs.step, rs.phase, m),))[-PHASE_SAMPLES_KEPT:]
+    def _apply_memory(self, r: _RankFold, m: Memory) -> None:
+        r.history.append(m.allocated or m.host_rss)
+        if r.peak_memory is None or _peak_of(m) >= _peak_of(r.peak_memory):
+            r.peak_memory = m
+        training = r.phase in TRAINING_PHASES
+        if training and r.exit is None and r.oom is None:
+            r.sample(m)
         if m.gpus is not None:
             gpus = tuple(m.gpus)
             self._gpus[m.host] = gpus
-            if rs.phase in TRAINING_PHASES:
-                sample = GpuSample(m.t, m.rank, rs.step, rs.phase, gpus)
+            if training:
+                sample = GpuSample(m.t, m.rank, r.step, r.phase, gpus)
                 self._gpu_samples[m.host] = (self._gpu_samples.get(m.host, ()) + (sample,))[-GPU_SAMPLES_KEPT:]
-        return replace(
-            rs,
-            memory=m,
-            peak_memory=peak,
-            allocated_history=history,
-            peak_host_rss=max(rs.peak_host_rss, m.host_rss),
-            phase_samples=samples,
-        )
+        r.peak_host_rss = max(r.peak_host_rss, m.host_rss)
+        r.memory = m
 
 
 def fold(events: Iterable[AnyEvent], skipped: Mapping[str, int] | None = None) -> RunState:

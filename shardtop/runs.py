@@ -30,7 +30,7 @@ from typing import Any
 
 from shardtop.cluster import SlurmIds, host_name
 from shardtop.json_files import write_json_atomic, write_json_once
-from shardtop.run_members import Member, read_members, supervised_end
+from shardtop.run_members import Member, iter_members, read_members, supervised_end
 from shardtop.run_status import (
     INTERRUPTING_SIGNALS,
     ExitStatus,
@@ -273,9 +273,10 @@ class RunDirectory:
         On this host: same pid *and* start time.  On another host (a run on shared
         storage): its files changed within the last minute.
         """
-        if any(is_running(pid, started) for pid, started in self.processes()):
+        meta = self.read_meta()
+        if meta.get("host", host_name()) == host_name() and any(is_running(p, t) for p, t in _run_processes(meta)):
             return True
-        return any(m.alive() for m in self.members() if not m.is_local)
+        return any(m.alive() for m in iter_members(self.path))  # stops at the first one alive
 
     def register_rank(self, rank: int) -> None:
         """A rank joins the run, making it first if ``$SHARDTOP_RUN_DIR`` named a new directory.

@@ -42,7 +42,7 @@ raise SystemExit(code)
 """
 
 
-def _unshare_refused() -> str | None:
+def unshare_refused() -> str | None:
     try:
         done = subprocess.run(["unshare", "--uts", "sh", "-c", "hostname shardtop-test && hostname"],
                               capture_output=True, text=True, timeout=30, check=False)
@@ -53,12 +53,15 @@ def _unshare_refused() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunDirectory, list[str], list[int]]:
-    refused = _unshare_refused()
-    if refused:
-        pytest.skip(refused)
-    shared = tmp_path_factory.mktemp("shared-fs") / "job"
+def run_two_hosts(
+    shared: Path, *script_args: str, os_exit: bool = True, timeout: float = 240
+) -> tuple[list[str], list[int]]:
+    """``shardtop run --run-dir SHARED -- torchrun … fsdp2_train.py`` on each of ``HOSTS``: outputs and exit codes.
+
+    ``os_exit``: the ranks leave with ``os._exit`` (no gloo teardown abort, and no exit event either).
+
+    Also how ``tests/fixtures/runs/cpu-2hosts/`` was recorded (``tests/record_two_hosts.py``).
+    """
     port = free_port()
     procs = []
     for node_rank, host in enumerate(HOSTS):
@@ -67,7 +70,7 @@ def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunDirectory, l
             sys.executable, "-m", "shardtop", "run", "--headless", "--run-dir", str(shared), "--",
             "torchrun", "--nnodes", "2", "--node_rank", str(node_rank), "--nproc_per_node", "2",
             "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--local_addr", "127.0.0.1",
-            "--max_restarts", "0", str(SCRIPTS / "fsdp2_train.py"), "--os-exit",
+            "--max_restarts", "0", str(SCRIPTS / "fsdp2_train.py"), *(["--os-exit"] if os_exit else []), *script_args,
         ]
         env = user_env(**SLURM, SLURMD_NODENAME=host)
         procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -75,7 +78,7 @@ def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunDirectory, l
     outputs, codes = [], []
     try:
         for proc in procs:
-            out, _ = proc.communicate(timeout=240)
+            out, _ = proc.communicate(timeout=timeout)
             outputs.append(out)
             codes.append(proc.returncode)
     finally:
@@ -87,6 +90,16 @@ def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunDirectory, l
                     pass
         for proc in procs:
             proc.kill()
+    return outputs, codes
+
+
+@pytest.fixture(scope="module")
+def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunDirectory, list[str], list[int]]:
+    refused = unshare_refused()
+    if refused:
+        pytest.skip(refused)
+    shared = tmp_path_factory.mktemp("shared-fs") / "job"
+    outputs, codes = run_two_hosts(shared)
     return RunDirectory(shared), outputs, codes
 
 

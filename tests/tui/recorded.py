@@ -2,10 +2,12 @@
 
 Runs are the real recordings committed under ``tests/fixtures/runs/``:
 ``h200/`` (every preset on one NVIDIA H200, story 2 under a 15 GiB cap) and
-``cpu-6ranks/`` (story 2 on 6 gloo CPU processes), and under
+``cpu-6ranks/`` (story 2 on 6 gloo CPU processes), ``cpu-2hosts/`` (a user's
+own FSDP2 script on two hosts of two CPU ranks each), and under
 ``tests/tui/fixtures/runs/`` (``fsdp2-mlp`` on 2 CPU processes).  They are
-named here ``machine/preset``: ``h200/zero3-linear``, ``cpu-6ranks/zero3-linear``,
-``cpu/fsdp2-mlp``.
+named here ``machine/preset`` (or ``machine/program`` for a user's own job):
+``h200/zero3-linear``, ``cpu-6ranks/zero3-linear``, ``cpu/fsdp2-mlp``,
+``cpu-2hosts/fsdp2_train``.
 
 NVML's answers for the GPU panel are the samples the probe recorded inside those
 runs (the ``gpus`` of their Memory and Oom events).  The one thing made up is
@@ -17,6 +19,7 @@ are recorded as the host and the processes behind the GPU pids.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +27,9 @@ from pathlib import Path
 import msgspec
 
 from shardtop.events import GpuMemory, Memory, Oom, read_all
-from shardtop.gpus import GpuProcessInfo, GpuProcessUse, HostSample
+from shardtop.gpus import GpuProcessInfo, GpuProcessUse, GpuUnavailable, HostSample
+from shardtop.runs import process_start_time
+
 # built runs, importable from here for bench/, tests/test_report.py and tests/test_diagnose.py
 from tests.tui.built_runs import PIDS, T0, big_tree_run, fsdp2_cpu_run, zero3_oom_run  # noqa: F401
 
@@ -34,6 +39,7 @@ MACHINES = {
     "h200x2": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "h200x2",
     "cpu-6ranks": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-6ranks",
     "cpu": Path(__file__).resolve().parent / "fixtures" / "runs",
+    "cpu-2hosts": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-2hosts",
 }
 """Where each machine's recordings are."""
 STORY2_OOM = "h200/zero3-linear"
@@ -44,7 +50,8 @@ def recorded_run(name: str) -> Path:
     """The committed run directory of ``machine/preset`` (``h200/zero3-linear``)."""
     machine, _, preset = name.partition("/")
     for meta in sorted(MACHINES[machine].glob("*/run.json")):
-        if json.loads(meta.read_text()).get("preset") == preset:
+        recorded = json.loads(meta.read_text())
+        if preset in (recorded.get("preset"), recorded.get("config", {}).get("program")):
             return meta.parent
     raise LookupError(f"no recorded {preset} run under {MACHINES[machine]}")
 
@@ -60,6 +67,16 @@ def copy_runs(dest: Path, *names: str) -> dict[str, Path]:
             shutil.copytree(source, target)
         out[name] = target
     return out
+
+
+def live_copy(dest: Path, name: str) -> Path:
+    """A copy of a recording made live again: no exit record, the calling process as the run's own."""
+    run = copy_runs(dest, name)[name]
+    (run / "exit.json").unlink(missing_ok=True)
+    meta = json.loads((run / "run.json").read_text())
+    meta.update(pid=os.getpid(), pid_started=process_start_time(os.getpid()))
+    (run / "run.json").write_text(json.dumps(meta))
+    return run
 
 
 ALL_RUNS = (
@@ -87,6 +104,10 @@ def nvml_samples(name: str = STORY2_OOM) -> list[list[GpuMemory]]:
     return [list(e.gpus) for e in events if isinstance(e, Memory | Oom) and e.gpus]
 
 
+RECORDED_HOST_NAME = "vm"
+"""The host name on the recorded runs' events (the H200 machine and the CPU machine alike)."""
+
+
 class RecordedGpus:
     """NVML's answers, recorded: ``sample()`` replays them, then repeats the last."""
 
@@ -107,11 +128,17 @@ def recorded_h200(ramp: bool = False) -> RecordedGpus:
 
 
 class RecordedHost:
-    """psutil's answers, recorded: the host and the processes behind the GPU pids."""
+    """psutil's answers, recorded: the host and the processes behind the GPU pids.
 
-    def __init__(self, host: HostSample, processes: dict[int, GpuProcessInfo] | None = None) -> None:
+    ``name``: the machine's host name; the recordings' ranks wrote ``vm``.
+    """
+
+    def __init__(
+        self, host: HostSample, processes: dict[int, GpuProcessInfo] | None = None, name: str = RECORDED_HOST_NAME
+    ) -> None:
         self._host = host
         self._processes = processes or {}
+        self.name = name
 
     def host(self) -> HostSample:
         return self._host
@@ -123,6 +150,16 @@ class RecordedHost:
             out.append(self._processes.get(pid, GpuProcessInfo(pid, gpus, None, "not-visible")))
         return out
 
+
+class NoDriver:
+    """NVML's answer on a machine without the NVIDIA driver, recorded."""
+
+    def sample(self) -> list[GpuMemory]:
+        raise GpuUnavailable("no NVIDIA driver: NVML Shared Library Not Found")
+
+
+LOGIN_NODE = HostSample(cpu_percent=3.0, cores=8, memory_used=6 * GIB, memory_total=31 * GIB)
+"""A login node: no GPU, 8 cores (its host name is given as ``login-1``)."""
 
 H200_HOST = HostSample(cpu_percent=4.0, cores=16, memory_used=21 * GIB, memory_total=126 * GIB)
 """The H200 machine the fixtures were recorded on (16 cores, 126 GiB), during story 2's set-up."""

@@ -110,11 +110,13 @@ def test_catalog_names_the_rank_behind_a_pid(tmp_path: Path) -> None:
         tmp_path, "zero3-linear", {"pid": os.getpid(), "pid_started": process_start_time(os.getpid())}
     )
     append(live.path, 1, Hello(pid=4242, world_size=2, rank=1, host="gpu-box", t=time.time()))
-    catalog = RunCatalog(tmp_path)
+    append(live.path, 0, Hello(pid=4243, world_size=2, rank=0, host="gpu-box-2", t=time.time()))
+    catalog = RunCatalog(tmp_path, here="gpu-box")
     snap = catalog.poll()
     assert snap is not None
     assert [r.live for r in snap.rows] == [True, False]
     assert snap.owners[4242].run_id == live.id and snap.owners[4242].rank == 1
+    assert 4243 not in snap.owners, "pid 4243 is on another host: a process here with that pid is someone else"
     assert catalog.poll() is None, "nothing changed"
     assert {p.name for p in snap.presets} >= {"fsdp2-mlp"}
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from shardtop.gpus import GpuUnavailable, HostSample
+from shardtop.gpus import HostSample
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.home import HomeScreen
 from shardtop.tui.widgets.run_header import RunHeader
@@ -28,10 +28,13 @@ from tests.tui.recorded import (
     ALL_RUNS,
     EIGHT_GPU_HOST,
     H200_HOST,
+    LOGIN_NODE,
+    NoDriver,
     RecordedHost,
     copy_runs,
     eight_h200_processes,
     eight_h200s,
+    live_copy,
     recorded_h200,
 )
 
@@ -113,13 +116,6 @@ def test_home_with_eight_gpus(snap_compare: Any, every_run: Path, size: tuple[in
     assert snap_compare(app, terminal_size=size, run_before=home_ready())
 
 
-class NoDriver:
-    """NVML's answer on a machine without the NVIDIA driver, recorded."""
-
-    def sample(self) -> list[Any]:
-        raise GpuUnavailable("no NVIDIA driver: NVML Shared Library Not Found")
-
-
 @pytest.mark.parametrize("size", SIZES)
 def test_home_without_a_driver(snap_compare: Any, every_run: Path, size: tuple[int, int]) -> None:
     host = RecordedHost(HostSample(cpu_percent=3.0, cores=8, memory_used=6 * 2**30, memory_total=31 * 2**30))
@@ -131,6 +127,31 @@ def test_home_without_a_driver(snap_compare: Any, every_run: Path, size: tuple[i
         clock=frozen_clock,
     )
     assert snap_compare(laptop, terminal_size=size, run_before=home_ready())
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_home_on_a_login_node(snap_compare: Any, in_tmp: Path, size: tuple[int, int]) -> None:
+    """No GPU here: a live run's ranks report their host's two H200s, each labelled with that host (``vm``);
+    the recorded two-host job lists its 2 hosts."""
+    root = in_tmp / "runs"
+    copy_runs(root, "cpu-2hosts/fsdp2_train")
+    live_copy(root, "h200x2/zero3-linear-fixed")
+    login = ShardtopApp(
+        root,
+        refresh=HOUR,
+        gpu_source=NoDriver(),
+        host_probe=RecordedHost(LOGIN_NODE, name="login-1"),  # type: ignore[arg-type]
+        clock=frozen_clock,
+    )
+    assert snap_compare(login, terminal_size=size, run_before=home_ready())
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_run_view_of_two_hosts(snap_compare: Any, in_tmp: Path, size: tuple[int, int]) -> None:
+    """A real job on two hosts (two CPU ranks each): rank columns and memory bars host by host, hosts named."""
+    runs = copy_runs(in_tmp / "runs", "cpu-2hosts/fsdp2_train")
+    app = run_app(in_tmp / "runs", runs["cpu-2hosts/fsdp2_train"])
+    assert snap_compare(app, terminal_size=size, run_before=run_ready())
 
 
 @pytest.mark.parametrize("size", SIZES)

@@ -165,7 +165,7 @@ class HomeScreen(Screen[None]):
         """The presets at once (a few small files), the runs once the GPUs are on screen."""
         self.post_message(self.PresetsListed(tuple(list_presets())))
         self._gpus_shown.wait(GPUS_FIRST)
-        catalog = RunCatalog(self.runs_root)
+        catalog = RunCatalog(self.runs_root, here=self.host_probe.name if self.host_probe is not None else None)
 
         def poll() -> Message | None:
             snapshot = catalog.poll()
@@ -194,7 +194,7 @@ class HomeScreen(Screen[None]):
         owners = runs.owners if runs is not None else {}
         with self.app.batch_update():
             if gpus is not None:
-                self.query_one(GpuPanel).show(gpus, owners)
+                self.query_one(GpuPanel).show(gpus, owners, runs.host_gpus if runs is not None else ())
                 self.query_one(ProcessTable).show(gpus.processes, owners)
                 self.query_one(ProcessTable).display = bool(gpus.gpus)
             self.query_one(HostPanel).show(

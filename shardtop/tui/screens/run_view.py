@@ -40,8 +40,6 @@ from shardtop.tui.widgets.shard_tree import ShardTree
 
 NARROW_WIDTH = 120
 """Below this many columns the side panel goes under the tree."""
-EVENT_TICK = 0.25
-"""How often new events are looked for; what is urgent (an OOM) is shown at once."""
 STOP_GRACE = 10.0
 
 
@@ -155,14 +153,13 @@ class RunScreen(Screen[None]):
     def follow_run(self) -> None:
         worker = get_current_worker()
         feed = RunFeed(self.run_dir, refresh=self.refresh_s, findings=self.findings_of)
-        tick = min(self.refresh_s, EVENT_TICK)
         while not worker.is_cancelled and not self._feeds_done.is_set():
             forced = self._wake.is_set()
             self._wake.clear()
             snap = feed.poll(force=forced)
             if snap is not None:
                 self.post_message(self.Updated(snap))
-            self._wake.wait(tick)
+            self._wake.wait(feed.every)
 
     def on_run_screen_updated(self, message: Updated) -> None:
         snap = message.snapshot
@@ -177,6 +174,7 @@ class RunScreen(Screen[None]):
             # a run that ended before its model existed never gets a tree: give its space to the OOM
             self.set_class(snap.tree is None and not snap.live, "-treeless")
             tree.set_model(snap.tree, oom_path)
+            tree.show_hosts(snap.model.ranks_by_host)
             self.query_one(OomPanel).show(snap.model.ooms, snap.findings)
             self.query_one(FindingsList).show(snap.findings)
             self.query_one(LogPane).append(snap.new_log)
@@ -219,8 +217,7 @@ class RunScreen(Screen[None]):
     @on(Input.Changed, "#search")
     def _search_changed(self, event: Input.Changed) -> None:
         tree = self.query_one(ShardTree)
-        count = tree.search(event.value)
-        tree.border_subtitle = f"{count} match{'es' if count != 1 else ''}" if event.value else ""
+        tree.search(event.value)
 
     @on(SearchBar.Closed)
     def _search_closed(self) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
@@ -34,6 +34,14 @@ def _step(value: int | None, step: int = MEMORY_STEP) -> int | None:
     return None if value is None else int(round(value / step) * step)
 
 
+def gpus_as_shown(gpus: Iterable[GpuMemory]) -> tuple[GpuMemory, ...]:
+    """NVML samples at the precision the screen shows them (memory to 4 MiB, power to the watt)."""
+    return tuple(
+        msgspec.structs.replace(g, used=_step(g.used), power_w=None if g.power_w is None else float(round(g.power_w)))
+        for g in gpus
+    )
+
+
 def as_shown(
     gpus: list[GpuMemory], processes: list[GpuProcessInfo], host: HostSample
 ) -> tuple[tuple[GpuMemory, ...], tuple[GpuProcessInfo, ...], HostSample]:
@@ -42,10 +50,7 @@ def as_shown(
     At a 0.1 s refresh NVML's power and psutil's CPU figures move on every sample;
     comparing them unrounded would repaint the home view ten times a second for nothing.
     """
-    shown_gpus = tuple(
-        msgspec.structs.replace(g, used=_step(g.used), power_w=None if g.power_w is None else float(round(g.power_w)))
-        for g in gpus
-    )
+    shown_gpus = gpus_as_shown(gpus)
     shown_processes = tuple(
         replace(
             p,

@@ -2,8 +2,11 @@
 
 Finished runs are summarised once (until their files change); live runs are
 followed incrementally, so a long run's event files are not re-read every
-poll.  The pids the ranks announced in their hello events let the GPU panel
-say which run and rank a GPU process is.
+poll.  The pids the ranks on this machine announced in their hello events let
+the GPU panel say which run and rank a GPU process is (another host's pid
+numbers mean nothing here).  The GPUs of other hosts come from the live runs'
+events too: each host's local rank 0 samples its GPUs, so a machine without
+GPUs of its own (a login node) shows the GPUs of the runs it watches.
 """
 
 from __future__ import annotations
@@ -13,13 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
+from shardtop.cluster import host_name
 from shardtop.config import Preset, list_presets
-from shardtop.events import EventReader
+from shardtop.events import EventReader, GpuMemory
 from shardtop.run_meta import RunMeta
 from shardtop.run_model import RunModel
 from shardtop.run_state import RankState, RunStateBuilder
 from shardtop.run_summary import RunSummary, summarize
 from shardtop.runs import RunDirectory, list_runs
+from shardtop.tui.watch.gpu_feed import gpus_as_shown
+from shardtop.tui.watch.run_feed import read_into
 
 MAX_RUNS = 50
 """The newest runs shown on the home view."""
@@ -41,11 +47,25 @@ class RankOwner:
 
 
 @dataclass(frozen=True)
+class HostGpus:
+    """Another host's GPUs as a live run's ranks last reported them (NVML, sampled there by local rank 0)."""
+
+    host: str
+    run_id: str
+    gpus: tuple[GpuMemory, ...]
+    """At the precision shown (``gpus_as_shown``), so an unchanged sample is an equal snapshot."""
+    owners: Mapping[int, RankOwner]
+    """pid on that host -> the run's rank."""
+
+
+@dataclass(frozen=True)
 class RunsSnapshot:
     rows: tuple[RunRow, ...]
     """Newest first."""
     owners: Mapping[int, RankOwner]
-    """pid -> run and rank, for live runs."""
+    """pid -> run and rank, for the live runs' ranks on this machine."""
+    host_gpus: tuple[HostGpus, ...]
+    """The GPUs of other hosts that live runs report, one entry per host, hosts in name order."""
     live_ranks: tuple[tuple[str, RankState], ...]
     """(run id, rank) of live runs: their own memory samples, for machines without GPUs."""
     presets: tuple[Preset, ...]
@@ -59,8 +79,10 @@ class _Follow:
 
 
 class RunCatalog:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, here: str | None = None) -> None:
+        """``here``: this machine's host name (the one its ranks write on their events)."""
         self.root = root
+        self.here = here if here is not None else host_name()
         self._summaries: dict[str, tuple[tuple[object, ...], RunSummary]] = {}
         self._live: dict[str, _Follow] = {}
         self._presets: tuple[Preset, ...] | None = None
@@ -73,25 +95,31 @@ class RunCatalog:
         runs = list_runs(self.root)[-MAX_RUNS:][::-1]
         rows: list[RunRow] = []
         owners: dict[int, RankOwner] = {}
+        host_gpus: dict[str, HostGpus] = {}
         live_ranks: list[tuple[str, RankState]] = []
         for run in runs:
             status = run.status()
             live = status.state == "running"
             if live:
                 follow = self._live.setdefault(run.id, _Follow(EventReader(run.events_dir), RunStateBuilder()))
-                follow.builder.apply(follow.reader.read_new())
-                follow.builder.note_skipped(follow.reader.skipped)
+                read_into(follow.reader, follow.builder)
                 state = follow.builder.snapshot()
                 summary = summarize(run, RunModel.of(state, RunMeta.parse(run.read_meta()), status))
                 for rs in state.rank_list():
-                    if rs.pid is not None:
+                    if rs.pid is not None and rs.host in ("", self.here):
                         owners[rs.pid] = RankOwner(run.id, rs.rank)
                     live_ranks.append((run.id, rs))
+                for host, gpus in state.gpus.items():
+                    if gpus and host not in ("", self.here) and host not in host_gpus:  # the newest run's sample wins
+                        on_host = {rs.pid: RankOwner(run.id, rs.rank) for rs in state.rank_list()
+                                   if rs.host == host and rs.pid is not None}
+                        host_gpus[host] = HostGpus(host, run.id, gpus_as_shown(gpus), MappingProxyType(on_host))
             else:
                 self._live.pop(run.id, None)
                 summary = self._summary(run)
             rows.append(RunRow(summary, run.path, live))
-        key = (tuple(rows), tuple(owners.items()), tuple((i, id(r)) for i, r in live_ranks))
+        shown_gpus = tuple(host_gpus[host] for host in sorted(host_gpus))
+        key = (tuple(rows), tuple(owners.items()), shown_gpus, tuple((i, id(r)) for i, r in live_ranks))
         if key == self._last:
             return None
         self._last = key
@@ -99,6 +127,7 @@ class RunCatalog:
         return RunsSnapshot(
             rows=tuple(rows),
             owners=MappingProxyType(owners),
+            host_gpus=shown_gpus,
             live_ranks=tuple(live_ranks),
             presets=self._presets,
             serial=self._serial,

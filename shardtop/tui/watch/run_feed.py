@@ -10,6 +10,7 @@ when the tree, the shards or an OOM changed.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,11 +29,21 @@ Diagnosis = Callable[[RunModel], Sequence[Finding]]
 """``diagnose``, or a stand-in where a test needs the diagnosis to fail."""
 
 DIAGNOSE_EVERY = 5.0
-"""Seconds between diagnoses while only memory and steps change (structure changes diagnose at once)."""
+"""Seconds between diagnoses while only memory and steps change (structure changes diagnose at once) ..."""
+DIAGNOSE_RANKS = 128
+"""... for up to this many ranks; a diagnosis costs in proportion to the ranks, so a run of 512 is
+diagnosed every 20 s while only its memory moves (0.5 % of a core every 5 s, measured at 512 ranks)."""
 MAX_LOG_LINES = 1000
 """New log lines handed over per snapshot; more than this and the oldest are dropped."""
 STATUS_EVERY_ENDED = 5.0
 """Seconds between status reads of a run that has ended (it may be restarted, or its record completed)."""
+EVENT_TICK = 0.25
+"""How often new events are looked for; what is urgent (an OOM) is shown at once."""
+FILES_OPENED_PER_S = 512
+"""Event files opened per second at most.  Every poll opens every rank's file anew (on shared storage
+that is what shows other hosts' appends), so a run of 512 ranks is looked at once a second (at a 1 s
+refresh), one of 128 ranks or fewer every ``EVENT_TICK``: an OOM on a large run takes up to a second
+longer to show, and the file server is asked 512 opens a second rather than 2 048."""
 
 
 @dataclass(frozen=True)
@@ -66,15 +77,31 @@ class RunSnapshot:
         return self.status.state == "running"
 
 
+def read_into(reader: EventReader, builder: RunStateBuilder) -> int:
+    """Fold the events appended since the last call; how many there were.
+
+    The cyclic garbage collector is paused meanwhile: opening a run of 512 ranks
+    decodes tens of thousands of events, and the collections their allocations
+    trigger (each scanning everything alive, the whole app included) cost more
+    than the decoding.  Events hold no cycles; nothing waits for the collector.
+    """
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        events = reader.read_new()
+        count = len(events)
+        builder.apply(events)
+        del events  # gone before the collector runs again: it then scans only what the fold kept
+    finally:
+        if paused:
+            gc.enable()
+    builder.note_skipped(reader.skipped)
+    return count
+
+
 def model_key(state: RunState) -> tuple[Any, ...]:
     """Changes when the shard model must be rebuilt: a new tree or new shards."""
     return (id(state.tree), tuple((r.rank, id(r.shards)) for r in state.rank_list()))
-
-
-def structure_key(state: RunState) -> tuple[Any, ...]:
-    """Changes with what must be shown at once: ranks coming up, the tree, shards, an OOM, an exit."""
-    ranks = tuple((r.rank, id(r.hello), id(r.shards), id(r.setup_shards), id(r.oom), id(r.exit)) for r in state.rank_list())
-    return (id(state.tree), id(state.plan), ranks)
 
 
 class RunFeed:
@@ -99,7 +126,7 @@ class RunFeed:
         self._status_at = float("-inf")
         self._status: RunStatus | None = None
         self._meta = RunMeta()
-        self._structure: tuple[Any, ...] | None = None
+        self._structure: int | None = None
         self._model_key: tuple[Any, ...] | None = None
         self._diagnosed_at = float("-inf")
         self._tree: ShardModel | None = None
@@ -107,29 +134,33 @@ class RunFeed:
         self._posted: tuple[RunState, RunStatus | None] | None = None
         self._pending_log: list[str] = []
 
+    @property
+    def every(self) -> float:
+        """Seconds between polls: ``EVENT_TICK``, longer for a run of many ranks (each poll opens every file)."""
+        return min(self.refresh, max(EVENT_TICK, self.reader.file_count / FILES_OPENED_PER_S))
+
     def poll(self, force: bool = False) -> RunSnapshot | None:
         """A snapshot if something changed and it is time to show it; else None."""
         now = self.clock()
-        events = self.reader.read_new()
-        if events:
-            self.builder.apply(events)
-        self.builder.note_skipped(self.reader.skipped)
-        state = self.builder.snapshot()
-        structure = structure_key(state)
+        read_into(self.reader, self.builder)
+        structure = self.builder.structure  # ranks coming up, the tree, shards, an OOM, an exit: shown at once
         urgent = force or structure != self._structure or self._serial == 0
         due = now - self._last_post >= self.refresh
-        status_changed = False
-        if urgent or due:
-            status_changed = self._check_status(now)
-            self._pending_log.extend(self.logs.read_new())
+        if not (urgent or due):
+            return None
+        status_changed = self._check_status(now)
+        self._pending_log.extend(self.logs.read_new())
+        state = self.builder.snapshot()
         changed = self._posted != (state, self._status) or bool(self._pending_log)
-        if not changed or not (urgent or due or status_changed):
+        if not changed:
             return None
         model = RunModel.of(state, self._meta, self._status)
-        if model_key(state) != self._model_key:  # an OOM alone must not wait for a 100k-module rebuild
-            self._model_key = model_key(state)
+        held = model_key(state)
+        if held != self._model_key:  # an OOM alone must not wait for a 100k-module rebuild
+            self._model_key = held
             self._tree = ShardModel.of(state)
-        if structure != self._structure or status_changed or now - self._diagnosed_at >= DIAGNOSE_EVERY:
+        every = DIAGNOSE_EVERY * max(1.0, len(state.ranks) / DIAGNOSE_RANKS)
+        if structure != self._structure or status_changed or now - self._diagnosed_at >= every:
             self._structure = structure
             self._diagnosed_at = now
             findings = self._diagnose(model)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rich.text import Text
 from textual.reactive import reactive
 
 from shardtop.events import GpuMemory
-from shardtop.tui.format import bar, fraction, gpu_line_parts, sparkline, truncate
+from shardtop.tui.format import bar, fraction, gpu_line_parts, short_run_id, sparkline, truncate
 from shardtop.tui.repaint import PiecedLine
+from shardtop.tui.watch.run_catalog import RankOwner
 
 SPARK_WIDTH = 16
 
@@ -15,6 +18,18 @@ SPARK_WIDTH = 16
 def memory_spark(history: tuple[int, ...], total: int) -> str:
     """The sparkline of a GPU's used memory, on an absolute scale like the bar (steady at 2 % reads low)."""
     return sparkline(history, SPARK_WIDTH, maximum=total)
+
+
+def owners_text(pids: list[int], owners: Mapping[int, RankOwner]) -> str:
+    """``run 2026…-3fa1 r0 (pid 4309)``, or the bare pids when no run owns them."""
+    parts = []
+    for pid in pids:
+        owner = owners.get(pid)
+        if owner is not None:
+            parts.append(f"{short_run_id(owner.run_id)} r{owner.rank} pid {pid}")
+        else:
+            parts.append(f"pid {pid}")
+    return ", ".join(parts)
 
 
 HIGH = 0.9

@@ -1,33 +1,34 @@
-"""``GpuPanel``: one ``GpuBar`` per GPU, kept in step with NVML by GPU index; unchanged cells are not resent."""
+"""``GpuPanel``: one ``GpuBar`` per GPU, kept in step with NVML by GPU index; unchanged cells are not resent.
+
+Under this machine's GPUs, ``RemoteGpus`` shows the GPUs other hosts' ranks report.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from shardtop.tui.format import short_run_id
 from shardtop.tui.repaint import set_border_text
 from shardtop.tui.watch.gpu_feed import GpuSnapshot
-from shardtop.tui.watch.run_catalog import RankOwner
-from shardtop.tui.widgets.gpu_bar import GpuBar, memory_spark
+from shardtop.tui.watch.run_catalog import HostGpus, RankOwner
+from shardtop.tui.widgets.gpu_bar import GpuBar, memory_spark, owners_text
+from shardtop.tui.widgets.remote_gpus import RemoteGpus
 
 
-def owners_text(pids: list[int], owners: Mapping[int, RankOwner]) -> str:
-    """``run 2026…-3fa1 r0 (pid 4309)``, or the bare pids when no run owns them."""
-    parts = []
-    for pid in pids:
-        owner = owners.get(pid)
-        if owner is not None:
-            parts.append(f"{short_run_id(owner.run_id)} r{owner.rank} pid {pid}")
-        else:
-            parts.append(f"pid {pid}")
-    return ", ".join(parts)
+def panel_title(here: int, remote: tuple[HostGpus, ...]) -> str:
+    """``GPUs (2)``, ``GPUs (2 here · 16 on 2 other hosts)``, ``GPUs (16 on 2 hosts)``."""
+    there = sum(len(h.gpus) for h in remote)
+    if not remote:
+        return f"GPUs ({here})" if here else "GPUs"
+    hosts = f"{len(remote)} {'other ' if here else ''}host{'s' if len(remote) != 1 else ''}"
+    return f"GPUs ({here} here · {there} on {hosts})" if here else f"GPUs ({there} on {hosts})"
 
 
 class GpuPanel(Vertical):
-    """The GPUs of this machine; says once, plainly, when there are none."""
+    """The GPUs of this machine, then those other hosts report; says once, plainly, when there are none here."""
 
     DEFAULT_CSS = """
     GpuPanel {
@@ -44,7 +45,12 @@ class GpuPanel(Vertical):
         self._notice: Static | None = None
         self._notice_text = ""
 
-    def show(self, snapshot: GpuSnapshot, owners: Mapping[int, RankOwner]) -> None:
+    def compose(self) -> ComposeResult:
+        yield RemoteGpus()
+
+    def show(
+        self, snapshot: GpuSnapshot, owners: Mapping[int, RankOwner], remote: tuple[HostGpus, ...] = ()
+    ) -> None:
         """Update, add or remove one bar per GPU; never rebuild the ones that stay."""
         if snapshot.unavailable and not snapshot.gpus:
             self._show_notice(
@@ -67,18 +73,18 @@ class GpuPanel(Vertical):
                 gpu_bar = bars.first(GpuBar)
             else:
                 gpu_bar = GpuBar(id=key)
-                self.mount(gpu_bar)
+                self.mount(gpu_bar, before=self.query_one(RemoteGpus))
             gpu_bar.show(gpu, memory_spark(snapshot.history.get(gpu.index, ()), gpu.total), words[gpu.index], room)
         for gpu_bar in self.query(GpuBar):
             if gpu_bar.id not in seen:
                 gpu_bar.remove()
-        count = len(snapshot.gpus)
-        set_border_text(self, title=f"GPUs ({count})" if count else "GPUs")
+        self.query_one(RemoteGpus).show(remote)
+        set_border_text(self, title=panel_title(len(snapshot.gpus), remote))
 
     def _show_notice(self, text: str) -> None:
         if self._notice is None:
             self._notice = Static(text, classes="gpu-panel--notice")
-            self.mount(self._notice)
+            self.mount(self._notice, before=self.query_one(RemoteGpus))
         elif self._notice_text != text:
             self._notice.update(text)
         self._notice_text = text

@@ -58,8 +58,12 @@ class HostLine(PiecedLine):
         ]
 
 
+MAX_RANK_LINES = 8
+"""Lines the live ranks get at most; a run of 512 ranks is read in its own view."""
+
+
 class RankLines(PaintsChanges):
-    """One line per live rank, where there are no GPUs to show them on."""
+    """One line per live rank (at most ``MAX_RANK_LINES``), where there are no GPUs to show them on."""
 
     DEFAULT_CSS = """
     RankLines {
@@ -76,13 +80,17 @@ class RankLines(PaintsChanges):
             return text
         if not panel.ranks:
             text.append("no live run: the ranks' own memory shows here while one runs")
-        for i, (run_id, rs) in enumerate(panel.ranks):
+        shown = panel.ranks if len(panel.ranks) <= MAX_RANK_LINES else panel.ranks[: MAX_RANK_LINES - 1]
+        for i, (run_id, rs) in enumerate(shown):
             if i:
                 text.append("\n")
             text.append(rank_memory_words(run_id, rs))
             if rs.allocated_history:
                 text.append("  ")
                 text.append(sparkline(rs.allocated_history, 12), panel.get_component_rich_style("host-panel--history"))
+        if len(shown) < len(panel.ranks):
+            more = len(panel.ranks) - len(shown)
+            text.append(f"\n… {more} more ranks of live runs: open a run to see each rank's memory")
         return text
 
 

@@ -1,4 +1,9 @@
-"""``ModuleDetails``: everything known about the selected module (or fold)."""
+"""``ModuleDetails``: everything known about the selected module (or fold).
+
+Past ``RANKS_LISTED`` ranks the per-rank figures are told together: ranks that
+hold a module alike share one row (``r0–511  12.8K  cuda  sharded``), and a
+container's holdings are given as their lowest…highest.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,13 @@ from textual.widgets import Static
 
 from shardtop.diagnose import Finding
 from shardtop.events import Unit
-from shardtop.tui.format import format_bytes, short_bytes, short_count
 from shardtop.shard_model import Fold, Node, ShardModel
+from shardtop.tui.format import format_bytes, short_bytes, short_count
+from shardtop.tui.host_groups import rank_spans
 from shardtop.tui.widgets.findings_list import concerning, finding_text
+
+RANKS_LISTED = 16
+"""Ranks named one by one; more are grouped by what they hold."""
 
 
 def unit_words(unit: Unit | None, model: ShardModel) -> str:
@@ -66,21 +75,33 @@ def details_text(model: ShardModel, node: Node, findings: tuple[Finding, ...], o
         grid.add_row("held", where + (f" (rank {model.ranks[0]})" if len(model.ranks) > 1 else ""))
     if model.ranks and (isinstance(node, Fold) or not own):
         # a container: what each rank holds of it is all there is to say per rank
-        held = [f"r{r} {short_bytes(model.node_bytes(node, r))}" for r in model.ranks]
-        grid.add_row("per rank", " · ".join(held))
+        if len(model.ranks) <= RANKS_LISTED:
+            held = [f"r{r} {short_bytes(model.node_bytes(node, r))}" for r in model.ranks]
+            grid.add_row("per rank", " · ".join(held))
+        else:
+            sizes = [model.node_bytes(node, r) for r in model.ranks]
+            low, high = short_bytes(min(sizes)), short_bytes(max(sizes))
+            grid.add_row("per rank", f"{low if low == high else f'{low}…{high}'} on each of {len(sizes)} ranks")
         seen = {unit_words(cell.unit, model) for cell in model.rank_cells(row)}
         words = seen.pop() if len(seen) == 1 else "differs between ranks"
         grid.add_row("unit", words if words != "-" else Text("in no sharding unit", style="italic"))
     elif model.ranks:
         per_rank = Table("rank", "holds", "device", "state", box=None, padding=(0, 1), show_edge=False)
-        units: dict[str, list[str]] = {}
+        units: dict[str, list[int]] = {}
+        alike: dict[tuple[str, str, str], list[int]] = {}
         for cell in model.rank_cells(row):
-            held_here = short_bytes(model.node_bytes(node, cell.rank))
-            per_rank.add_row(f"r{cell.rank}", held_here, cell.device or "-", cell.state or "-")
-            units.setdefault(unit_words(cell.unit, model), []).append(f"r{cell.rank}")
+            held_here = (short_bytes(model.node_bytes(node, cell.rank)), cell.device or "-", cell.state or "-")
+            if len(model.ranks) <= RANKS_LISTED:
+                per_rank.add_row(f"r{cell.rank}", *held_here)
+            alike.setdefault(held_here, []).append(cell.rank)
+            units.setdefault(unit_words(cell.unit, model), []).append(cell.rank)
+        if len(model.ranks) > RANKS_LISTED:
+            for held_here, ranks in alike.items():
+                per_rank.add_row(rank_spans(ranks), *held_here)
         grid.add_row("per rank", per_rank)
         for words, ranks in units.items():
-            label = "unit" if len(units) == 1 else f"unit {','.join(ranks)}"
+            named = ",".join(f"r{r}" for r in ranks) if len(model.ranks) <= RANKS_LISTED else rank_spans(ranks)
+            label = "unit" if len(units) == 1 else f"unit {named}"
             grid.add_row(label, words if words != "-" else Text("in no sharding unit", style="italic"))
     else:
         grid.add_row("per rank", Text("no shards reported yet", style="dim"))

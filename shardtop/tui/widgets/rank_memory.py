@@ -1,24 +1,35 @@
-"""``RankMemory``: each rank's memory — allocator allocated/reserved/peak vs its limit, and NVML."""
+"""``RankMemory``: each rank's memory — allocator allocated/reserved/peak vs its limit, and NVML.
+
+A run over several hosts is drawn host by host: a line naming the host above
+its ranks, or, past ``HOST_LINES_FROM`` ranks, one line per host summing its
+ranks up (lowest…highest allocation, the worst status), so 512 ranks take 64
+lines; when those do not fit, the worst hosts come first and the last line sums
+up the rest (``host_memory.host_lines``).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from rich.text import Text
+from textual.geometry import Size
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from shardtop.events import GpuMemory
 from shardtop.run_model import RankStatus, RunModel
 from shardtop.run_state import RankState
 from shardtop.tui.format import bar, fraction, short_bytes, sparkline, split_bar
+from shardtop.tui.host_groups import by_host, rank_spans
+from shardtop.tui.repaint import PaintsChanges
+from shardtop.tui.widgets.host_memory import HOST_LINES_FROM, host_lines, host_memory_rows
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RankMemoryRow:
     """What one rank's bar shows."""
 
     rank: int
+    host: str
     device: str
     pid: int | None
     allocated: int | None
@@ -30,6 +41,11 @@ class RankMemoryRow:
     """The NVML view of the rank's GPU (matched by pid, else by device index)."""
     history: tuple[int, ...]
     status: RankStatus
+
+    @property
+    def whole(self) -> int | None:
+        """What the allocation is measured against: the limit, else the GPU, else the allocator's own peak."""
+        return self.limit or (self.gpu.total if self.gpu else None) or self.peak or self.reserved
 
 
 STATUS_WORDS = {"out of memory": "OOM"}
@@ -43,9 +59,10 @@ def device_index(device: str) -> int | None:
 
 
 def gpu_of(rs: RankState, gpus: tuple[GpuMemory, ...]) -> GpuMemory | None:
-    if rs.pid is not None:
+    pid = rs.pid
+    if pid is not None:
         for g in gpus:
-            if rs.pid in g.pids:
+            if pid in g.pids:
                 return g
     index = device_index(rs.device)
     return next((g for g in gpus if g.index == index), None)
@@ -76,6 +93,7 @@ def rank_rows(model: RunModel) -> tuple[RankMemoryRow, ...]:
         rows.append(
             RankMemoryRow(
                 rank=rs.rank,
+                host=rs.host,
                 device=rs.device or "?",
                 pid=rs.pid,
                 allocated=allocated,
@@ -91,6 +109,11 @@ def rank_rows(model: RunModel) -> tuple[RankMemoryRow, ...]:
     return tuple(rows)
 
 
+def line_shape(rows: tuple[RankMemoryRow, ...]) -> tuple[tuple[str, bool, bool], ...]:
+    """What decides how many lines the bars take (at one width): the ranks' hosts, allocator and NVML figures."""
+    return tuple((r.host, r.allocated is None, r.gpu is None) for r in rows)
+
+
 def memory_layout(width: int, ranks: int) -> str:
     """How many lines a rank gets: wide (3-4, with words), tall (4, narrow), two-line, or one-line.
 
@@ -102,8 +125,12 @@ def memory_layout(width: int, ranks: int) -> str:
     return "tall" if ranks <= 2 else "two-line" if ranks <= 4 else "one-line"
 
 
-class RankMemory(Widget):
-    """Per-rank memory bars; one line per rank when narrow, three when wide."""
+class RankMemory(PaintsChanges):
+    """Per-rank memory bars; one line per rank when narrow, three when wide.
+
+    New figures repaint only the cells that changed (``PaintsChanges``): with
+    hundreds of ranks, most of the panel stays as it is from one second to the next.
+    """
 
     COMPONENT_CLASSES = {
         "rank-memory--label",
@@ -123,29 +150,75 @@ class RankMemory(Widget):
     }
     """
 
-    rows: reactive[tuple[RankMemoryRow, ...]] = reactive((), layout=True)
+    rows: reactive[tuple[RankMemoryRow, ...]] = reactive((), repaint=False)
     """One entry per rank, from the latest run snapshot."""
 
     def __init__(self, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self.border_title = "Memory per rank"
+        self._drawn: tuple[tuple[object, ...], Text] | None = None
+        self._shape: tuple[tuple[str, bool, bool], ...] = ()
 
     def show(self, model: RunModel) -> None:
-        self.rows = rank_rows(model)
+        """New figures repaint the bars; the screen is laid out again only when the bars need more or fewer lines."""
+        rows = rank_rows(model)
+        shape = line_shape(rows)
+        reshaped, self._shape = shape != self._shape, shape
+        self.rows = rows
+        if reshaped:
+            per_host = self._per_host()
+            self.border_title = f"Memory per host ({len(rows)} ranks)" if per_host else "Memory per rank"
+            self.refresh(layout=True)
+        else:
+            self.repaint_changes()
 
-    def render(self) -> Text:
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._drawn = None
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        """One line per host when summing up (the lines that do not fit are summed up in the last one)."""
+        if self._per_host():
+            return len({r.host for r in self.rows})
+        return super().get_content_height(container, viewport, width)
+
+    def _per_host(self) -> bool:
+        return len(self.rows) >= HOST_LINES_FROM and len({r.host for r in self.rows}) > 1
+
+    def draw(self) -> Text:
+        """The bars, drawn once per new rows and size (a relayout asks for them twice: to measure, to paint)."""
+        key = (self.rows, self.size.width, self.size.height)
+        if self._drawn is None or self._drawn[0] != key:
+            self._drawn = (key, self._draw())
+        return self._drawn[1]
+
+    def _draw(self) -> Text:
         if not self.rows:
             return Text("waiting for the ranks…", style=self.get_component_rich_style("rank-memory--muted"))
         width = self.size.width or 40
-        layout = memory_layout(width, len(self.rows))
+        groups = by_host(self.rows, lambda r: r.host)
+        if len(groups) > 1 and len(self.rows) >= HOST_LINES_FROM:
+            hosts = host_memory_rows(self.rows)
+            room = self.size.height or len(hosts)
+            return host_lines(hosts, width, self.get_component_rich_style, self._status, room)
+        headings = len(groups) if len(groups) > 1 else 0
+        layout = memory_layout(width, len(self.rows) + headings)
         out = Text(no_wrap=True, overflow="ellipsis")
         top = max((r.peak or r.reserved or r.allocated or r.host_rss or 0) for r in self.rows) or 1
-        labels = [self._label(row, layout) for row in self.rows]
-        label_width = max(label.cell_len for label in labels)
-        for i, (row, label) in enumerate(zip(self.rows, labels, strict=True)):
-            if i:
-                out.append("\n")
-            self._render_row(out, row, label, label_width, width, layout, top)
+        labels = {row.rank: self._label(row, layout) for row in self.rows}
+        label_width = max(label.cell_len for label in labels.values())
+        lines = 0
+        for host, group in groups:
+            if headings:
+                out.append("\n" if lines else "")
+                out.append(host, self.get_component_rich_style("rank-memory--label"))
+                spans = rank_spans([r.rank for r in group])
+                out.append(f" {spans}", self.get_component_rich_style("rank-memory--muted"))
+                lines += 1
+            for row in group:
+                out.append("\n" if lines else "")
+                self._render_row(out, row, labels[row.rank], label_width, width, layout, top)
+                lines += 1
         return out
 
     def _label(self, row: RankMemoryRow, layout: str) -> Text:
@@ -155,13 +228,17 @@ class RankMemory(Widget):
         out.append(f"r{row.rank}", style("rank-memory--label"))
         if layout == "wide":
             out.append(f" {row.device}" + (f" pid {row.pid}" if row.pid else ""), style("rank-memory--muted"))
-        status = row.status
+        self._status(out, row.status)
+        return out
+
+    def _status(self, out: Text, status: RankStatus) -> None:
+        """`` ✓`` once finished, `` ✗ OOM`` and the like once ended otherwise; nothing while running."""
+        style = self.get_component_rich_style
         if status.state == "finished":
             out.append(f" {status.mark}", style("rank-memory--muted"))
         elif status.ended:
             word = STATUS_WORDS.get(status.state, status.state)
             out.append(f" {status.mark} {word}", style("rank-memory--oom"))
-        return out
 
     def _render_row(
         self, out: Text, row: RankMemoryRow, label: Text, label_width: int, width: int, layout: str, top: int
@@ -169,7 +246,7 @@ class RankMemory(Widget):
         """One rank's lines in ``layout`` (``memory_layout``); one-line labels padded to ``label_width``."""
         out.append_text(label)
         if row.allocated is not None:
-            whole = row.limit or (row.gpu.total if row.gpu else None) or row.peak or row.reserved or 1
+            whole = row.whole or 1
             figures = f"{short_bytes(row.allocated)}/{short_bytes(whole)}"
         else:
             whole, figures = top, f"rss {short_bytes(row.host_rss)}"

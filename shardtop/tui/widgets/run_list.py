@@ -6,11 +6,13 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.widgets.data_table import RowDoesNotExist
 
-from shardtop.tui.format import STATUS_MARKS, short_run_id
+from shardtop.tui.format import STATUS_MARKS, short_run_id, truncate
 from shardtop.tui.repaint import CellsTable
 from shardtop.tui.watch.run_catalog import RunRow
 
-COLUMNS = ("RUN", "STATUS", "RANKS", "STEP", "STARTED", "NOTE")
+COLUMNS = ("RUN", "STATUS", "RANKS", "HOSTS", "STEP", "STARTED", "NOTE")
+HOST_NAME_WIDTH = 12
+"""A run on one host shows the host's name, cut to this many cells."""
 
 
 def status_text(state: str, status: str) -> Text:
@@ -20,9 +22,24 @@ def status_text(state: str, status: str) -> Text:
     return Text(f"{mark} {status}", style=style)
 
 
+def hosts_cell(hosts: tuple[str, ...]) -> str:
+    """How many hosts a run's ranks ran on, or the host's name when one; ``-`` before any rank said."""
+    if len(hosts) == 1:
+        return truncate(hosts[0], HOST_NAME_WIDTH)
+    return str(len(hosts)) if hosts else "-"
+
+
 def run_cells(row: RunRow) -> tuple[str | Text, ...]:
     s = row.summary
-    return (short_run_id(s.id), status_text(s.state, s.status), str(s.ranks or "-"), str(s.step), s.started, s.note)
+    return (
+        short_run_id(s.id),
+        status_text(s.state, s.status),
+        str(s.ranks or "-"),
+        hosts_cell(s.hosts),
+        str(s.step),
+        s.started,
+        s.note,
+    )
 
 
 class RunList(CellsTable):

@@ -5,13 +5,15 @@ screen, from a cache keyed by a generation counter that changes whenever what
 the lines show changes (model, OOM marks, search matches, theme).  Repeated
 siblings are folded (``net.0 … net.17999  18000 × Linear``) and a line's
 children are only computed when it is opened, so 100 000 modules cost what is
-visible.
+visible.  The rank columns of a run over several hosts go host by host, a ``│``
+where a host begins; the border's subtitle says which ranks each host ran.
 """
 
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 from rich.cells import cell_len
 from rich.style import Style
@@ -37,11 +39,15 @@ from shardtop.shard_model import (
     translate_expanded,
     visible_lines,
 )
+from shardtop.tui.host_groups import RankColumn, hosts_caption, rank_columns
+from shardtop.tui.repaint import set_border_text
 from shardtop.tui.tree_columns import TreeColumns, cut, fit, tree_columns
 
 OOM_WORDS = "✗ OOM"
 TITLE = "Shard tree"
 ON_CURSOR_PLAIN = frozenset({"shard-tree--fold", "shard-tree--device", "shard-tree--guides"})
+HOST_SEPARATOR = "│"
+"""Drawn in place of the space before the first rank column of each host after the first."""
 """Colours that would sink into the cursor's background: the cursor line draws these plain."""
 
 
@@ -123,6 +129,9 @@ class ShardTree(ScrollView, can_focus=True):
         self._matches: list[int] = []
         self._match_rows: frozenset[int] = frozenset()
         self._match_pos = -1
+        self._ranks_by_host: Mapping[str, tuple[int, ...]] = MappingProxyType({})
+        self._rank_columns: tuple[RankColumn, ...] = ()
+        self._search_words = ""
         self.border_title = TITLE
 
     # -- what it shows -----------------------------------------------------------
@@ -149,12 +158,26 @@ class ShardTree(ScrollView, can_focus=True):
                 self._expanded = translate_expanded(self.model, model, self._expanded)
             self.model = model
             self._matches, self._match_rows, self._match_pos = [], frozenset(), -1
+            self._rank_columns = rank_columns(model.ranks if model else (), self._ranks_by_host)
         self._oom_path = oom_path
         self._marks = oom_marks(model, oom_path) if model is not None else frozenset()
         self._rebuild()
         row = model.row_of(selected) if model is not None and selected is not None else None
         self._move_to(self._index_of(row) if row is not None else min(self.cursor, max(0, len(self._lines) - 1)))
         self._announce()
+
+    def show_hosts(self, ranks_by_host: Mapping[str, tuple[int, ...]]) -> None:
+        """Which ranks ran on which host (``RunModel.ranks_by_host``): the columns' order and the subtitle."""
+        if ranks_by_host == self._ranks_by_host:
+            return
+        self._ranks_by_host = ranks_by_host
+        self._rank_columns = rank_columns(self.model.ranks if self.model else (), ranks_by_host)
+        self._caption()
+        self._invalidate()
+
+    def _caption(self) -> None:
+        """The subtitle: the search's count while there is one, else the hosts and their ranks."""
+        set_border_text(self, subtitle=self._search_words or hosts_caption(self._ranks_by_host))
 
     def jump_to_oom(self) -> bool:
         """Open the tree to the module that ran out of memory and select it."""
@@ -178,16 +201,17 @@ class ShardTree(ScrollView, can_focus=True):
         self._announce()
 
     def search(self, query: str) -> int:
-        """Mark modules whose path contains ``query`` and go to the first; returns how many."""
-        if self.model is None:
-            return 0
-        self._matches = self.model.search(query)
+        """Mark modules whose path contains ``query`` and go to the first; returns how many (said in the subtitle)."""
+        self._matches = self.model.search(query) if self.model is not None else []
         self._match_rows = frozenset(self._matches)
         self._match_pos = -1
         self._invalidate()
         if self._matches:
             self.action_next_match(1)
-        return len(self._matches)
+        count = len(self._matches)
+        self._search_words = f"{count} match{'es' if count != 1 else ''}" if query else ""
+        self._caption()
+        return count
 
     @property
     def match_count(self) -> int:
@@ -235,7 +259,8 @@ class ShardTree(ScrollView, can_focus=True):
             return
         self._match_pos = (self._match_pos + delta) % len(self._matches)
         self.reveal(self._matches[self._match_pos])
-        self.border_subtitle = f"match {self._match_pos + 1}/{len(self._matches)}"
+        self._search_words = f"match {self._match_pos + 1}/{len(self._matches)}"
+        self._caption()
 
     # -- lines ---------------------------------------------------------------------
 
@@ -359,9 +384,8 @@ class ShardTree(ScrollView, can_focus=True):
             cells += [" ", "state".ljust(cols.state)]
         if cols.device:
             cells += [" ", "device".ljust(cols.device)]
-        ranks = self.model.ranks if self.model else ()
-        for rank in ranks[: cols.ranks_shown]:
-            cells += [" ", f"r{rank}".rjust(cols.rank)]
+        for column in self._rank_columns[: cols.ranks_shown]:
+            cells += [HOST_SEPARATOR if column.starts_host else " ", f"r{column.rank}".rjust(cols.rank)]
         if cols.range:
             cells += [" ", "per rank".rjust(cols.range)]
         return Strip(fit([("".join(cells), style)], width, style))
@@ -422,10 +446,11 @@ class ShardTree(ScrollView, can_focus=True):
                 cells += [(" ", base), (cut(unit + placed.state, cols.state), base + cs("shard-tree--unit"))]
             if cols.device:
                 cells += [(" ", base), (cut(placed.device, cols.device), base + cs("shard-tree--device"))]
-        per_rank = [model.node_bytes(node, r) for r in model.ranks]
-        for value in per_rank[: cols.ranks_shown]:
-            cells += [(" ", base), (short_bytes(value).rjust(cols.rank), base)]
-        if cols.range and per_rank:
+        for column in self._rank_columns[: cols.ranks_shown]:
+            before = (HOST_SEPARATOR, base + cs("shard-tree--guides")) if column.starts_host else (" ", base)
+            cells += [before, (short_bytes(model.node_bytes(node, column.rank)).rjust(cols.rank), base)]
+        if cols.range and model.ranks:
+            per_rank = [model.node_bytes(node, r) for r in model.ranks]
             low, high = short_bytes(min(per_rank)), short_bytes(max(per_rank))
             cells += [(" ", base), ((low if low == high else f"{low}…{high}").rjust(cols.range), base)]
         segments += fit(cells, max(0, width - cols.name), base)
