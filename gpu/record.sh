@@ -3,7 +3,7 @@
 # per-process cap, like the question's cards), the scenarios only a GPU shows, a user's own
 # script under `shardtop run`, and the benchmarks' GPU figures.
 #
-#   gpu/record.sh PART...     PART: presets1 presets2 scenarios1 scenarios2 own benches
+#   gpu/record.sh PART...     PART: presets1 presets2 scenarios1 scenarios2 own benches (= probe_cost terminal)
 #
 # presets1/scenarios1 need one GPU, presets2/scenarios2 two. Run from the project root with the
 # wheels of ../shared/gpu/wheels.sh in .whl/; everything lands under $OUT (or ./gpu-out):
@@ -72,10 +72,9 @@ own() {
   step 200 "a user's Lightning DeepSpeed script" python3 -m shardtop run --headless --name lightning-deepspeed -- python3 gpu/scenarios/lightning_deepspeed_user.py --devices "$n"
 }
 
-benches() {
-  step 120 "probe cost" python3 bench/bench_probe.py --device cuda
-  step 150 "terminal traffic" python3 bench/bench_ssh.py --nvml real --seconds 15
-}
+probe_cost() { step 120 "probe cost" python3 bench/bench_probe.py --device cuda; }
+terminal() { step 150 "terminal traffic" python3 bench/bench_ssh.py --nvml real --seconds 15; }
+benches() { probe_cost; terminal; }
 
 {
   nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv
