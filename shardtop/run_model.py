@@ -19,7 +19,8 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Literal
 
-from shardtop.events import Exit, Fault, Hello, Memory, Oom, Scalar, Shards, Tree
+from shardtop.events import Exit, Fault, Hello, Memory, MemorySplit, Oom, Scalar, Shards, Tree
+from shardtop.memory_kinds import total_of
 from shardtop.oom_story import OomStory, user_type
 from shardtop.plan_check import PlanCheck, check_plan
 from shardtop.run_meta import RunMeta
@@ -190,14 +191,47 @@ class RankFacts:
             for v in (m.peak, m.allocated)
             if v is not None
         ]
-        if self.oom is not None and self.oom.allocated is not None:
-            values.append(self.oom.allocated)
+        if self.oom is not None:
+            values += [v for v in (self.oom.allocated, self.oom.peak) if v is not None]
         return max(values) if values else None
+
+    # -- what fills the memory (issue #10's kinds) ------------------------------------------
+
+    @property
+    def memory_now(self) -> MemorySplit | None:
+        """What fills the rank's memory by kind: at the OOM when it ran out, else the latest split."""
+        if self.oom is not None and self.oom.memory is not None:
+            return self.oom.memory
+        return self.state.split
+
+    @property
+    def memory_peak(self) -> MemorySplit | None:
+        """What filled the rank's memory at its peak: of the splits at a peak (the samples' latest,
+        the OOM's), the one of the highest peak; on a tie the later (the OOM's)."""
+        found = [s for s in (self.state.peak_split, self.oom.peak_split if self.oom else None) if s is not None]
+        return max(reversed(found), key=total_of) if found else None
+
+    @property
+    def cache_bytes(self) -> int | None:
+        """The allocator's cache: reserved minus allocated, in the latest reading (CUDA only)."""
+        m = self.memory
+        if m is None or m.reserved is None or m.allocated is None:
+            return None
+        return max(0, m.reserved - m.allocated)
+
+    @property
+    def outside_pytorch_bytes(self) -> int | None:
+        """Device memory the process holds outside PyTorch's allocator: NVML's count for the process
+        minus reserved (CUDA context, NCCL and cuBLAS workspaces); None where NVML gave no count."""
+        m = self.memory
+        if m is None or m.process_used is None or m.reserved is None:
+            return None
+        return max(0, m.process_used - m.reserved)
 
 
 def rank_facts(rs: RankState, run: RunStatus | None) -> RankFacts:
     latest = rs.shards
-    engine_shards = latest if latest is not None and latest.stage != "setup" else None
+    engine_shards = latest if latest is not None and rs.engine_wrapped else None
     held = rs.holdings if engine_shards is not None else rs.setup_holdings
     return RankFacts(
         rank=rs.rank,

@@ -30,6 +30,7 @@ from shardtop.events import (
     GpuMemory,
     Hello,
     Memory,
+    MemorySplit,
     Oom,
     Phase,
     Planned,
@@ -119,6 +120,10 @@ class RankState:
     allocated_history: tuple[int, ...] = ()
     peak_host_rss: int = 0
     """The highest resident host memory of the rank's process in any sample."""
+    split: MemorySplit | None = None
+    """The latest split of the rank's memory by kind (samples taken at a phase change carry one)."""
+    peak_split: MemorySplit | None = None
+    """The latest split at the rank's peak so far (the probe writes it when it changes)."""
     phase_samples: tuple[PhaseSample, ...] = ()
     """The latest sample of each recent (step, phase) in a training phase, oldest first."""
     shards: Shards | None = None
@@ -129,6 +134,9 @@ class RankState:
     """How the rank held the model before the engine wrapped it (stage ``setup``)."""
     setup_holdings: Holdings | None = None
     """What ``setup_shards`` hold, summed."""
+    engine_wrapped: bool = False
+    """A snapshot was taken after the engine wrapped the model (a set-up OOM's snapshot is not one):
+    ``shards`` then say how the engine holds it, else how set-up left it."""
     oom: Oom | None = None
     exit: Exit | None = None
     faults: tuple[Fault, ...] = ()
@@ -204,12 +212,15 @@ class _RankFold:
     peak_memory: Memory | None = None
     history: deque[int] = field(default_factory=lambda: deque(maxlen=MEMORY_HISTORY))
     peak_host_rss: int = 0
+    split: MemorySplit | None = None
+    peak_split: MemorySplit | None = None
     samples: list[PhaseSample] = field(default_factory=list)
     """The latest sample of each recent training step and phase, oldest first."""
     shards: Shards | None = None
     holdings: Holdings | None = None
     setup_shards: Shards | None = None
     setup_holdings: Holdings | None = None
+    engine_wrapped: bool = False
     oom: Oom | None = None
     exit: Exit | None = None
     faults: tuple[Fault, ...] = ()
@@ -229,11 +240,14 @@ class _RankFold:
                 peak_memory=self.peak_memory,
                 allocated_history=tuple(self.history),
                 peak_host_rss=self.peak_host_rss,
+                split=self.split,
+                peak_split=self.peak_split,
                 phase_samples=tuple(self.samples),
                 shards=self.shards,
                 holdings=self.holdings,
                 setup_shards=self.setup_shards,
                 setup_holdings=self.setup_holdings,
+                engine_wrapped=self.engine_wrapped,
                 oom=self.oom,
                 exit=self.exit,
                 faults=self.faults,
@@ -336,6 +350,8 @@ class RunStateBuilder:
             held = holdings_of(event)
             if event.stage == "setup":
                 r.setup_shards, r.setup_holdings = event, held
+            elif event.stage != "oom" or r.engine_wrapped:  # an OOM in set-up is still before the engine
+                r.engine_wrapped = True
             if tree is None or event.tree_id == tree.tree_id:
                 r.shards, r.holdings = event, held
         elif isinstance(event, Oom):
@@ -376,6 +392,10 @@ class RunStateBuilder:
                 sample = GpuSample(m.t, m.rank, r.step, r.phase, gpus)
                 self._gpu_samples[m.host] = (self._gpu_samples.get(m.host, ()) + (sample,))[-GPU_SAMPLES_KEPT:]
         r.peak_host_rss = max(r.peak_host_rss, m.host_rss)
+        if m.split is not None:
+            r.split = m.split
+        if m.peak_split is not None:
+            r.peak_split = m.peak_split
         r.memory = m
 
 

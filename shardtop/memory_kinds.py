@@ -1,0 +1,112 @@
+"""What fills a rank's memory, by kind, in the words every view uses.
+
+A ``MemorySplit`` (from the probe) says how many bytes of the allocator's
+``allocated`` each kind holds, measured from its own source, and what no source
+accounts for (``unexplained``).  Here it becomes the rows a bar, a sentence or a
+JSON object shows, in one order, so the TUI, the report and the JSON agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from shardtop.events import MemorySplit
+from shardtop.units import format_bytes
+
+Kind = Literal["params", "grads", "optimizer", "activations", "comm", "other"]
+
+KINDS: tuple[Kind, ...] = ("params", "grads", "optimizer", "activations", "comm", "other")
+"""The kinds, in the order bars stack them and sentences list them (largest first there)."""
+
+KIND_WORDS: dict[str, str] = {
+    "params": "parameters",
+    "grads": "gradients",
+    "optimizer": "optimizer state",
+    "activations": "activations",
+    "comm": "communication buffers",
+    "other": "other",
+    "unexplained": "unexplained",
+}
+
+KIND_SHORT: dict[str, str] = {
+    "params": "param",
+    "grads": "grad",
+    "optimizer": "optim",
+    "activations": "act",
+    "comm": "comm",
+    "other": "other",
+    "unexplained": "?",
+}
+"""One word per kind for a legend at 80 columns."""
+
+
+@dataclass(frozen=True, slots=True)
+class KindBytes:
+    kind: str
+    """One of ``KINDS``, or ``unexplained``."""
+    bytes: int
+
+
+def measured(split: MemorySplit) -> tuple[KindBytes, ...]:
+    """The kinds a source measured (None: not read, left out), in ``KINDS`` order, then ``unexplained``
+    when it is above zero."""
+    rows = [KindBytes(k, v) for k in KINDS if (v := getattr(split.by_kind, k)) is not None]
+    if split.unexplained is not None and split.unexplained > 0:
+        rows.append(KindBytes("unexplained", split.unexplained))
+    return tuple(rows)
+
+
+def explained_bytes(split: MemorySplit) -> int:
+    """The bytes some source accounts for."""
+    return sum(r.bytes for r in measured(split) if r.kind != "unexplained")
+
+
+def total_of(split: MemorySplit) -> int:
+    """``allocated`` where the allocator was read (CUDA), else the kinds summed (CPU)."""
+    return split.allocated if split.allocated is not None else explained_bytes(split)
+
+
+def explained_share(split: MemorySplit) -> float | None:
+    """The share of ``allocated`` the sources explain; None without an allocator (CPU)."""
+    if not split.allocated:
+        return None
+    return min(1.0, max(0.0, (split.allocated - max(split.unexplained or 0, 0)) / split.allocated))
+
+
+def split_sentence(split: MemorySplit, requested: int | None = None, limit: int = 4) -> str:
+    """``12.6 GiB allocated: 9.4 GiB optimizer state, 2.0 GiB parameters, …; asked for 1.96 GiB more``.
+
+    The ``limit`` largest kinds are named, the rest summed as ``x more``; unexplained bytes are
+    always named.  On CPU (no allocator) the sentence starts from the kinds' sum.
+    """
+    rows = sorted((r for r in measured(split) if r.kind != "unexplained" and r.bytes > 0), key=lambda r: -r.bytes)
+    shown = rows if len(rows) <= limit + 1 else rows[:limit]  # one kind left over is named, not summed
+    named = [f"{format_bytes(r.bytes)} {KIND_WORDS[r.kind]}" for r in shown]
+    if len(shown) < len(rows):
+        named.append(f"{format_bytes(sum(r.bytes for r in rows[limit:]))} in {len(rows) - limit} more kinds")
+    if split.unexplained is not None and split.unexplained > 0:
+        named.append(f"{format_bytes(split.unexplained)} unexplained")
+    head = (
+        f"{format_bytes(split.allocated)} allocated"
+        if split.allocated is not None
+        else f"{format_bytes(explained_bytes(split))} in tensors"
+    )
+    text = head + (": " + ", ".join(named) if named else ": nothing a source could name")
+    if requested is not None:
+        text += f"; asked for {format_bytes(requested)} more"
+    return text
+
+
+def split_dict(split: MemorySplit | None) -> dict[str, object] | None:
+    """The JSON form (docs/report-json.md): ``{allocated, by_kind, unexplained, phase, step, source}``."""
+    if split is None:
+        return None
+    return {
+        "allocated": split.allocated,
+        "by_kind": {k: getattr(split.by_kind, k) for k in KINDS},
+        "unexplained": split.unexplained,
+        "phase": split.phase or None,
+        "step": split.step,
+        "source": split.source,
+    }
