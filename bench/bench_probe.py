@@ -154,21 +154,19 @@ def describe_split(split: Any, peak: int | None) -> str:
 
 
 def explained_report(run_dirs: list[Path]) -> None:
-    """Per rank of each recorded run: the peak, the split at it, and the split at an OOM."""
-    from shardtop.events import Memory, Oom, read_all
+    """Per rank of each recorded run, as every view reads it (the read model): the allocator's peak,
+    the split at it, and the split at an OOM."""
+    from shardtop.run_files import read_run
+    from shardtop.runs import RunDirectory
 
     for run_dir in run_dirs:
-        events, _ = read_all(run_dir / "events")
+        model = read_run(RunDirectory(run_dir))
         print(f"{run_dir}:")
-        for rank in sorted({e.rank for e in events}):
-            mine = [e for e in events if e.rank == rank]
-            samples = [e for e in mine if isinstance(e, Memory)]
-            peak = max((e.peak for e in samples if e.peak is not None), default=None)
-            split = next((e.peak_split for e in reversed(samples) if e.peak_split is not None), None)
-            print(f"  rank {rank}: " + (describe_split(split, peak) if split else f"no split (peak {peak})"))
-            for oom in (e for e in mine if isinstance(e, Oom)):
-                memory = f"; {describe_split(oom.memory, oom.peak)}" if oom.memory else ""
-                print(f"  rank {rank} OOM in {oom.phase}: max_memory_allocated {oom.peak}{memory}")
+        for r in model.ranks:
+            split, peak = r.memory_peak, r.allocator_peak
+            print(f"  rank {r.rank}: " + (describe_split(split, peak) if split else f"no split at the peak ({peak})"))
+            if r.oom is not None and r.oom.memory is not None:
+                print(f"  rank {r.rank} at the OOM in {r.oom.phase}: {describe_split(r.oom.memory, None)}")
 
 
 def bench_big_tree(n_modules: int) -> None:

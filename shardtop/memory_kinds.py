@@ -8,6 +8,7 @@ JSON object shows, in one order, so the TUI, the report and the JSON agree.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,6 +40,11 @@ KIND_SHORT: dict[str, str] = {
     "unexplained": "?",
 }
 """One word per kind for a legend at 80 columns."""
+
+
+TRACE_SHARE = 1000
+"""A sentence leaves out kinds (and unexplained bytes) under a thousandth of the total: rounding, not
+memory.  The JSON and the report's table keep every byte."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,17 +86,33 @@ def split_sentence(split: MemorySplit, requested: int | None = None, limit: int 
     The ``limit`` largest kinds are named, the rest summed as ``x more``; unexplained bytes are
     always named.  On CPU (no allocator) the sentence starts from the kinds' sum.
     """
-    rows = sorted((r for r in measured(split) if r.kind != "unexplained" and r.bytes > 0), key=lambda r: -r.bytes)
+    kinds = {k: getattr(split.by_kind, k) for k in KINDS}
+    return kinds_sentence(split.allocated, kinds, split.unexplained, requested, limit)
+
+
+def kinds_sentence(
+    allocated: int | None,
+    by_kind: Mapping[str, int | None],
+    unexplained: int | None,
+    requested: int | None = None,
+    limit: int = 4,
+) -> str:
+    """``split_sentence`` from the figures alone (as a finding's evidence keeps them)."""
+    rows = sorted(
+        (KindBytes(k, v) for k in KINDS if (v := by_kind.get(k)) is not None and v > 0), key=lambda r: -r.bytes
+    )
+    total = allocated if allocated is not None else sum(r.bytes for r in rows)
+    rows = [r for r in rows if r.bytes * TRACE_SHARE >= total]  # 2 B of gradients beside 11.7 GiB: noise
     shown = rows if len(rows) <= limit + 1 else rows[:limit]  # one kind left over is named, not summed
     named = [f"{format_bytes(r.bytes)} {KIND_WORDS[r.kind]}" for r in shown]
     if len(shown) < len(rows):
         named.append(f"{format_bytes(sum(r.bytes for r in rows[limit:]))} in {len(rows) - limit} more kinds")
-    if split.unexplained is not None and split.unexplained > 0:
-        named.append(f"{format_bytes(split.unexplained)} unexplained")
+    if unexplained is not None and unexplained > 0 and unexplained * TRACE_SHARE >= total:
+        named.append(f"{format_bytes(unexplained)} unexplained")
     head = (
-        f"{format_bytes(split.allocated)} allocated"
-        if split.allocated is not None
-        else f"{format_bytes(explained_bytes(split))} in tensors"
+        f"{format_bytes(allocated)} allocated"
+        if allocated is not None
+        else f"{format_bytes(sum(r.bytes for r in rows))} in tensors"
     )
     text = head + (": " + ", ".join(named) if named else ": nothing a source could name")
     if requested is not None:

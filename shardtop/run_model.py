@@ -141,6 +141,10 @@ def _first_line(text: str | None) -> str:
     return line if len(line) <= DETAIL_CHARS else line[: DETAIL_CHARS - 1].rsplit(" ", 1)[0] + " …"
 
 
+PEAK_SPLIT_NEAR = 0.95
+"""A split is the peak's when its allocated bytes are within 5 % of the allocator's peak."""
+
+
 @dataclass(frozen=True, slots=True)
 class RankFacts:
     """One rank: who it is, how it stands, and its holdings summed over the tree."""
@@ -209,7 +213,11 @@ class RankFacts:
         """What filled the rank's memory at its peak: of the splits at a peak (the samples' latest,
         the OOM's), the one of the highest peak; on a tie the later (the OOM's)."""
         found = [s for s in (self.state.peak_split, self.oom.peak_split if self.oom else None) if s is not None]
-        return max(reversed(found), key=total_of) if found else None
+        best = max(reversed(found), key=total_of) if found else None
+        peak = self.allocator_peak
+        if best is not None and best.allocated is not None and peak and best.allocated < PEAK_SPLIT_NEAR * peak:
+            return None  # a split far below the allocator's peak is not the peak's: say nothing rather
+        return best
 
     @property
     def cache_bytes(self) -> int | None:
@@ -222,8 +230,9 @@ class RankFacts:
     @property
     def outside_pytorch_bytes(self) -> int | None:
         """Device memory the process holds outside PyTorch's allocator: NVML's count for the process
-        minus reserved (CUDA context, NCCL and cuBLAS workspaces); None where NVML gave no count."""
-        m = self.memory
+        minus reserved (CUDA context, NCCL and cuBLAS workspaces), in the latest sample that has
+        that count; None where NVML gave none."""
+        m = self.state.process_sample
         if m is None or m.process_used is None or m.reserved is None:
             return None
         return max(0, m.process_used - m.reserved)

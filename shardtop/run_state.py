@@ -124,6 +124,8 @@ class RankState:
     """The latest split of the rank's memory by kind (samples taken at a phase change carry one)."""
     peak_split: MemorySplit | None = None
     """The latest split at the rank's peak so far (the probe writes it when it changes)."""
+    process_sample: Memory | None = None
+    """The latest sample with NVML's count of the process's device memory (not every sample has one)."""
     phase_samples: tuple[PhaseSample, ...] = ()
     """The latest sample of each recent (step, phase) in a training phase, oldest first."""
     shards: Shards | None = None
@@ -214,6 +216,7 @@ class _RankFold:
     peak_host_rss: int = 0
     split: MemorySplit | None = None
     peak_split: MemorySplit | None = None
+    process_sample: Memory | None = None
     samples: list[PhaseSample] = field(default_factory=list)
     """The latest sample of each recent training step and phase, oldest first."""
     shards: Shards | None = None
@@ -242,6 +245,7 @@ class _RankFold:
                 peak_host_rss=self.peak_host_rss,
                 split=self.split,
                 peak_split=self.peak_split,
+                process_sample=self.process_sample,
                 phase_samples=tuple(self.samples),
                 shards=self.shards,
                 holdings=self.holdings,
@@ -396,6 +400,8 @@ class RunStateBuilder:
             r.split = m.split
         if m.peak_split is not None:
             r.peak_split = m.peak_split
+        if m.process_used is not None:
+            r.process_sample = m
         r.memory = m
 
 

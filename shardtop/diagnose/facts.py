@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from shardtop.events import MemorySplit
+from shardtop.memory_kinds import KINDS, kinds_sentence
 from shardtop.oom_story import OomStory
 from shardtop.run_model import RunModel
 from shardtop.units import format_bytes
@@ -44,6 +46,32 @@ def driver_of(m: RunModel) -> Driver:
     if m.lightning:
         return "lightning"
     return "raw" if m.driver else "unknown"
+
+
+@dataclass(frozen=True)
+class KindsEvidence:
+    """What filled a rank's allocated memory at one moment, by kind (``MemorySplit``), in bytes."""
+
+    allocated: int | None
+    by_kind: dict[str, int | None]
+    unexplained: int | None
+    phase: str
+    step: int | None
+
+    @classmethod
+    def of(cls, split: MemorySplit | None) -> KindsEvidence | None:
+        if split is None:
+            return None
+        by_kind = {k: getattr(split.by_kind, k) for k in KINDS}
+        return cls(split.allocated, by_kind, split.unexplained, split.phase, split.step)
+
+    @property
+    def when(self) -> str:
+        """`` (step 0, setup)``, or nothing when the moment is not known."""
+        return f" (step {self.step}, {self.phase})" if self.phase and self.step is not None else ""
+
+    def sentence(self, requested: int | None = None) -> str:
+        return kinds_sentence(self.allocated, self.by_kind, self.unexplained, requested)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardtop.diagnose.facts import ENGINE_WORDS, OPTIMIZER_SHARDING_ENGINES, OomEvidence, fmt
+from shardtop.diagnose.facts import ENGINE_WORDS, OPTIMIZER_SHARDING_ENGINES, KindsEvidence, OomEvidence, fmt
 from shardtop.diagnose.finding import Evidence, Finding, Rule
 from shardtop.run_model import RunModel
 from shardtop.words import display_path
@@ -137,6 +137,8 @@ class OutOfMemory(Evidence):
     block_type: str
     others: tuple[str, ...]
     """The other ranks' OOMs, in words: ``rank 1 during setup in net.3``."""
+    peak: KindsEvidence | None = None
+    """What filled the rank's memory at its peak, by kind, where the probe split it."""
 
 
 def find_out_of_memory(m: RunModel) -> OutOfMemory | None:
@@ -153,6 +155,7 @@ def find_out_of_memory(m: RunModel) -> OutOfMemory | None:
             f"rank {s.rank} during {s.oom.phase}" + (f" in {display_path(s.module)}" if s.module is not None else "")
             for s in m.ooms[1:]
         ),
+        peak=KindsEvidence.of(rank.memory_peak) if (rank := m.rank(first.rank)) is not None else None,
     )
 
 
@@ -220,6 +223,8 @@ def explain_out_of_memory(e: OutOfMemory) -> Finding:
     ]
     if any(held):
         detail += " It " + ", ".join(h for h in held if h) + "."
+    if e.peak is not None:
+        detail += f" At the rank's peak{e.peak.when}: {e.peak.sentence()}."
     if e.others:
         detail += " Also out of memory: " + ", ".join(e.others) + "."
     return Finding(

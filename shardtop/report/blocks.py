@@ -9,11 +9,13 @@ from __future__ import annotations
 import time
 
 from shardtop.diagnose import Finding
-from shardtop.events import GpuMemory
+from shardtop.events import GpuMemory, Oom
+from shardtop.memory_kinds import KINDS, explained_share, split_sentence
 from shardtop.oom_story import OomStory
 from shardtop.plan.memory import when
 from shardtop.report.document import Block, Bullets, Details, Facts, Heading, Para, Table
 from shardtop.report.gather import ReportData, rank_gpu, rank_of_pid
+from shardtop.run_model import RankFacts
 from shardtop.report.tree_summary import summarize_tree
 from shardtop.units import count_words, format_bytes
 from shardtop.words import display_path
@@ -127,6 +129,7 @@ def oom_section(data: ReportData) -> list[Block]:
     rows.append(("requested", b(oom.requested_bytes)))
     if story.held:
         rows.append(("allocator", ", ".join(f"{label} {b(v)}" for label, v in story.held)))
+    rows += _oom_memory_rows(oom, data.model.rank(oom.rank))
     if story.error_line:
         rows.append(("error", story.error_line[:300]))
     others = data.model.ooms[1:]
@@ -137,6 +140,53 @@ def oom_section(data: ReportData) -> list[Block]:
         blocks.append(Para("GPUs at that moment:"))
         blocks.append(gpu_table(oom.gpus, rank_of_pid(data.model)))
     return blocks
+
+
+def _oom_memory_rows(oom: Oom, rank: RankFacts | None) -> list[tuple[str, str]]:
+    """What filled the memory at the rank's peak and at the OOM, by kind (issue-ready sentences)."""
+    rows = []
+    peak = rank.memory_peak if rank is not None else None
+    if peak is not None:
+        at = f" (step {peak.step}, {peak.phase})" if peak.phase and peak.step is not None else ""
+        rows.append((f"at the peak{at}", split_sentence(peak)))
+    if oom.memory is not None:
+        rows.append(("at the OOM", split_sentence(oom.memory, oom.requested_bytes)))
+    return rows
+
+
+def memory_section(data: ReportData) -> list[Block]:
+    """Each rank's peak by kind, beside the allocator's cache and memory outside PyTorch."""
+    m = data.model
+    peaks = [(r, r.memory_peak) for r in m.ranks]
+    if not any(split is not None for _, split in peaks):
+        return []
+    rows = []
+    for r, split in peaks:
+        if split is None:
+            rows.append((str(r.rank), "-", "-", *("-" for _ in KINDS), "-", "-", b(r.cache_bytes), b(r.outside_pytorch_bytes)))
+            continue
+        share = explained_share(split)
+        rows.append(
+            (
+                str(r.rank),
+                f"step {split.step}, {split.phase}" if split.phase else "-",
+                b(split.allocated),
+                *(b(getattr(split.by_kind, k)) for k in KINDS),
+                b(split.unexplained),
+                f"{100 * share:.1f} %" if share is not None else "-",
+                b(r.cache_bytes),
+                b(r.outside_pytorch_bytes),
+            )
+        )
+    headers = ("rank", "peak at", "allocated", *KINDS, "unexplained", "explained", "cache", "outside PyTorch")
+    notes = (
+        "params, grads, optimizer (state), activations (saved for backward), comm (communication buffers), "
+        "other (module buffers and temporaries): each kind measured from its own source (tensors found, engine buffers read, allocator blocks traced); "
+        "`unexplained` is what no source accounts for. `cache`: the allocator's reserved minus allocated, "
+        "`outside PyTorch`: NVML's count for the process minus reserved, each in the latest sample that has it."
+    )
+    right = frozenset(range(2, len(headers)))
+    return [Heading("Memory at the peak, by kind"), Table(headers, tuple(rows), right=right), Para(notes)]
 
 
 def gpu_table(gpus: list[GpuMemory], ranks_by_pid: dict[int, int]) -> Table:
@@ -337,6 +387,7 @@ def report_blocks(data: ReportData) -> list[Block]:
         *oom_section(data),
         *findings_section(data),
         *ranks_section(data),
+        *memory_section(data),
         *plan_section(data),
         *tree_section(data),
         *traceback_section(data),

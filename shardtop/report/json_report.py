@@ -9,8 +9,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+
 from shardtop.diagnose import Finding
 from shardtop.events import GpuMemory
+from shardtop.memory_kinds import split_dict
 from shardtop.oom_story import OomStory
 from shardtop.plan_check import MISS_MIN_BYTES, MISS_RATIO, PlanCheck, RankCheck
 from shardtop.report.gather import ReportData, rank_gpu
@@ -49,6 +52,10 @@ def _oom(story: OomStory) -> dict[str, Any]:
         "limit": o.limit,
         "total": o.total,
         "gpus": [_gpu(g) for g in o.gpus] if o.gpus is not None else None,
+        "peak": o.peak,
+        "memory": split_dict(o.memory),
+        "memory_peak": split_dict(o.peak_split),
+        "allocator_stats": msgspec.to_builtins(o.allocator) if o.allocator is not None else None,
         "message": o.message,
         "traceback": list(o.traceback),
         "t": o.t,
@@ -88,6 +95,10 @@ def _rank(m: RunModel, r: RankFacts) -> dict[str, Any]:
         "allocator": None
         if mem is None
         else {"allocated": mem.allocated, "reserved": mem.reserved, "peak": r.allocator_peak, "limit": mem.limit},
+        "memory_peak": split_dict(r.memory_peak),
+        "memory_now": split_dict(r.memory_now),
+        "cache_bytes": r.cache_bytes,
+        "outside_pytorch_bytes": r.outside_pytorch_bytes,
         "host_rss": mem.host_rss if mem is not None else None,
         "gpu": _gpu(gpu) if gpu is not None else None,
         "phase": r.state.phase,
@@ -164,17 +175,20 @@ def module_rows(data: ReportData) -> list[dict[str, Any]]:
     rows = []
     for row, path in enumerate(model.paths):
         ranks = []
-        if tree.params[row]:
+        activations = any(s.act_bytes is not None and row < len(s.act_bytes) and s.act_bytes[row] for _, s in shards)
+        if tree.params[row] or activations:
             for rank, s in shards:
                 d, st = s.device[row], s.state[row]
-                ranks.append(
-                    {
-                        "rank": rank,
-                        "bytes": s.bytes[row],
-                        "device": s.devices[d] if 0 <= d < len(s.devices) else None,
-                        "state": s.states[st] if 0 <= st < len(s.states) else None,
-                    }
-                )
+                held: dict[str, Any] = {
+                    "rank": rank,
+                    "bytes": s.bytes[row],
+                    "device": s.devices[d] if 0 <= d < len(s.devices) else None,
+                    "state": s.states[st] if 0 <= st < len(s.states) else None,
+                }
+                for key, values in (("grad_bytes", s.grad_bytes), ("optim_bytes", s.optim_bytes), ("act_bytes", s.act_bytes)):
+                    if values is not None and row < len(values):
+                        held[key] = values[row]  # absent where the snapshot had no such figure: 100 000 rows stay small
+                ranks.append(held)
         entry: dict[str, Any] = {
             "path": path,
             "type": tree.type_names[tree.types[row]],
