@@ -105,3 +105,12 @@ def test_memory_outside_pytorch_recorded_on_an_h200() -> None:
     [f] = data["findings"]
     assert f["code"] == "memory-outside-pytorch"
     assert data["ranks"][0]["outside_pytorch_bytes"] >= 6 * GiB
+
+
+def test_a_missed_plan_names_what_filled_the_peak() -> None:
+    data = json.loads(report(recording("manual-placement"), "json"))
+    [f] = data["findings"]
+    assert f["code"] == "plan-missed" and f["title"].startswith("The plan was 15 % low")
+    assert "At rank 0's peak (step 2, backward) the probe found 1.5 GiB allocated:" in f["detail"]
+    assert "292 MiB other" in f["detail"] and "the plan counts 387 MiB of activations" in f["detail"]
+    assert f["evidence"]["at_peak"]["by_kind"]["other"] == data["ranks"][0]["memory_peak"]["by_kind"]["other"]

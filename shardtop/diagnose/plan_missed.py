@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardtop.diagnose.facts import fmt
+from shardtop.diagnose.facts import KindsEvidence, fmt
 from shardtop.diagnose.finding import Evidence, Finding, Rule
 from shardtop.plan_check import MISS_MIN_BYTES, MISS_RATIO, RankCheck, relative_error
 from shardtop.run_model import RunModel
@@ -60,6 +60,11 @@ class PlanMissed(Evidence):
     """The part whose bytes differ most, when that is a good share of the peak's difference."""
     parts_compared: tuple[str, ...]
     """The parts measured on that rank, all within ``threshold`` of the plan when ``largest_part`` is None."""
+    at_peak: KindsEvidence | None = None
+    """What filled that rank's memory at its peak, by kind, where the probe split the peak."""
+    planned_activations: int = 0
+    planned_gathered: int = 0
+    planned_buffers: int = 0
 
 
 def _parts(r: RankCheck) -> list[PartDifference]:
@@ -99,6 +104,10 @@ def find_plan_missed(m: RunModel) -> PlanMissed | None:
         usable=check.plan.usable,
         largest_part=largest,
         parts_compared=tuple(d.part for d in parts),
+        at_peak=KindsEvidence.of(facts.memory_peak) if (facts := m.rank(r.rank)) is not None else None,
+        planned_activations=r.predicted.activations,
+        planned_gathered=r.predicted.gathered,
+        planned_buffers=r.predicted.buffers,
     )
 
 
@@ -108,6 +117,15 @@ def _part_words(e: PlanMissed) -> str:
         return (
             f"The part that differs most is the {PART_WORDS[d.part]}: planned {fmt(d.predicted)}, "
             f"held {fmt(d.measured)}."
+        )
+    if e.parts_compared and e.at_peak is not None:
+        names = " and ".join(PART_WORDS[p] for p in e.parts_compared)
+        return (
+            f"The {names} match the plan. At rank {e.rank}'s peak{e.at_peak.when} the probe found "
+            f"{e.at_peak.sentence()}; the plan counts {fmt(e.planned_activations)} of activations, "
+            f"{fmt(e.planned_gathered)} of gathered parameters and {fmt(e.planned_buffers)} of buffers, and no "
+            "temporaries or library workspaces (cuDNN's convolution workspace, chosen on the GPU at run time), "
+            "which the probe counts as other."
         )
     if e.parts_compared:
         names = " and ".join(PART_WORDS[p] for p in e.parts_compared)
