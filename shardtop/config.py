@@ -72,20 +72,6 @@ def parse_size(text: str | int) -> int:
     return int(Decimal(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
 
 
-def format_bytes(n: int | float | None) -> str:
-    """``1.96 GiB``, ``512 MiB``, ``3 B``: for people, not for parsing."""
-    if n is None:
-        return "?"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            if unit == "B":
-                return f"{int(size)} B"
-            return f"{size:.3g} {unit}" if abs(size) < 100 else f"{size:.0f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"  # pragma: no cover
-
-
 @dataclass(frozen=True)
 class Preset:
     name: str

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardtop.config import ConfigError, apply_cpu_defaults, format_bytes
+from shardtop.config import ConfigError, apply_cpu_defaults
 from shardtop.runs import RunDirectory, RunError, is_running, process_start_time
+from shardtop.units import format_bytes
 
 CPU_DEFAULT_DEVICES = 2
 """Processes a preset runs on a machine without GPUs when ``devices=auto``."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shardtop.config import ConfigError, format_bytes, parse_size, preset_names, resolve, split_overrides
+from shardtop.config import ConfigError, parse_size, preset_names, resolve, split_overrides
+from shardtop.units import format_bytes
 from shardtop.launch import resolve_devices
 
 
