@@ -116,7 +116,8 @@ def test_each_rule_has_a_run_showing_it_and_runs_that_do_not(reports: Any, code:
 
 
 GPU_ONLY = {
-    "cuda-context-on-wrong-gpu": "NVML's process list: shown on the two-GPU recordings",
+    "cuda-context-on-wrong-gpu": "NVML's process list of two GPUs: shown on an event stream shaped like story 1's "
+    "(test_story_1_on_gpus_gpu_0_fills_and_rank_1_uses_it); gpu/scenarios/wrong_gpu.py records it on two GPUs",
     "probe-fault": "shown by a real shard reader failure in tests/probe/test_reliability.py; absent from every run here",
     "plan-missed": "needs an allocator's peak (CPU processes have none): shown on the H200 recording of "
     "manual-placement, with its plan, in tests/test_plan_after_run.py",

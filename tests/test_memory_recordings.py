@@ -114,3 +114,25 @@ def test_a_missed_plan_names_what_filled_the_peak() -> None:
     assert "At rank 0's peak (step 2, backward) the probe found 1.5 GiB allocated:" in f["detail"]
     assert "292 MiB other" in f["detail"] and "the plan counts 387 MiB of activations" in f["detail"]
     assert f["evidence"]["at_peak"]["by_kind"]["other"] == data["ranks"][0]["memory_peak"]["by_kind"]["other"]
+
+
+@pytest.mark.parametrize(
+    ("code", "shown_by", "not_by"),
+    [
+        # 3.3 GiB free in split blocks under an 8 GiB cap / a set-up OOM with 3.17 GiB cached;
+        # against an OOM whose allocator cached 3 MiB (the memory was held outside PyTorch)
+        ("allocator-fragmentation", ["gpu-fragmentation-9f88", "zero3-linear-fixed"], ["gpu-outside-pytorch-efa7"]),
+        # 6 GiB held through the CUDA driver beside PyTorch; against DDP's 1.3 GiB of CUDA context
+        # and cuDNN workspace, which is ordinary
+        ("memory-outside-pytorch", ["gpu-outside-pytorch-ddb9", "gpu-outside-pytorch-efa7"], ["ddp-baseline"]),
+    ],
+)
+def test_gpu_only_rules_on_real_h200_runs(code: str, shown_by: list[str], not_by: list[str]) -> None:
+    for name in shown_by:
+        codes = [f["code"] for f in json.loads(report(recording(name), "json"))["findings"]]
+        assert code in codes, (name, codes)
+    for name in not_by:
+        data = json.loads(report(recording(name), "json"))
+        assert code not in [f["code"] for f in data["findings"]], name
+    ddp = read_run(RunDirectory(recording("ddp-baseline"))).ranks[0]
+    assert ddp.outside_pytorch_bytes is not None and ddp.outside_pytorch_bytes > GiB, "the near miss is near"

@@ -88,7 +88,8 @@ GPU_ONLY = {
     "allocator-fragmentation": "the allocator's reserved and allocated bytes at a CUDA OOM",
     "memory-outside-pytorch": "NVML's reading of the rank's GPU next to its allocator's",
 }
-"""Rules whose evidence only a GPU run has (gpu/scenarios/ records a run that shows each)."""
+"""Rules whose evidence only a GPU run has: each is shown, and not shown, on H200 recordings in
+tests/test_memory_recordings.py (gpu/scenarios/ made them)."""
 
 
 @pytest.fixture(scope="module")
