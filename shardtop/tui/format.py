@@ -24,6 +24,7 @@ __all__ = [
     "BAR_RESERVED",
     "STATUS_MARKS",
     "bar",
+    "column_widths",
     "display_path",
     "duration",
     "format_bytes",
@@ -206,6 +207,11 @@ def gpu_line_parts(gpu: GpuMemory, width: int) -> dict[str, str]:
 
 PROCESS_COLUMNS = ("PID", "USER", "GPU", "GPU MEM", "CPU %", "RSS", "RUN / RANK", "COMMAND")
 """The columns of the table of processes on the GPUs, as ``process_cells`` fills them."""
+
+
+def column_widths(rows: Sequence[Sequence[str]]) -> tuple[int, ...]:
+    """Each column's width: that of its widest cell (a header counts as a row)."""
+    return tuple(max(len(cell) for cell in column) for column in zip(*rows, strict=True))
 
 
 def process_cells(p: GpuProcessInfo, owners: Mapping[int, RankOwner]) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ from shardtop.tui.format import (
     BAR_EMPTY,
     BAR_FULL,
     bar,
+    column_widths,
     display_path,
     duration,
     fraction,
@@ -80,3 +81,11 @@ def test_truncate_and_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert short_run_id("my-run") == "my-run"
     monkeypatch.chdir(tmp_path)
     assert display_path(tmp_path / "runs" / "x") == "runs/x"
+
+
+def test_columns_are_as_wide_as_their_widest_cell_header_included() -> None:
+    assert column_widths([("PID", "USER", "CPU %"), ("4194401", "trainer", "99"), ("7", "alice (other user)", "-")]) == (
+        7,
+        18,
+        5,
+    )
