@@ -12,6 +12,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
+from typing import Literal
 
 from shardtop.events import Shards, Tree, Unit, tree_paths
 from shardtop.run_state import RunState
@@ -19,6 +20,14 @@ from shardtop.shard_placement import Placement, PlacementMasks, placement_masks
 
 FOLD_MIN = 5
 """Fewer consecutive look-alike siblings than this stay separate rows (so q, k, v, o projections keep their names)."""
+
+Figure = Literal["params", "grads", "optimizer", "activations", "total"]
+"""What the rank columns count per module: one kind of memory, or the four summed."""
+FIGURES: tuple[Figure, ...] = ("params", "grads", "optimizer", "activations", "total")
+"""The choices, in the order the tree cycles through them."""
+_PER_MODULE = {"grads": "grad_bytes", "optimizer": "optim_bytes", "activations": "act_bytes"}
+"""The ``Shards`` list of each kind besides parameters."""
+_KINDS_IN_TOTAL: tuple[Figure, ...] = ("grads", "optimizer", "activations")
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,10 @@ class ShardModel:
     """Modules a sharding unit is rooted at (the lowest rank's units: every rank has the same)."""
     placed: PlacementMasks | None = None
     """Where each subtree's parameters are, over every rank."""
+    _figure_sums: dict[Figure, Mapping[int, tuple[int, ...] | None]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """Subtree sums of each kind besides parameters, computed the first time a view asks for that kind."""
 
     @classmethod
     def build(
@@ -252,6 +265,40 @@ class ShardModel:
         if isinstance(node, Fold):
             return sum(per_row[m] for m in self.members(node))
         return per_row[node]
+
+    def node_figure(self, node: Node, rank: int, figure: Figure = "params") -> int | None:
+        """Bytes of ``figure`` in the node's subtree on ``rank``; None where the rank reported none
+        of that kind (a snapshot taken before any gradient, optimizer state or explained forward)."""
+        if figure == "params":
+            return self.node_bytes(node, rank)
+        per_row = self.figure_sums(figure).get(rank)
+        if per_row is None:
+            return None
+        if isinstance(node, Fold):
+            return sum(per_row[m] for m in self.members(node))
+        return per_row[node]
+
+    def figure_sums(self, figure: Figure) -> Mapping[int, tuple[int, ...] | None]:
+        """Each rank's subtree sums of ``figure`` (``total``: parameters plus every kind the rank
+        reported); None for a rank without that kind.  Summed once, when first asked for."""
+        if figure == "params":
+            return self.rank_bytes
+        found = self._figure_sums.get(figure)
+        if found is None:
+            found = self._figure_sums[figure] = MappingProxyType(
+                {rank: self._sums(figure, rank) for rank in self.ranks}
+            )
+        return found
+
+    def _sums(self, figure: Figure, rank: int) -> tuple[int, ...] | None:
+        s = self.shards[rank]
+        if figure == "total":
+            kinds = [v for k in _KINDS_IN_TOTAL if (v := self.figure_sums(k).get(rank)) is not None]
+            return tuple(map(sum, zip(self.rank_bytes[rank], *kinds, strict=True)))
+        own = getattr(s, _PER_MODULE[figure])
+        if own is None or len(own) != self.size:
+            return None
+        return tuple(subtree_sums(own, self.tree.parents))
 
     def node_full_bytes(self, node: Node) -> int:
         if isinstance(node, Fold):

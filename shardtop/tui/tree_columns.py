@@ -12,6 +12,8 @@ from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 
+from shardtop.shard_model import Figure
+
 NAME_MIN = 24
 """Cells the module names keep before anything else gives way: ``│ │ ├─▶ transformers_out``."""
 PARAMS = 6
@@ -22,6 +24,26 @@ RANGE = 11
 """``1.00M…3.50G``, the one column all ranks fold into when theirs do not fit."""
 LAYOUTS = ((16, 13, 10), (12, 13, 10), (12, 13, 0), (10, 13, 0), (10, 0, 0))
 """(type, state, device) widths, widest first; the device goes before the state, the state before a rank."""
+
+
+FIGURE_WORDS: dict[Figure, str] = {
+    "params": "parameter",
+    "grads": "gradient",
+    "optimizer": "optimizer",
+    "activations": "activation",
+    "total": "total",
+}
+"""What the rank columns count, said in the header: ``gradient bytes →``."""
+
+
+def module_heading(figure: Figure, width: int) -> str:
+    """The header over the module names, saying what the rank columns count:
+    ``module      optimizer bytes →``, shorter (``optimizer →``) where that does not fit."""
+    words = FIGURE_WORDS[figure]
+    for label in (f"{words} bytes per rank →", f"{words} bytes →", f"{words} →"):
+        if len("module") + 1 + len(label) <= width:
+            return "module" + label.rjust(width - len("module"))
+    return "module".ljust(width)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Runs are the real recordings committed under ``tests/fixtures/runs/``:
 ``h200/`` (every preset on one NVIDIA H200, story 2 under a 15 GiB cap) and
 ``cpu-6ranks/`` (story 2 on 6 gloo CPU processes), ``cpu-2hosts/`` (a user's
 own FSDP2 script on two hosts of two CPU ranks each), and under
-``tests/tui/fixtures/runs/`` (``fsdp2-mlp`` on 2 CPU processes).  They are
+``tests/tui/fixtures/runs/`` (``fsdp2-mlp`` on 2 CPU processes), ``h200-split/`` (the
+presets on one H200 with each rank's memory split by kind).  They are
 named here ``machine/preset`` (or ``machine/program`` for a user's own job):
 ``h200/zero3-linear``, ``cpu-6ranks/zero3-linear``, ``cpu/fsdp2-mlp``,
 ``cpu-2hosts/fsdp2_train``.
@@ -37,6 +38,7 @@ GIB = 1024**3
 MACHINES = {
     "h200": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "h200",
     "h200x2": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "h200x2",
+    "h200-split": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "h200-split",
     "cpu-6ranks": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-6ranks",
     "cpu": Path(__file__).resolve().parent / "fixtures" / "runs",
     "cpu-2hosts": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-2hosts",

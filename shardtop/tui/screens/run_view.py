@@ -175,7 +175,7 @@ class RunScreen(Screen[None]):
             self.set_class(snap.tree is None and not snap.live, "-treeless")
             tree.set_model(snap.tree, oom_path)
             tree.show_hosts(snap.model.ranks_by_host)
-            self.query_one(OomPanel).show(snap.model.ooms, snap.findings)
+            self.query_one(OomPanel).show(snap.model, snap.findings)
             self.query_one(FindingsList).show(snap.findings)
             self.query_one(LogPane).append(snap.new_log)
             self._show_plan(snap)

@@ -12,8 +12,10 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from shardtop.diagnose import Finding
-from shardtop.events import GpuMemory
+from shardtop.events import GpuMemory, MemorySplit
+from shardtop.memory_kinds import split_sentence
 from shardtop.oom_story import OomStory
+from shardtop.run_model import RunModel
 from shardtop.tui.format import bar, format_bytes, fraction, short_bytes
 from shardtop.words import display_path
 from shardtop.tui.widgets.findings_list import finding_text
@@ -57,14 +59,50 @@ def gpu_table(gpus: list[GpuMemory], width: int = 16) -> Table:
     return table
 
 
+def moment(split: MemorySplit) -> str:
+    """`` (setup)``, `` (backward, step 2)``: when a split was taken, where known."""
+    words = ", ".join(w for w in (split.phase, f"step {split.step}" if split.step else "") if w)
+    return f" ({words})" if words else ""
+
+
+def memory_table(story: OomStory, peak: MemorySplit | None) -> Table | None:
+    """What filled the rank's memory, in words: at its peak, and at the OOM with what it asked for.
+
+    The request goes with the OOM's moment only: a set-up OOM often comes after a higher peak
+    that passed, and the peak plus the request was never asked for at once.  One line when the
+    peak is the OOM's own moment, or when only one of them was split.
+    """
+    oom = story.oom
+    at_oom = oom.memory
+    rows: list[tuple[str, str]] = []
+    if peak is not None and (at_oom is None or peak != at_oom):
+        rows.append(("at its peak", split_sentence(peak) + moment(peak)))
+    if at_oom is not None:
+        label = "at the OOM" if rows or peak is None else "at the OOM, its peak"
+        rows.append((label, split_sentence(at_oom, oom.requested_bytes)))
+    elif rows and oom.requested_bytes is not None:
+        rows.append(("at the OOM", f"asked for {format_bytes(oom.requested_bytes)} more"))
+    if not rows:
+        return None
+    table = Table.grid(padding=(0, 1))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for label, words in rows:
+        table.add_row(label, words)
+    return table
+
+
 def trimmed(text: Text) -> Text:
     """``text`` without its closing newline: the section titles bring their own blank line."""
     text.rstrip()
     return text
 
 
-def oom_report(story: OomStory, findings: tuple[Finding, ...], others: tuple[OomStory, ...]) -> RenderableType:
-    """The OOM panel's content: what failed, why (the findings that explain it), then the evidence."""
+def oom_report(
+    story: OomStory, findings: tuple[Finding, ...], others: tuple[OomStory, ...], peak: MemorySplit | None = None
+) -> RenderableType:
+    """The OOM panel's content: what failed and what filled the memory (``peak``: the rank's split at
+    its peak, ``RankFacts.memory_peak``), why (the findings that explain it), then the evidence."""
     oom = story.oom
     head = Text()
     head.append("✗ OUT OF MEMORY", "bold reverse")
@@ -94,6 +132,9 @@ def oom_report(story: OomStory, findings: tuple[Finding, ...], others: tuple[Oom
     why = [f for f in findings if f.severity == "error"]
     other = [f for f in findings if f.severity != "error"]
     parts: list[RenderableType] = [head]
+    memory = memory_table(story, peak)
+    if memory is not None:
+        parts.append(memory)
     if why:
         parts += [Text("\nWhy", style="bold underline"), *(trimmed(finding_text(f)) for f in why)]
     parts += [Text("\nWhat happened", style="bold underline"), facts]
@@ -119,9 +160,12 @@ class OomPanel(VerticalScroll):
     def compose(self) -> ComposeResult:
         yield Static("No rank has run out of memory.", id="oom-text")
 
-    def show(self, ooms: tuple[OomStory, ...], findings: tuple[Finding, ...]) -> None:
-        """``ooms``: the read model's, the first first."""
-        key = (tuple(id(s.oom) for s in ooms), findings)
+    def show(self, model: RunModel, findings: tuple[Finding, ...]) -> None:
+        """The read model's OOMs (the first leads) and the first OOM's rank's split at its peak."""
+        ooms = model.ooms
+        facts = model.rank(ooms[0].rank) if ooms else None
+        peak = facts.memory_peak if facts is not None else None
+        key = (tuple(id(s.oom) for s in ooms), findings, id(peak))
         if key == self._shown:
             return
         self._shown = key
@@ -129,4 +173,4 @@ class OomPanel(VerticalScroll):
             self.oom = None
             return
         self.oom = ooms[0]
-        self.query_one("#oom-text", Static).update(oom_report(ooms[0], findings, ooms[1:]))
+        self.query_one("#oom-text", Static).update(oom_report(ooms[0], findings, ooms[1:], peak))

@@ -5,12 +5,19 @@ its ranks, or, past ``HOST_LINES_FROM`` ranks, one line per host summing its
 ranks up (lowest…highest allocation, the worst status), so 512 ranks take 64
 lines; when those do not fit, the worst hosts come first and the last line sums
 up the rest (``host_memory.host_lines``).
+
+Where the probe split a rank's allocated memory by kind (``RankFacts.memory_now``),
+its bar stacks the kinds, then the allocator's cache and memory outside PyTorch,
+each in its colour, with the rank's peak marked (``memory_bar``); a legend says
+the kinds' sizes where there is room.  Without a split (CPU ranks, older
+recordings) the bar is allocated █ within reserved ▒ within the limit ░.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.style import Style
 from rich.text import Text
 from textual.geometry import Size
 from textual.reactive import reactive
@@ -20,6 +27,21 @@ from shardtop.run_model import RankStatus, RunModel
 from shardtop.run_state import RankState
 from shardtop.tui.format import bar, fraction, short_bytes, sparkline, split_bar
 from shardtop.tui.host_groups import by_host, rank_spans
+from shardtop.tui.memory_bar import (
+    FREE,
+    PEAK_LEFT,
+    SMALL,
+    BarPart,
+    BarRun,
+    LegendEntry,
+    bar_parts,
+    glyph,
+    legend_entries,
+    legend_lines,
+    peak_cell,
+    stacked_runs,
+    zoom_of,
+)
 from shardtop.tui.repaint import PaintsChanges
 from shardtop.tui.widgets.host_memory import HOST_LINES_FROM, host_lines, host_memory_rows
 
@@ -41,11 +63,24 @@ class RankMemoryRow:
     """The NVML view of the rank's GPU (matched by pid, else by device index)."""
     history: tuple[int, ...]
     status: RankStatus
+    parts: tuple[BarPart, ...] = ()
+    """What fills the rank's memory now, by kind, then the cache and memory outside PyTorch
+    (``memory_bar.bar_parts``); empty where the probe split nothing (the bar is not stacked then)."""
 
     @property
     def whole(self) -> int | None:
         """What the allocation is measured against: the limit, else the GPU, else the allocator's own peak."""
         return self.limit or (self.gpu.total if self.gpu else None) or self.peak or self.reserved
+
+    @property
+    def stacked(self) -> bool:
+        """The bar stacks the kinds: a split on a rank with an allocator."""
+        return bool(self.parts) and self.allocated is not None
+
+    @property
+    def top(self) -> int:
+        """The most the bar has to show: the peak or all the parts, whichever is higher."""
+        return max(self.peak or 0, sum(p.bytes for p in self.parts))
 
 
 STATUS_WORDS = {"out of memory": "OOM"}
@@ -90,6 +125,9 @@ def rank_rows(model: RunModel) -> tuple[RankMemoryRow, ...]:
         m = rs.memory
         gpus = model.state.gpus.get(rs.host, ())
         allocated, reserved, peak = held(rs)
+        parts = bar_parts(r.memory_now, r.cache_bytes, r.outside_pytorch_bytes)
+        if parts and r.allocator_peak is not None:
+            peak = r.allocator_peak  # the mark on a stacked bar is allocated memory's peak
         rows.append(
             RankMemoryRow(
                 rank=rs.rank,
@@ -104,14 +142,23 @@ def rank_rows(model: RunModel) -> tuple[RankMemoryRow, ...]:
                 gpu=gpu_of(rs, gpus),
                 history=rs.allocated_history,
                 status=r.status,
+                parts=parts,
             )
         )
     return tuple(rows)
 
 
-def line_shape(rows: tuple[RankMemoryRow, ...]) -> tuple[tuple[str, bool, bool], ...]:
-    """What decides how many lines the bars take (at one width): the ranks' hosts, allocator and NVML figures."""
-    return tuple((r.host, r.allocated is None, r.gpu is None) for r in rows)
+def line_shape(rows: tuple[RankMemoryRow, ...]) -> tuple[tuple[str, bool, bool, bool], ...]:
+    """What decides how many lines the bars take (at one width): the ranks' hosts, allocator, NVML figures
+    and splits (a stacked bar has a legend)."""
+    return tuple((r.host, r.allocated is None, r.gpu is None, r.stacked) for r in rows)
+
+
+LEGEND_LINES = {"wide": 1, "tall": 1}
+"""Lines of legend under a stacked bar, by layout (the other layouts have no room); a rank alone in
+the tall layout gets two."""
+WIDE_LEGEND_RANKS = 4
+"""Up to this many ranks keep their legend in the wide layout (more would push ranks off the panel)."""
 
 
 def memory_layout(width: int, ranks: int) -> str:
@@ -140,6 +187,17 @@ class RankMemory(PaintsChanges):
         "rank-memory--nvml",
         "rank-memory--oom",
         "rank-memory--muted",
+        "rank-memory--params",
+        "rank-memory--grads",
+        "rank-memory--optimizer",
+        "rank-memory--activations",
+        "rank-memory--comm",
+        "rank-memory--other",
+        "rank-memory--unexplained",
+        "rank-memory--cache",
+        "rank-memory--outside",
+        "rank-memory--small",
+        "rank-memory--peak",
     }
 
     DEFAULT_CSS = """
@@ -157,7 +215,8 @@ class RankMemory(PaintsChanges):
         super().__init__(id=id, classes=classes)
         self.border_title = "Memory per rank"
         self._drawn: tuple[tuple[object, ...], Text] | None = None
-        self._shape: tuple[tuple[str, bool, bool], ...] = ()
+        self._shape: tuple[tuple[str, bool, bool, bool], ...] = ()
+        self._zoom = 1
 
     def show(self, model: RunModel) -> None:
         """New figures repaint the bars; the screen is laid out again only when the bars need more or fewer lines."""
@@ -206,7 +265,13 @@ class RankMemory(PaintsChanges):
         out = Text(no_wrap=True, overflow="ellipsis")
         top = max((r.peak or r.reserved or r.allocated or r.host_rss or 0) for r in self.rows) or 1
         labels = {row.rank: self._label(row, layout) for row in self.rows}
+        self._zoom = zoom_of([(r.top, r.whole or 0) for r in self.rows if r.stacked])
         label_width = max(label.cell_len for label in labels.values())
+        legend = LEGEND_LINES.get(layout, 0)
+        if layout == "tall" and len(self.rows) == 1:
+            legend = 2
+        elif layout == "wide" and len(self.rows) > WIDE_LEGEND_RANKS:
+            legend = 0
         lines = 0
         for host, group in groups:
             if headings:
@@ -217,7 +282,7 @@ class RankMemory(PaintsChanges):
                 lines += 1
             for row in group:
                 out.append("\n" if lines else "")
-                self._render_row(out, row, labels[row.rank], label_width, width, layout, top)
+                self._render_row(out, row, labels[row.rank], label_width, width, layout, top, legend)
                 lines += 1
         return out
 
@@ -241,15 +306,17 @@ class RankMemory(PaintsChanges):
             out.append(f" {status.mark} {word}", style("rank-memory--oom"))
 
     def _render_row(
-        self, out: Text, row: RankMemoryRow, label: Text, label_width: int, width: int, layout: str, top: int
+        self, out: Text, row: RankMemoryRow, label: Text, label_width: int, width: int, layout: str, top: int, legend: int
     ) -> None:
-        """One rank's lines in ``layout`` (``memory_layout``); one-line labels padded to ``label_width``."""
+        """One rank's lines in ``layout`` (``memory_layout``); one-line labels padded to ``label_width``;
+        ``legend``: lines of legend under a stacked bar."""
         out.append_text(label)
         if row.allocated is not None:
             whole = row.whole or 1
             figures = f"{short_bytes(row.allocated)}/{short_bytes(whole)}"
         else:
             whole, figures = top, f"rss {short_bytes(row.host_rss)}"
+        legend = legend if row.stacked else 0
         if layout == "one-line" or (layout == "wide" and row.allocated is None):
             # a CPU rank has one figure (its RSS): label, history and figure fit one line even when wide
             out.append(" " * (label_width - label.cell_len + 1))
@@ -258,19 +325,24 @@ class RankMemory(PaintsChanges):
             return
         if layout in ("two-line", "tall"):
             out.append("  " + figures + "\n ")
-            self._bar(out, row, whole, top, max(4, width - 2))
-            if layout == "tall" and row.allocated is not None:
+            runs = self._bar(out, row, whole, top, max(4, width - 2))
+            if legend:
+                peak = LegendEntry("peak", PEAK_LEFT, row.peak) if row.peak else None
+                self._legend(out, row, runs, max(4, width - 2), legend, " ", peak)
+            elif layout == "tall" and row.allocated is not None:
                 out.append(f"\n resv {short_bytes(row.reserved)} · peak {short_bytes(row.peak)}")
             if layout == "tall" and row.gpu is not None:
                 self._nvml(out, row.gpu, max(4, width - 19), " ", "")
             return
         out.append("\n  ")
-        self._bar(out, row, whole, top, max(6, min(40, width - 4)))
+        runs = self._bar(out, row, whole, top, max(6, min(40, width - 4)))
+        if legend:
+            self._legend(out, row, runs, max(6, width - 2), legend, "  ", None)
         of = f"{short_bytes(row.limit)} limit" if row.limit else short_bytes(whole)
-        out.append(
-            f"\n  alloc {short_bytes(row.allocated)} · resv {short_bytes(row.reserved)}"
-            f" · peak {short_bytes(row.peak)} of {of}"
-        )
+        out.append(f"\n  alloc {short_bytes(row.allocated)} · resv {short_bytes(row.reserved)} · ")
+        if row.stacked and row.peak:
+            out.append(PEAK_LEFT, self.get_component_rich_style("rank-memory--peak"))
+        out.append(f"peak {short_bytes(row.peak)} of {of}")
         if row.gpu is not None:
             self._nvml(out, row.gpu, max(6, min(40, width - 26)), "  ", " NVML")
 
@@ -283,13 +355,69 @@ class RankMemory(PaintsChanges):
         out.append(empty, style("rank-memory--free"))
         out.append(f" {short_bytes(g.used)}/{short_bytes(g.total)}{suffix}")
 
-    def _bar(self, out: Text, row: RankMemoryRow, whole: int, top: int, width: int) -> None:
-        """Allocated █ within reserved ▒ within the limit ░; CPU ranks: their RSS history."""
+    def _bar(self, out: Text, row: RankMemoryRow, whole: int, top: int, width: int) -> tuple[BarRun, ...]:
+        """Stacked by kind (``_stacked``: returns its runs); else allocated █ within reserved ▒ within
+        the limit ░; CPU ranks: their RSS history."""
         style = self.get_component_rich_style
         if row.allocated is None:
             out.append(sparkline(row.history, width, maximum=top), style("rank-memory--allocated"))
-            return
+            return ()
+        if row.stacked:
+            return self._stacked(out, row, whole, width, words=width >= 30)
         a, r, f = split_bar(fraction(row.allocated, whole), fraction(row.reserved, whole), width)
         out.append(a, style("rank-memory--allocated"))
         out.append(r, style("rank-memory--reserved"))
         out.append(f, style("rank-memory--free"))
+        return ()
+
+    def _part_style(self, name: str, holds: tuple[str, ...] = ()) -> Style:
+        """A part's colour (``rank-memory--optimizer``...); the small run takes its one part's, or its own."""
+        if name == SMALL and len(holds) == 1:
+            name = holds[0]
+        return self.get_component_rich_style(f"rank-memory--{name}")
+
+    def _stacked(self, out: Text, row: RankMemoryRow, whole: int, width: int, words: bool) -> tuple[BarRun, ...]:
+        """The parts in ``width`` cells (`` zoom ×N``, narrow `` ×N``, after them when magnified), the peak a
+        line at its place."""
+        zoom = (" zoom" if words else "") + f" ×{self._zoom}" if self._zoom > 1 else ""
+        cells = max(4, width - len(zoom))
+        scale = max(1, whole // self._zoom)
+        mark = peak_cell(row.peak, scale, cells)
+        peak = self.get_component_rich_style("rank-memory--peak")
+        at = 0
+        runs = stacked_runs(row.parts, scale, cells)
+        for run in runs:
+            style = self._part_style(run.name, run.holds)
+            text = glyph(run.name) * run.cells
+            if mark is not None and at <= mark[0] < at + run.cells:
+                i = mark[0] - at
+                under = Style(bgcolor=style.color) if run.name != FREE and style.color else Style()
+                out.append(text[:i], style)
+                out.append(mark[1], style + under + peak)
+                out.append(text[i + 1 :], style)
+            else:
+                out.append(text, style)
+            at += run.cells
+        out.append(zoom, self.get_component_rich_style("rank-memory--muted"))
+        return runs
+
+    def _legend(
+        self,
+        out: Text,
+        row: RankMemoryRow,
+        runs: tuple[BarRun, ...],
+        width: int,
+        lines: int,
+        indent: str,
+        peak: LegendEntry | None,
+    ) -> None:
+        """``█param 3.91G █optim 3.91G ▒cache 3.17G ▏peak 11.7G``: the largest parts that fit, in bar
+        order, each glyph as ``runs`` drew it, in its part's colour."""
+        legend = legend_lines(legend_entries(row.parts, runs), width, lines, [peak] if peak else [])
+        for line in legend.lines:
+            out.append("\n" + indent)
+            for i, entry in enumerate(line):
+                out.append("" if i == 0 else " ")
+                out.append(entry.glyph, self._part_style(entry.name))
+                out.append(entry.text[len(entry.glyph) :])
+        out.append(legend.more, self.get_component_rich_style("rank-memory--muted"))

@@ -28,6 +28,8 @@ from textual.strip import Strip
 
 from shardtop.tui.format import short_bytes, short_count
 from shardtop.shard_model import (
+    FIGURES,
+    Figure,
     Fold,
     Line,
     Node,
@@ -41,7 +43,7 @@ from shardtop.shard_model import (
 )
 from shardtop.tui.host_groups import RankColumn, hosts_caption, rank_columns
 from shardtop.tui.repaint import set_border_text
-from shardtop.tui.tree_columns import TreeColumns, cut, fit, tree_columns
+from shardtop.tui.tree_columns import TreeColumns, cut, fit, module_heading, tree_columns
 
 OOM_WORDS = "✗ OOM"
 TITLE = "Shard tree"
@@ -76,6 +78,7 @@ class ShardTree(ScrollView, can_focus=True):
         Binding("enter,space", "toggle_node", "Open/close"),
         Binding("right", "open", "Open", show=False),
         Binding("left", "close", "Close/parent", show=False),
+        Binding("c", "next_figure", "Columns"),
         Binding("n", "next_match(1)", "Next match", show=False),
         Binding("N", "next_match(-1)", "Previous match", show=False),
     ]
@@ -102,6 +105,8 @@ class ShardTree(ScrollView, can_focus=True):
 
     cursor: reactive[int] = reactive(0, repaint=False)
     """Index of the selected line among the visible lines."""
+    figure: reactive[Figure] = reactive[Figure]("params", repaint=False)
+    """What the rank columns count per module: parameters, gradients, optimizer state, activations or their total."""
     empty_words: reactive[str] = reactive("No module tree yet: the ranks send it once the model is built.")
     """What the tree says while it has no model (a run that failed before its model existed says why)."""
 
@@ -254,6 +259,13 @@ class ShardTree(ScrollView, can_focus=True):
         if parent >= 0:
             self._move_to(parent)
 
+    def action_next_figure(self) -> None:
+        """The rank columns count the next kind of memory (``FIGURES``, round)."""
+        self.figure = FIGURES[(FIGURES.index(self.figure) + 1) % len(FIGURES)]
+
+    def watch_figure(self) -> None:
+        self._invalidate()
+
     def action_next_match(self, delta: int) -> None:
         if not self._matches:
             return
@@ -379,7 +391,7 @@ class ShardTree(ScrollView, can_focus=True):
     def _header(self, width: int) -> Strip:
         style = self.rich_style + self.get_component_rich_style("shard-tree--header")
         cols = self._columns(width)
-        cells = ["module".ljust(cols.name), " ", "type".ljust(cols.type), " ", "params".rjust(cols.params)]
+        cells = [module_heading(self.figure, cols.name), " ", "type".ljust(cols.type), " ", "params".rjust(cols.params)]
         if cols.state:
             cells += [" ", "state".ljust(cols.state)]
         if cols.device:
@@ -448,10 +460,11 @@ class ShardTree(ScrollView, can_focus=True):
                 cells += [(" ", base), (cut(placed.device, cols.device), base + cs("shard-tree--device"))]
         for column in self._rank_columns[: cols.ranks_shown]:
             before = (HOST_SEPARATOR, base + cs("shard-tree--guides")) if column.starts_host else (" ", base)
-            cells += [before, (short_bytes(model.node_bytes(node, column.rank)).rjust(cols.rank), base)]
+            figure = model.node_figure(node, column.rank, self.figure)
+            cells += [before, (short_bytes(figure).rjust(cols.rank), base)]
         if cols.range and model.ranks:
-            per_rank = [model.node_bytes(node, r) for r in model.ranks]
-            low, high = short_bytes(min(per_rank)), short_bytes(max(per_rank))
+            known = [v for r in model.ranks if (v := model.node_figure(node, r, self.figure)) is not None]
+            low, high = short_bytes(min(known, default=None)), short_bytes(max(known, default=None))
             cells += [(" ", base), ((low if low == high else f"{low}…{high}").rjust(cols.range), base)]
         segments += fit(cells, max(0, width - cols.name), base)
         return Strip(segments, width)
