@@ -6,8 +6,8 @@ what no source explains), followed by the allocator's cache (reserved minus
 allocated) and the device memory the process holds outside PyTorch.  Each
 gets whole cells in proportion to its bytes; a kind too small for half a cell
 is not dropped but drawn with the other small ones in one ``▪`` run, so a
-glance never misses that something is there.  The peak is a thin line at its
-own position.
+glance never misses that something is there.  The peak is a ``│`` in the cell
+it falls in.
 
 Pure: no Textual, so the arithmetic is unit-tested on its own; the widget
 (``RankMemory``) only styles the runs.
@@ -37,8 +37,8 @@ GLYPHS: dict[str, str] = {"unexplained": "▓", CACHE: BAR_RESERVED, OUTSIDE: "�
 without colour: measured █, unexplained ▓, cache ▒, outside PyTorch ▚, small kinds ▪, free ░."""
 SHORT: dict[str, str] = {**KIND_SHORT, "unexplained": "unexpl", CACHE: "cache", OUTSIDE: "outside"}
 """The legend's word for each part."""
-PEAK_LEFT, PEAK_RIGHT = "▏", "▕"
-"""The peak's mark: a line on the left edge of the cell where the peak falls (the right edge of the last)."""
+PEAK = "│"
+"""The peak's mark, drawn in the cell where the peak falls."""
 ZOOM_FROM = 4
 """Bars are magnified when every rank uses under a quarter of what it may use."""
 
@@ -117,13 +117,12 @@ def _shares(sizes: Sequence[int], cells: int) -> list[int]:
     return out
 
 
-def peak_cell(peak: int | None, scale: int, width: int) -> tuple[int, str] | None:
-    """Where the peak's mark goes: (cell, glyph); the line sits on the cell's left edge, which is
-    ``peak`` on the bar's scale, or on the right edge of the last cell when the peak fills the bar."""
+def peak_cell(peak: int | None, scale: int, width: int) -> int | None:
+    """The cell the peak falls in (cell ``i`` measures ``i/width`` up to ``(i+1)/width`` of ``scale``),
+    the last one when it fills the bar or more; None without a peak."""
     if peak is None or peak <= 0 or scale <= 0 or width <= 0:
         return None
-    at = round(peak / scale * width)
-    return (at, PEAK_LEFT) if at < width else (width - 1, PEAK_RIGHT)
+    return min(width - 1, int(peak / scale * width))
 
 
 def zoom_of(tops: Sequence[tuple[int, int]]) -> int:

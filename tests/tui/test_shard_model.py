@@ -184,3 +184,30 @@ def test_100k_modules_build_and_show_fast() -> None:
     elapsed = time.perf_counter() - started
     assert len(lines) == 2
     assert elapsed < 1.5, f"building a 100k-module model took {elapsed:.2f}s"
+
+
+def test_each_kind_of_bytes_sums_per_module_and_rank() -> None:
+    """fsdp-auto-wrap on an H200 after its steps: each module's own gradient, optimizer and activation
+    bytes (the probe's lists) summed over its subtree, as the rank columns show them; total adds them up."""
+    model = recorded_model("h200-split/fsdp-auto-wrap")
+    s = model.shards[0]
+    assert s.grad_bytes is not None and s.optim_bytes is not None and s.act_bytes is not None
+    assert model.node_figure(0, 0, "params") == sum(s.bytes) == 4 * model.node_params(0), "fp32, replicated"
+    assert model.node_figure(0, 0, "grads") == sum(s.grad_bytes) == sum(s.bytes)
+    assert model.node_figure(0, 0, "optimizer") == sum(s.optim_bytes) > 0
+    assert model.node_figure(0, 0, "activations") == sum(s.act_bytes) > 0
+    assert model.node_figure(0, 0, "total") == sum(s.bytes) + sum(s.grad_bytes) + sum(s.optim_bytes) + sum(s.act_bytes)
+    conv1 = model.row_of("conv1")
+    assert conv1 is not None and model.node_figure(conv1, 0, "grads") == s.grad_bytes[conv1]
+    fold_ = next(n for entries in model.entries.values() for n in entries if isinstance(n, Fold))
+    members = model.members(fold_)
+    assert model.node_figure(fold_, 0, "activations") == sum(model.node_figure(m, 0, "activations") or 0 for m in members)
+
+
+def test_a_kind_no_rank_reported_reads_none_not_zero() -> None:
+    """zero3-linear-fixed on an H200: the OOM came at set-up, before any gradient existed."""
+    model = recorded_model("h200-split/zero3-linear-fixed")
+    assert model.shards[0].grad_bytes is None
+    assert model.node_figure(0, 0, "grads") is None and model.node_figure(0, 0, "activations") is None
+    assert model.node_figure(0, 0, "total") == model.node_figure(0, 0, "params"), "the total of what is known"
+    assert model.node_figure(0, 7, "grads") is None, "a rank the run does not have"

@@ -212,3 +212,28 @@ def test_run_view_of_a_real_fsdp2_run(snap_compare: Any, in_tmp: Path) -> None:
     runs = copy_runs(in_tmp / "runs", "cpu/fsdp2-mlp")
     app = run_app(in_tmp / "runs", runs["cpu/fsdp2-mlp"])
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_ready("down", "down", "down", "enter", "m"))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_run_view_of_memory_by_kind_at_a_setup_oom(snap_compare: Any, in_tmp: Path, size: tuple[int, int]) -> None:
+    """zero3-linear-fixed on an H200 with a 15 GiB cap: the bar stacks parameters, 1 KiB of gradients (▪),
+    optimizer state, comm buffers and the cache, the peak at 11.7 GiB; the OOM tab says what filled it."""
+    runs = copy_runs(in_tmp / "runs", "h200-split/zero3-linear-fixed")
+    app = run_app(in_tmp / "runs", runs["h200-split/zero3-linear-fixed"])
+    assert snap_compare(app, terminal_size=size, run_before=run_ready())
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_run_view_of_memory_by_kind_of_a_finished_run(snap_compare: Any, in_tmp: Path, size: tuple[int, int]) -> None:
+    """fsdp-auto-wrap on an H200: 2.96 GiB of 140 at its peak, the bar magnified ×47; c: gradient bytes per module."""
+    runs = copy_runs(in_tmp / "runs", "h200-split/fsdp-auto-wrap")
+    app = run_app(in_tmp / "runs", runs["h200-split/fsdp-auto-wrap"])
+    assert snap_compare(app, terminal_size=size, run_before=run_ready("c"))
+
+
+def test_memory_by_kind_without_colour(snap_compare: Any, in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NO_COLOR: the kinds measured █, the cache ▒, the small kinds ▪ and the peak │ still read, the legend in words."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    runs = copy_runs(in_tmp / "runs", "h200-split/zero3-linear-fixed")
+    app = run_app(in_tmp / "runs", runs["h200-split/zero3-linear-fixed"])
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_ready())

@@ -17,6 +17,12 @@ SYMBOLS = (
     ("✗", "a module on the way to the one that ran out of memory"),
     ("◆", "the root of a sharding unit (FSDP unit, ZeRO partition…)"),
     ("█ ▒ ░", "allocated, reserved but free, and free memory"),
+    (
+        "█ ▓ ▒ ▚ ▪ │",
+        "a rank's memory by kind, each kind in its colour (the legend names them): measured, unexplained, "
+        "the allocator's cache, outside PyTorch, kinds too small for a cell; the rank's peak",
+    ),
+    ("zoom ×47", "the memory bars magnified 47 times: every rank uses under a quarter of its GPU"),
     ("● ✓ ✗ ■ ?", "running, finished, failed, stopped, lost"),
     ("✗ error  ! warning  i info", "how serious a finding is"),
 )

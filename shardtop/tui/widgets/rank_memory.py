@@ -29,7 +29,7 @@ from shardtop.tui.format import bar, fraction, short_bytes, sparkline, split_bar
 from shardtop.tui.host_groups import by_host, rank_spans
 from shardtop.tui.memory_bar import (
     FREE,
-    PEAK_LEFT,
+    PEAK,
     SMALL,
     BarPart,
     BarRun,
@@ -327,7 +327,7 @@ class RankMemory(PaintsChanges):
             out.append("  " + figures + "\n ")
             runs = self._bar(out, row, whole, top, max(4, width - 2))
             if legend:
-                peak = LegendEntry("peak", PEAK_LEFT, row.peak) if row.peak else None
+                peak = LegendEntry("peak", PEAK, row.peak) if row.peak else None
                 self._legend(out, row, runs, max(4, width - 2), legend, " ", peak)
             elif layout == "tall" and row.allocated is not None:
                 out.append(f"\n resv {short_bytes(row.reserved)} · peak {short_bytes(row.peak)}")
@@ -335,13 +335,14 @@ class RankMemory(PaintsChanges):
                 self._nvml(out, row.gpu, max(4, width - 19), " ", "")
             return
         out.append("\n  ")
-        runs = self._bar(out, row, whole, top, max(6, min(40, width - 4)))
+        longest = 40 + (len(self._zoom_words(True)) if row.stacked else 0)  # the zoom's words beside 40 cells
+        runs = self._bar(out, row, whole, top, max(6, min(longest, width - 4)))
         if legend:
             self._legend(out, row, runs, max(6, width - 2), legend, "  ", None)
         of = f"{short_bytes(row.limit)} limit" if row.limit else short_bytes(whole)
         out.append(f"\n  alloc {short_bytes(row.allocated)} · resv {short_bytes(row.reserved)} · ")
         if row.stacked and row.peak:
-            out.append(PEAK_LEFT, self.get_component_rich_style("rank-memory--peak"))
+            out.append(PEAK, self.get_component_rich_style("rank-memory--peak"))
         out.append(f"peak {short_bytes(row.peak)} of {of}")
         if row.gpu is not None:
             self._nvml(out, row.gpu, max(6, min(40, width - 26)), "  ", " NVML")
@@ -379,7 +380,7 @@ class RankMemory(PaintsChanges):
     def _stacked(self, out: Text, row: RankMemoryRow, whole: int, width: int, words: bool) -> tuple[BarRun, ...]:
         """The parts in ``width`` cells (`` zoom ×N``, narrow `` ×N``, after them when magnified), the peak a
         line at its place."""
-        zoom = (" zoom" if words else "") + f" ×{self._zoom}" if self._zoom > 1 else ""
+        zoom = self._zoom_words(words)
         cells = max(4, width - len(zoom))
         scale = max(1, whole // self._zoom)
         mark = peak_cell(row.peak, scale, cells)
@@ -389,17 +390,21 @@ class RankMemory(PaintsChanges):
         for run in runs:
             style = self._part_style(run.name, run.holds)
             text = glyph(run.name) * run.cells
-            if mark is not None and at <= mark[0] < at + run.cells:
-                i = mark[0] - at
+            if mark is not None and at <= mark < at + run.cells:
+                i = mark - at
                 under = Style(bgcolor=style.color) if run.name != FREE and style.color else Style()
                 out.append(text[:i], style)
-                out.append(mark[1], style + under + peak)
+                out.append(PEAK, style + under + peak)
                 out.append(text[i + 1 :], style)
             else:
                 out.append(text, style)
             at += run.cells
         out.append(zoom, self.get_component_rich_style("rank-memory--muted"))
         return runs
+
+    def _zoom_words(self, words: bool) -> str:
+        """`` zoom ×47`` (`` ×47`` without ``words``) after a magnified bar; empty when it is not."""
+        return ((" zoom" if words else "") + f" ×{self._zoom}") if self._zoom > 1 else ""
 
     def _legend(
         self,
