@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rich.style import Style
 from rich.text import Text
 from textual.geometry import Size
 from textual.reactive import reactive
@@ -27,23 +26,10 @@ from shardtop.run_model import RankStatus, RunModel
 from shardtop.run_state import RankState
 from shardtop.tui.format import bar, fraction, short_bytes, sparkline, split_bar
 from shardtop.tui.host_groups import by_host, rank_spans
-from shardtop.tui.memory_bar import (
-    FREE,
-    PEAK,
-    SMALL,
-    BarPart,
-    BarRun,
-    LegendEntry,
-    bar_parts,
-    glyph,
-    legend_entries,
-    legend_lines,
-    peak_cell,
-    stacked_runs,
-    zoom_of,
-)
+from shardtop.tui.memory_bar import PEAK, BarPart, BarRun, LegendEntry, bar_parts, zoom_of
 from shardtop.tui.repaint import PaintsChanges
 from shardtop.tui.widgets.host_memory import HOST_LINES_FROM, host_lines, host_memory_rows
+from shardtop.tui.widgets.stacked_memory import bar_legend, stacked_bar, zoom_words
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,17 +314,17 @@ class RankMemory(PaintsChanges):
             runs = self._bar(out, row, whole, top, max(4, width - 2))
             if legend:
                 peak = LegendEntry("peak", PEAK, row.peak) if row.peak else None
-                self._legend(out, row, runs, max(4, width - 2), legend, " ", peak)
+                bar_legend(out, row.parts, runs, max(4, width - 2), legend, " ", peak, self.get_component_rich_style)
             elif layout == "tall" and row.allocated is not None:
                 out.append(f"\n resv {short_bytes(row.reserved)} · peak {short_bytes(row.peak)}")
             if layout == "tall" and row.gpu is not None:
                 self._nvml(out, row.gpu, max(4, width - 19), " ", "")
             return
         out.append("\n  ")
-        longest = 40 + (len(self._zoom_words(True)) if row.stacked else 0)  # the zoom's words beside 40 cells
+        longest = 40 + (len(zoom_words(self._zoom, True)) if row.stacked else 0)  # the zoom's words beside 40 cells
         runs = self._bar(out, row, whole, top, max(6, min(longest, width - 4)))
         if legend:
-            self._legend(out, row, runs, max(6, width - 2), legend, "  ", None)
+            bar_legend(out, row.parts, runs, max(6, width - 2), legend, "  ", None, self.get_component_rich_style)
         of = f"{short_bytes(row.limit)} limit" if row.limit else short_bytes(whole)
         out.append(f"\n  alloc {short_bytes(row.allocated)} · resv {short_bytes(row.reserved)} · ")
         if row.stacked and row.peak:
@@ -364,65 +350,11 @@ class RankMemory(PaintsChanges):
             out.append(sparkline(row.history, width, maximum=top), style("rank-memory--allocated"))
             return ()
         if row.stacked:
-            return self._stacked(out, row, whole, width, words=width >= 30)
+            zoom = zoom_words(self._zoom, words=width >= 30)
+            scale = max(1, whole // self._zoom)
+            return stacked_bar(out, row.parts, row.peak, scale, width, zoom, self.get_component_rich_style)
         a, r, f = split_bar(fraction(row.allocated, whole), fraction(row.reserved, whole), width)
         out.append(a, style("rank-memory--allocated"))
         out.append(r, style("rank-memory--reserved"))
         out.append(f, style("rank-memory--free"))
         return ()
-
-    def _part_style(self, name: str, holds: tuple[str, ...] = ()) -> Style:
-        """A part's colour (``rank-memory--optimizer``...); the small run takes its one part's, or its own."""
-        if name == SMALL and len(holds) == 1:
-            name = holds[0]
-        return self.get_component_rich_style(f"rank-memory--{name}")
-
-    def _stacked(self, out: Text, row: RankMemoryRow, whole: int, width: int, words: bool) -> tuple[BarRun, ...]:
-        """The parts in ``width`` cells (`` zoom ×N``, narrow `` ×N``, after them when magnified), the peak a
-        line at its place."""
-        zoom = self._zoom_words(words)
-        cells = max(4, width - len(zoom))
-        scale = max(1, whole // self._zoom)
-        mark = peak_cell(row.peak, scale, cells)
-        peak = self.get_component_rich_style("rank-memory--peak")
-        at = 0
-        runs = stacked_runs(row.parts, scale, cells)
-        for run in runs:
-            style = self._part_style(run.name, run.holds)
-            text = glyph(run.name) * run.cells
-            if mark is not None and at <= mark < at + run.cells:
-                i = mark - at
-                under = Style(bgcolor=style.color) if run.name != FREE and style.color else Style()
-                out.append(text[:i], style)
-                out.append(PEAK, style + under + peak)
-                out.append(text[i + 1 :], style)
-            else:
-                out.append(text, style)
-            at += run.cells
-        out.append(zoom, self.get_component_rich_style("rank-memory--muted"))
-        return runs
-
-    def _zoom_words(self, words: bool) -> str:
-        """`` zoom ×47`` (`` ×47`` without ``words``) after a magnified bar; empty when it is not."""
-        return ((" zoom" if words else "") + f" ×{self._zoom}") if self._zoom > 1 else ""
-
-    def _legend(
-        self,
-        out: Text,
-        row: RankMemoryRow,
-        runs: tuple[BarRun, ...],
-        width: int,
-        lines: int,
-        indent: str,
-        peak: LegendEntry | None,
-    ) -> None:
-        """``█param 3.91G █optim 3.91G ▒cache 3.17G ▏peak 11.7G``: the largest parts that fit, in bar
-        order, each glyph as ``runs`` drew it, in its part's colour."""
-        legend = legend_lines(legend_entries(row.parts, runs), width, lines, [peak] if peak else [])
-        for line in legend.lines:
-            out.append("\n" + indent)
-            for i, entry in enumerate(line):
-                out.append("" if i == 0 else " ")
-                out.append(entry.glyph, self._part_style(entry.name))
-                out.append(entry.text[len(entry.glyph) :])
-        out.append(legend.more, self.get_component_rich_style("rank-memory--muted"))
