@@ -3,7 +3,8 @@
     python screenshots/make_screenshots.py [--out screenshots] [--only NAME ...]
 
 The runs are the recordings committed under ``tests/fixtures/runs/`` (``h200/``:
-every preset on one NVIDIA H200; ``cpu-6ranks/``: story 2 on 6 CPU processes)
+every preset on one NVIDIA H200; ``h200-split/``: presets on one H200 with each
+rank's memory split by kind; ``cpu-6ranks/``: story 2 on 6 CPU processes)
 and ``tests/tui/fixtures/runs/``, diagnosed live.  NVML's answers are the samples
 recorded inside those runs; the 8-GPU machine is made of them (no 8-GPU machine
 was at hand; see ``tests/tui/recorded.py``).  ``home-live-nvml-*`` were taken on
@@ -52,6 +53,8 @@ from tests.tui.recorded import (  # noqa: E402
 )
 from tests.tui.waiting import settled, wait_for  # noqa: E402
 
+SPLIT_RUNS = ("h200-split/zero3-linear-fixed", "h200-split/fsdp-auto-wrap")
+"""Recordings with each rank's memory split by kind (one H200), for the stacked bars."""
 LAPTOP = HostSample(cpu_percent=3.0, cores=8, memory_used=6 * 2**30, memory_total=31 * 2**30)
 LETTER_SPACING = "0.16px"
 """(0.61 - 0.602) em at Textual's 20 px font: what DejaVu Sans Mono lacks per cell."""
@@ -68,6 +71,8 @@ class Shot:
     size: tuple[int, int]
     app: Callable[[dict[str, Path]], ShardtopApp]
     ready: Callable[[Any], Awaitable[None]]
+    cwd: str = ""
+    """Where the shot is taken, under the temporary directory: run directories are shown relative to it."""
 
 
 def home_ready() -> Callable[[Any], Awaitable[None]]:
@@ -122,7 +127,7 @@ def shots() -> list[Shot]:
     def run_view(name: str) -> Callable[[dict[str, Path]], ShardtopApp]:
         def make(runs: dict[str, Path]) -> ShardtopApp:
             host = RecordedHost(H200_HOST)
-            return ShardtopApp(root_of(runs), run=str(runs[name]), gpu_source=recorded_h200(), host_probe=host)  # type: ignore[arg-type]
+            return ShardtopApp(runs[name].parent, run=str(runs[name]), gpu_source=recorded_h200(), host_probe=host)  # type: ignore[arg-type]
 
         return make
 
@@ -160,6 +165,20 @@ def shots() -> list[Shot]:
             wide,
             run_view("cpu-6ranks/zero3-linear-fixed"),
             run_ready("down", "down", "enter", "down", "f"),
+        ),
+        Shot(
+            "memory-zero3-linear-fixed-oom-h200",
+            (120, 40),
+            run_view("h200-split/zero3-linear-fixed"),
+            run_ready(),  # the set-up OOM: what filled the 15 GiB at the peak and at the OOM
+            cwd="split",
+        ),
+        Shot(
+            "memory-fsdp-auto-wrap-h200",
+            (120, 40),
+            run_view("h200-split/fsdp-auto-wrap"),
+            run_ready("c", "c"),  # a finished run, the bar magnified; the tree's columns: optimizer bytes
+            cwd="split",
         ),
         Shot("help", (100, 36), run_view("h200/zero3-linear"), run_ready("question_mark")),
         Shot(
@@ -207,10 +226,11 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     chosen = [s for s in shots() if args.only is None or s.name in args.only]
     with tempfile.TemporaryDirectory() as tmp:
-        os.chdir(tmp)  # the run view shows run directories relative to here: "runs/<id>"
         runs = copy_runs(Path(tmp) / "runs", *ALL_RUNS)
+        runs |= copy_runs(Path(tmp) / "split" / "runs", *SPLIT_RUNS)  # kept out of the home views' run list
         pngs = True
         for shot in chosen:
+            os.chdir(Path(tmp) / shot.cwd)  # the run view shows run directories relative to here: "runs/<id>"
             svg = out / f"{shot.name}.svg"
             svg.write_text(asyncio.run(take(shot, runs)))
             pngs = to_png(svg, out / f"{shot.name}.png") and pngs
