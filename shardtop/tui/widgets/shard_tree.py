@@ -7,6 +7,9 @@ siblings are folded (``net.0 … net.17999  18000 × Linear``) and a line's
 children are only computed when it is opened, so 100 000 modules cost what is
 visible.  The rank columns of a run over several hosts go host by host, a ``│``
 where a host begins; the border's subtitle says which ranks each host ran.
+``c`` chooses what the rank columns count (``ShardModel.node_figure``):
+parameter, gradient, optimizer or activation bytes, or their total; the
+header says which, and a rank without that figure reads ``-``.
 """
 
 from __future__ import annotations
