@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardtop.events import ATTRIBUTED_BY_WORDS, Oom
+from shardtop.events import ATTRIBUTED_BY_WORDS, MemorySplit, Oom
+from shardtop.memory_kinds import split_sentence
 from shardtop.units import format_bytes
 from shardtop.words import display_path
 
@@ -138,3 +139,15 @@ class OomStory:
         """The first line of the error message."""
         lines = self.oom.message.strip().splitlines()
         return lines[0] if lines else ""
+
+    def memory_rows(self, peak: MemorySplit | None) -> tuple[tuple[str, str], ...]:
+        """What filled the memory at the rank's peak (``peak``: ``RankFacts.memory_peak``) and at the OOM,
+        by kind, as (label, sentence): ``at the peak (step 0, setup)``, ``at the OOM``; the request goes
+        with the OOM's moment, when it was asked for."""
+        rows = []
+        if peak is not None:
+            at = f" (step {peak.step}, {peak.phase})" if peak.phase and peak.step is not None else ""
+            rows.append((f"at the peak{at}", split_sentence(peak)))
+        if self.oom.memory is not None:
+            rows.append(("at the OOM", split_sentence(self.oom.memory, self.oom.requested_bytes)))
+        return tuple(rows)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from rich.cells import cell_len
 
 from shardtop.events import MemorySplit
-from shardtop.memory_kinds import KIND_SHORT, measured
+from shardtop.memory_kinds import KIND_SHORT, TRACE_SHARE, measured
 from shardtop.tui.format import BAR_EMPTY, BAR_FULL, BAR_RESERVED, short_bytes
 
 CACHE = "cache"
@@ -66,12 +66,15 @@ class BarRun:
 
 def bar_parts(split: MemorySplit | None, cache: int | None, outside: int | None) -> tuple[BarPart, ...]:
     """The parts in the order they stack: the kinds a source measured, what none explains, the cache,
-    memory outside PyTorch.  Empty without a split (the bar is drawn as allocated/reserved then)."""
+    memory outside PyTorch; parts under a thousandth of them all are rounding, not memory, and left
+    out (as ``split_sentence`` leaves them out).  Empty without a split (the bar is drawn as
+    allocated/reserved then)."""
     if split is None:
         return ()
     parts = [BarPart(r.kind, r.bytes) for r in measured(split) if r.bytes > 0]
     parts += [BarPart(name, b) for name, b in ((CACHE, cache), (OUTSIDE, outside)) if b]
-    return tuple(parts)
+    total = sum(p.bytes for p in parts)
+    return tuple(p for p in parts if p.bytes * TRACE_SHARE >= total)
 
 
 def stacked_runs(parts: Sequence[BarPart], scale: int, width: int) -> tuple[BarRun, ...]:

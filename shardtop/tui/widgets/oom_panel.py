@@ -13,7 +13,6 @@ from textual.widgets import Static
 
 from shardtop.diagnose import Finding
 from shardtop.events import GpuMemory, MemorySplit
-from shardtop.memory_kinds import split_sentence
 from shardtop.oom_story import OomStory
 from shardtop.run_model import RunModel
 from shardtop.tui.format import bar, format_bytes, fraction, short_bytes
@@ -59,37 +58,14 @@ def gpu_table(gpus: list[GpuMemory], width: int = 16) -> Table:
     return table
 
 
-def moment(split: MemorySplit) -> str:
-    """`` (setup)``, `` (backward, step 2)``: when a split was taken, where known."""
-    words = ", ".join(w for w in (split.phase, f"step {split.step}" if split.step else "") if w)
-    return f" ({words})" if words else ""
-
-
-def memory_table(story: OomStory, peak: MemorySplit | None) -> Table | None:
-    """What filled the rank's memory, in words: at its peak, and at the OOM with what it asked for.
-
-    The request goes with the OOM's moment only: a set-up OOM often comes after a higher peak
-    that passed, and the peak plus the request was never asked for at once.  One line when the
-    peak is the OOM's own moment, or when only one of them was split.
-    """
-    oom = story.oom
-    at_oom = oom.memory
-    rows: list[tuple[str, str]] = []
-    if peak is not None and (at_oom is None or peak != at_oom):
-        rows.append(("at its peak", split_sentence(peak) + moment(peak)))
-    if at_oom is not None:
-        label = "at the OOM" if rows or peak is None else "at the OOM, its peak"
-        rows.append((label, split_sentence(at_oom, oom.requested_bytes)))
-    elif rows and oom.requested_bytes is not None:
-        rows.append(("at the OOM", f"asked for {format_bytes(oom.requested_bytes)} more"))
+def memory_words(story: OomStory, peak: MemorySplit | None) -> Text | None:
+    """What filled the rank's memory at its peak and at the OOM, one paragraph each (``OomStory.memory_rows``,
+    as the report says it): ``at the peak (step 0, setup) 11.7 GiB allocated: …``; None where the probe
+    split neither."""
+    rows = story.memory_rows(peak)
     if not rows:
         return None
-    table = Table.grid(padding=(0, 1))
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")
-    for label, words in rows:
-        table.add_row(label, words)
-    return table
+    return Text("\n").join(Text.assemble((label, "bold"), " ", words) for label, words in rows)
 
 
 def trimmed(text: Text) -> Text:
@@ -132,7 +108,7 @@ def oom_report(
     why = [f for f in findings if f.severity == "error"]
     other = [f for f in findings if f.severity != "error"]
     parts: list[RenderableType] = [head]
-    memory = memory_table(story, peak)
+    memory = memory_words(story, peak)
     if memory is not None:
         parts.append(memory)
     if why:
