@@ -102,7 +102,10 @@ def stacked_runs(parts: Sequence[BarPart], scale: int, width: int) -> tuple[BarR
     if small:
         groups.append((SMALL, sum(p.bytes for p in small), tuple(p.name for p in parts if p in small)))
     cells = _shares([b for _, b, _ in groups], filled)
-    made = {name if name != SMALL else holds[0]: BarRun(name, n, holds) for (name, _, holds), n in zip(groups, cells)}
+    made = {
+        name if name != SMALL else holds[0]: BarRun(name, n, holds)
+        for (name, _, holds), n in zip(groups, cells, strict=True)
+    }
     runs = [made[p.name] for p in parts if p.name in made]
     return (*runs, BarRun(FREE, width - filled)) if filled < width else tuple(runs)
 

@@ -6,8 +6,6 @@ recorded at a real set-up OOM on an H200 and on any split hypothesis makes up.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
