@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import time
 
-from shardtop.diagnose import Finding
-from shardtop.events import GpuMemory, Oom
-from shardtop.memory_kinds import KINDS, explained_share, split_sentence
+from shardtop.events import GpuMemory
+from shardtop.memory_kinds import KINDS, explained_share
 from shardtop.oom_story import OomStory
 from shardtop.plan.memory import when
-from shardtop.report.document import Block, Bullets, Details, Facts, Heading, Para, Table
+from shardtop.report.document import (
+    Block,
+    Bullets,
+    Details,
+    Facts,
+    Heading,
+    Para,
+    Table,
+)
 from shardtop.report.gather import ReportData, rank_gpu, rank_of_pid
-from shardtop.run_model import RankFacts
 from shardtop.report.tree_summary import summarize_tree
 from shardtop.units import count_words, format_bytes
 from shardtop.words import display_path
@@ -129,7 +135,8 @@ def oom_section(data: ReportData) -> list[Block]:
     rows.append(("requested", b(oom.requested_bytes)))
     if story.held:
         rows.append(("allocator", ", ".join(f"{label} {b(v)}" for label, v in story.held)))
-    rows += _oom_memory_rows(oom, data.model.rank(oom.rank))
+    rank = data.model.rank(oom.rank)
+    rows += story.memory_rows(rank.memory_peak if rank is not None else None)
     if story.error_line:
         rows.append(("error", story.error_line[:300]))
     others = data.model.ooms[1:]
@@ -140,18 +147,6 @@ def oom_section(data: ReportData) -> list[Block]:
         blocks.append(Para("GPUs at that moment:"))
         blocks.append(gpu_table(oom.gpus, rank_of_pid(data.model)))
     return blocks
-
-
-def _oom_memory_rows(oom: Oom, rank: RankFacts | None) -> list[tuple[str, str]]:
-    """What filled the memory at the rank's peak and at the OOM, by kind (issue-ready sentences)."""
-    rows = []
-    peak = rank.memory_peak if rank is not None else None
-    if peak is not None:
-        at = f" (step {peak.step}, {peak.phase})" if peak.phase and peak.step is not None else ""
-        rows.append((f"at the peak{at}", split_sentence(peak)))
-    if oom.memory is not None:
-        rows.append(("at the OOM", split_sentence(oom.memory, oom.requested_bytes)))
-    return rows
 
 
 def memory_section(data: ReportData) -> list[Block]:
