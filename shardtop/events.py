@@ -52,8 +52,12 @@ removes it when it sees it, within a memory sample."""
 Scalar = Union[str, int, float, bool, None]
 
 
-class Event(msgspec.Struct, tag_field="kind", kw_only=True):
-    """Fields every event carries."""
+class Event(msgspec.Struct, tag_field="kind", kw_only=True, frozen=True):
+    """Fields every event carries.
+
+    Frozen, like every struct in an event: what a rank wrote is what every view reads, and no
+    reader can change it for the others.  Build a changed copy with ``msgspec.structs.replace``.
+    """
 
     v: int = SCHEMA_VERSION
     rank: int = 0
@@ -61,7 +65,7 @@ class Event(msgspec.Struct, tag_field="kind", kw_only=True):
     t: float = 0.0
 
 
-class Hello(Event, tag="hello"):
+class Hello(Event, tag="hello", frozen=True):
     """A rank came up: who it is and what it runs."""
 
     pid: int
@@ -87,7 +91,7 @@ class Hello(Event, tag="hello"):
     """``PYTORCH_CUDA_ALLOC_CONF`` (or ``PYTORCH_ALLOC_CONF``) as the rank saw it; None where unset."""
 
 
-class Tree(Event, tag="tree"):
+class Tree(Event, tag="tree", frozen=True):
     """The module structure, column-wise, in pre-order (a parent precedes its children).
 
     ``params`` and ``bytes`` count a module's *own* parameters (not its
@@ -107,7 +111,7 @@ class Tree(Event, tag="tree"):
     bytes: list[int]
 
 
-class Unit(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Unit(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """One unit of sharding: an FSDP unit, a ZeRO partition, a DDP replica."""
 
     module: int
@@ -133,7 +137,7 @@ class Unit(msgspec.Struct, kw_only=True, omit_defaults=True):
     """FSDP2: the unit is a root (it never reshards after forward by default); None where not known."""
 
 
-class Shards(Event, tag="shards"):
+class Shards(Event, tag="shards", frozen=True):
     """How this rank holds the model: arrays aligned with ``Tree`` rows."""
 
     tree_id: int
@@ -169,7 +173,7 @@ class Shards(Event, tag="shards"):
     """Engine-wide facts: sharding strategy, mesh shape, data-parallel size, precision..."""
 
 
-class GpuMemory(msgspec.Struct, kw_only=True, omit_defaults=True):
+class GpuMemory(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """One GPU as NVML saw it."""
 
     index: int
@@ -183,7 +187,7 @@ class GpuMemory(msgspec.Struct, kw_only=True, omit_defaults=True):
     pids: list[int] = []
 
 
-class MemoryKinds(msgspec.Struct, kw_only=True, omit_defaults=True):
+class MemoryKinds(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """Bytes of a rank's device memory by what holds them; each None where its source was not read.
 
     Every kind is measured from its own source (tensors found, engine buffers read, allocator
@@ -212,7 +216,7 @@ class MemoryKinds(msgspec.Struct, kw_only=True, omit_defaults=True):
     the optimizer step and other blocks allocated by recognised code."""
 
 
-class MemorySplit(msgspec.Struct, kw_only=True, omit_defaults=True):
+class MemorySplit(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """What fills a rank's allocated memory at one moment: ``by_kind`` plus ``unexplained``."""
 
     allocated: int | None = None
@@ -231,7 +235,7 @@ class MemorySplit(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The phase of that moment (setup, forward, backward, optimizer...), when known."""
 
 
-class AllocatorStats(msgspec.Struct, kw_only=True, omit_defaults=True):
+class AllocatorStats(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """The CUDA caching allocator's key numbers (``torch.cuda.memory_stats``), in bytes and counts."""
 
     allocated: int
@@ -250,7 +254,7 @@ class AllocatorStats(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The largest free block inside reserved memory; only where a memory snapshot was taken (at an OOM)."""
 
 
-class Memory(Event, tag="memory"):
+class Memory(Event, tag="memory", frozen=True):
     """A memory sample of this rank (and, from each node's local rank 0, its GPUs)."""
 
     device: str = "cpu"
@@ -277,14 +281,14 @@ class Memory(Event, tag="memory"):
     allocator's reserved memory); ``process_used - reserved`` is memory outside PyTorch's allocator."""
 
 
-class Phase(Event, tag="phase"):
+class Phase(Event, tag="phase", frozen=True):
     """The rank entered a phase: setup, forward, backward, optimizer, validation, teardown."""
 
     phase: str
     step: int = 0
 
 
-class Step(Event, tag="step"):
+class Step(Event, tag="step", frozen=True):
     """A training step finished."""
 
     step: int
@@ -292,7 +296,7 @@ class Step(Event, tag="step"):
     seconds: float | None = None
 
 
-class Oom(Event, tag="oom"):
+class Oom(Event, tag="oom", frozen=True):
     """The rank ran out of memory, written and flushed before the error goes on."""
 
     phase: str
@@ -338,7 +342,7 @@ ATTRIBUTED_BY_WORDS: dict[str, str] = {
 """``Oom.attributed_by`` in words, for every screen and report that says how the culprit was found."""
 
 
-class Fault(Event, tag="fault"):
+class Fault(Event, tag="fault", frozen=True):
     """Part of the probe failed on this rank and was switched off; training went on."""
 
     part: str
@@ -360,7 +364,7 @@ FAULT_PARTS: dict[str, str] = {
 """``Fault.part`` in words: "the probe's {words} failed on rank N"."""
 
 
-class Exit(Event, tag="exit"):
+class Exit(Event, tag="exit", frozen=True):
     """The rank is leaving."""
 
     code: int
@@ -371,7 +375,7 @@ class Exit(Event, tag="exit"):
     """The signal that ended the rank (SIGTERM, SIGINT, SIGHUP) when ``status`` is interrupted."""
 
 
-class PlannedRank(msgspec.Struct, kw_only=True, omit_defaults=True):
+class PlannedRank(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """What ``shardtop plan`` predicts one rank holds on its device, in bytes (``plan.memory.PerRank``)."""
 
     params: int
@@ -387,7 +391,7 @@ class PlannedRank(msgspec.Struct, kw_only=True, omit_defaults=True):
     next forward, next backward (``plan.memory.TIMELINE``)."""
 
 
-class Planned(Event, tag="plan"):
+class Planned(Event, tag="plan", frozen=True):
     """The plan of the strategy this run really runs, written once at set-up by the rank that knows it.
 
     The report and the run view set it against what the ranks measured; every
@@ -500,13 +504,13 @@ class EventWriter:
             self.stopped = _reason(self._file.full)
 
     def write(self, event: Event) -> bool:
-        """Append ``event``; False if it was not written."""
-        event.rank = self.rank
-        event.host = self.host
-        event.t = time.time()
+        """Append ``event`` stamped with this rank, host and the time now; False if it was not written.
+
+        Events are frozen: the stamped copy is what is written, ``event`` itself is left as it was.
+        """
         last = isinstance(event, LAST_RECORDS)
         try:
-            line = encode(event)
+            line = encode(msgspec.structs.replace(event, rank=self.rank, host=self.host, t=time.time()))
         except Exception:  # noqa: BLE001 - an event that cannot be encoded (or no memory left) is dropped
             return False
         with self._lock:

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from shardtop.diagnose import RULES, Evidence, Finding, Rule, diagnose, severity_key
@@ -300,8 +301,7 @@ _clock = [1_800_000_000.0]
 def _stamp(event: Event, rank: int, host: str = "gpu-box") -> Event:
     """``event`` as rank ``rank`` on ``host`` wrote it, a tenth of a second after the previous one."""
     _clock[0] += 0.1
-    event.rank, event.host, event.t = rank, host, _clock[0]
-    return event
+    return msgspec.structs.replace(event, rank=rank, host=host, t=_clock[0])
 
 
 def story1_gpu_state(foreign_pid: bool = True, oom: bool = True) -> RunModel:

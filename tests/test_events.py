@@ -6,13 +6,17 @@ import json
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from shardtop.events import (
     SCHEMA_VERSION,
     EventReader,
     EventWriter,
     Exit,
+    GpuMemory,
     Hello,
+    Memory,
+    MemorySplit,
     Oom,
     Step,
     Tree,
@@ -34,6 +38,24 @@ def test_writer_stamps_rank_host_time_and_version(tmp_path: Path) -> None:
     assert (line["rank"], line["host"], line["v"]) == (3, "box", SCHEMA_VERSION)
     assert line["t"] > 0
     assert event_file(tmp_path, 3).stat().st_mode & 0o077 == 0
+
+
+def test_an_event_read_back_cannot_be_changed(tmp_path: Path) -> None:
+    """What a rank wrote is what every view reads: no reader can change it for the others, nor can the
+    writer's stamp change the event its caller still holds."""
+    sample = Memory(device="cuda:0", allocated=5, gpus=[GpuMemory(index=0, used=7)], split=MemorySplit(allocated=5))
+    writer(tmp_path, rank=2).write(sample)
+    (read,), _ = read_all(tmp_path)
+    assert isinstance(read, Memory) and (read.rank, read.host, read.allocated) == (2, "box", 5)
+    assert read.gpus is not None and read.split is not None
+    with pytest.raises(AttributeError):
+        read.allocated = 0  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        read.gpus[0].used = 0  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        read.split.allocated = 0  # type: ignore[misc]
+    assert (read.allocated, read.gpus[0].used, read.split.allocated) == (5, 7, 5)
+    assert (sample.rank, sample.host, sample.t) == (0, "", 0.0)
 
 
 def test_reader_returns_only_new_events_across_files(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
 import pytest
 
 from shardtop.diagnose import diagnose
@@ -290,8 +291,7 @@ E = TypeVar("E", bound=Event)
 
 def _at(event: E, rank: int = 0, host: str = "gpu-box") -> E:
     _clock[0] += 0.1
-    event.rank, event.host, event.t = rank, host, _clock[0]
-    return event
+    return msgspec.structs.replace(event, rank=rank, host=host, t=_clock[0])
 
 
 def gpu_run(

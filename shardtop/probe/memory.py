@@ -81,11 +81,11 @@ class MemorySampler:
         interval: float = 0.5,
         sample_gpus: bool,
         limit: int | None,
-        detail: Callable[[Memory, dict[str, Any] | None, bool], None] | None = None,
+        detail: Callable[[Memory, dict[str, Any] | None, bool], Memory] | None = None,
     ) -> None:
         self.write = write
         self.detail = detail
-        """Adds the split and the allocator's stats: (sample, raw allocator stats or None, fresh)."""
+        """The sample with the split and the allocator's stats added: (sample, raw allocator stats or None, fresh)."""
         self.device = device
         self.interval = max(0.01, float(interval))
         self.sample_gpus = sample_gpus
@@ -170,15 +170,19 @@ class MemorySampler:
         return sample
 
     def _sample(self, fresh: bool) -> Memory:
-        sample = Memory(device=self.device, limit=self.limit, host_rss=self._host_rss(fresh))
+        host_rss = self._host_rss(fresh)
         stats = self._allocator_stats() if self._cuda is not None else None
-        if stats is not None:
-            sample.allocated, sample.reserved, sample.peak = allocator_numbers(stats)
-        if self.sample_gpus:
-            sample.gpus = self._gpu_reading(fresh)
-        if self.detail is not None:
-            self.detail(sample, stats, fresh)
-        return sample
+        allocated, reserved, peak = allocator_numbers(stats) if stats is not None else (None, None, None)
+        sample = Memory(
+            device=self.device,
+            allocated=allocated,
+            reserved=reserved,
+            peak=peak,
+            limit=self.limit,
+            host_rss=host_rss,
+            gpus=self._gpu_reading(fresh) if self.sample_gpus else None,
+        )
+        return self.detail(sample, stats, fresh) if self.detail is not None else sample
 
     def _host_rss(self, fresh: bool) -> int:
         """The process's RSS; from the training thread, the thread's last reading unless it is stale.

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
 from shardtop.events import AllocatorStats, Memory, MemoryKinds, MemorySplit, Oom, Shards, Tree
@@ -267,24 +268,25 @@ class MemoryExplainer:
 
     # -- samples ---------------------------------------------------------------------------
 
-    def sample(self, sample: Memory, stats: dict[str, Any] | None, fresh: bool) -> None:
-        """Add the allocator's stats, NVML's figure and the peak's split to a sample.
+    def sample(self, sample: Memory, stats: dict[str, Any] | None, fresh: bool) -> Memory:
+        """``sample`` with the allocator's stats, NVML's figure and the peak's split added.
 
         ``fresh``: the sampler thread (allocator, NVML, requests only); else the training thread,
         whose sample also carries the split its phase change took.
         """
         key = allocator_stats(stats) if stats else None
-        sample.allocator = key
+        process_used, split, peak = sample.process_used, sample.split, sample.peak_split
         if fresh:
             if self.process is not None:
-                sample.process_used = self.process.used()
+                process_used = self.process.used()
             self._check_request(key)
         else:
-            sample.split, self._pending = self._pending, None
+            split, self._pending = self._pending, None
         with self._lock:
             if self._peak_dirty and self.peak_split is not None:
-                sample.peak_split = self.peak_split
+                peak = self.peak_split
                 self._peak_dirty = False
+        return msgspec.structs.replace(sample, allocator=key, process_used=process_used, split=split, peak_split=peak)
 
     @property
     def next_census(self) -> float:
@@ -329,42 +331,41 @@ class MemoryExplainer:
     def act_bytes(self) -> dict[int, int] | None:
         return self.act_by_module
 
-    def annotate(self, tree: Tree, shards: Shards) -> None:
-        """At stage ``step``: each module's gradients as held just before the first optimizer step,
-        where that was more than now (ZeRO-1/2 free their partitions inside the step)."""
+    def annotate(self, tree: Tree, shards: Shards) -> Shards:
+        """``shards`` at stage ``step`` with each module's gradients as held just before the first
+        optimizer step, where that was more than now (ZeRO-1/2 free their partitions inside the step)."""
         before = self.grads_before_step
         if shards.stage != "step" or before is None:
-            return
+            return shards
         names, parents, grads = before
         if names != tree.names or parents != tree.parents:
-            return
+            return shards
         now = shards.grad_bytes or [0] * len(grads)
-        shards.grad_bytes = [max(a, b) for a, b in zip(now, grads)]
+        return msgspec.structs.replace(shards, grad_bytes=[max(a, b) for a, b in zip(now, grads)])
 
-    def on_oom(self, event: Oom, error: BaseException | None = None) -> None:
-        """The OOM event gets the true peak, the allocator's stats and the split at this moment."""
+    def on_oom(self, event: Oom, error: BaseException | None = None) -> Oom:
+        """``event`` with the true peak, the allocator's stats and the split at this moment added."""
         follows = self._follows()
         self.activations.stop()
         count = self.census.count(self.activations if follows else None, also=objects_on_stack(error))
         stats = self._stats()
-        if stats is not None:
-            event.peak = stats.peak_allocated
         snapshot = memory_snapshot() if self.cuda else None
         if stats is not None and snapshot is not None:
-            stats.largest_free_block = largest_free_block(snapshot.get("segments", ()), self.cuda_index)
-        event.allocator = stats
+            free_block = largest_free_block(snapshot.get("segments", ()), self.cuda_index)
+            stats = msgspec.structs.replace(stats, largest_free_block=free_block)
         allocated = stats.allocated if stats is not None else None
+        memory: MemorySplit | None = None
         if snapshot is not None and count is not None:
             blocks = current_split(snapshot, self.cuda_index, count.addresses)
             kinds = blocks.memory_kinds()
             traced = self.history is not None and self.history.recording
             kinds = _only_measured(kinds, count.kinds)
-            event.memory = MemorySplit(allocated=allocated, by_kind=kinds, unexplained=unexplained(allocated, kinds),
-                                       source="allocator-trace" if traced else "tensors",
-                                       phase=event.phase, step=event.step)
+            memory = MemorySplit(allocated=allocated, by_kind=kinds, unexplained=unexplained(allocated, kinds),
+                                 source="allocator-trace" if traced else "tensors", phase=event.phase, step=event.step)
         elif count is not None:
-            event.memory = MemorySplit(allocated=allocated, by_kind=count.kinds,
-                                       unexplained=unexplained(allocated, count.kinds), phase=event.phase, step=event.step)
+            memory = MemorySplit(allocated=allocated, by_kind=count.kinds,
+                                 unexplained=unexplained(allocated, count.kinds), phase=event.phase, step=event.step)
+        at_peak = event.peak_split
         if snapshot is not None and self.history is not None and self.history.recording:
             # the trace since set-up: the split at the peak, which a set-up OOM often comes after
             try:
@@ -375,9 +376,16 @@ class MemoryExplainer:
                 if self.on_failure is not None:
                     self.on_failure(e)
             if found is not None:
-                event.peak_split = found[0]
+                at_peak = found[0]
         if self.history is not None:
             self.history.stop()
+        return msgspec.structs.replace(
+            event,
+            peak=stats.peak_allocated if stats is not None else event.peak,
+            allocator=stats,
+            memory=memory if memory is not None else event.memory,
+            peak_split=at_peak,
+        )
 
     def close(self) -> None:
         self.activations.stop()

@@ -397,31 +397,41 @@ def attribute(
         outputs = [t for f in frames for t in f.outputs]
         tracked = blame_backward(roots, outputs, names, tracker, node)
 
-    event = Oom(
+    module: str | None = None
+    module_type: str | None = None
+    attributed_by = "engine-step" if engine_step else "phase"
+    if blame is not None and not (blame.path == "" and tracked is not None):
+        module, module_type, attributed_by = blame.path, blame.type_name, blame.attributed_by
+    elif tracked is not None:
+        module, module_type, attributed_by = tracked.path, tracked.type_name or None, "tracker"
+    else:
+        built = next((f.being_built for f in reversed(frames) if f.being_built is not None), None)
+        if built is not None:  # no path yet: it is not attached to its parent until construction ends
+            module_type, attributed_by = user_type_name(built), "init-frame"
+    allocated: int | None = None
+    reserved: int | None = None
+    total: int | None = None
+    if index is not None:
+        state = allocator_state(index)
+        if state is not None:
+            allocated, reserved, total = state
+        if observation is not None and limit is None and total and observation.device_total < total:
+            limit = observation.device_total
+    return Oom(
         phase=phase,
         step=step,
-        attributed_by="engine-step" if engine_step else "phase",
+        module=module,
+        module_type=module_type,
+        attributed_by=attributed_by,
         engine_step=engine_step,
         module_stack=module_stack,
         requested_bytes=observation.requested if observation is not None else parsed,
         device=device,
+        allocated=allocated,
+        reserved=reserved,
+        total=total,
         limit=limit,
+        gpus=observation.gpus if observation is not None and observation.gpus is not None else gpus_now(),
         message=first_line(message),
         traceback=format_stack(frames),
     )
-    if blame is not None and not (blame.path == "" and tracked is not None):
-        event.module, event.module_type, event.attributed_by = blame.path, blame.type_name, blame.attributed_by
-    elif tracked is not None:
-        event.module, event.module_type, event.attributed_by = tracked.path, tracked.type_name or None, "tracker"
-    else:
-        built = next((f.being_built for f in reversed(frames) if f.being_built is not None), None)
-        if built is not None:  # no path yet: it is not attached to its parent until construction ends
-            event.module_type, event.attributed_by = user_type_name(built), "init-frame"
-    if index is not None:
-        state = allocator_state(index)
-        if state is not None:
-            event.allocated, event.reserved, event.total = state
-        if observation is not None and limit is None and event.total and observation.device_total < event.total:
-            event.limit = observation.device_total
-    event.gpus = observation.gpus if observation is not None and observation.gpus is not None else gpus_now()
-    return event

@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from shardtop.cluster import SlurmIds
 from shardtop.events import (
     EventWriter,
@@ -226,12 +228,14 @@ class Probe:
                     self._explainer.set_target(self._last_target)
         return self._explainer if self.faults.working("split") else None
 
-    def _split_sample(self, sample: Memory, stats: dict[str, Any] | None, fresh: bool) -> None:
-        """The sampler's ``detail``: the split, the allocator's stats, NVML's figure for this process."""
+    def _split_sample(self, sample: Memory, stats: dict[str, Any] | None, fresh: bool) -> Memory:
+        """The sampler's ``detail``: ``sample`` with the split, the allocator's stats and NVML's
+        figure for this process; ``sample`` as it was where the split failed."""
         explainer = self._explainer
         if explainer is not None and self.faults.working("split"):
             with self.faults.guard("split"):
-                explainer.sample(sample, stats, fresh)
+                return explainer.sample(sample, stats, fresh)
+        return sample
 
     # -- the model -------------------------------------------------------------
 
@@ -270,7 +274,7 @@ class Probe:
                 )
         if read is not None and explainer is not None:
             with self.faults.guard("split"):
-                explainer.annotate(*read)
+                read = read[0], explainer.annotate(*read)
         if not self.said_hello and self.pending_hello is not None:
             pending = dict(self.pending_hello)
             engine = pending.pop("engine", "") or (read[1].engine if read is not None else "")
@@ -284,9 +288,8 @@ class Probe:
             self._tree_key = key
             self.writer.write(tree)
         else:
-            tree.tree_id = self._tree_id
-        shards.tree_id = self._tree_id
-        shards.info = {**shards.info, **self.extra_info}
+            tree = msgspec.structs.replace(tree, tree_id=self._tree_id)
+        shards = msgspec.structs.replace(shards, tree_id=self._tree_id, info={**shards.info, **self.extra_info})
         self.writer.write(shards)
         if explainer is not None:
             with self.faults.guard("split"):
@@ -329,14 +332,12 @@ class Probe:
             )
         if event is None:
             event = self._bare_oom(exc)
-        if starved:
-            event.message = _starved_message(exc)
-        elif not event.message:  # a bare MemoryError says nothing: say at least what it is
-            event.message = describe((oom_path(exc) or [exc])[-1])
+        with self.faults.guard("oom"):
+            event = _worded(event, exc, starved)
         explainer = self.memory()
         if explainer is not None:
             with self.faults.guard("split"):
-                explainer.on_oom(event, exc)
+                event = explainer.on_oom(event, exc)
         self.writer.write(event)
         self._oom_written = True
         self._snapshot_at_oom()
@@ -407,6 +408,15 @@ def _first_line_of(exc: BaseException) -> str:
         return first_line(str(exc))
     except Exception:  # noqa: BLE001
         return type(exc).__name__
+
+
+def _worded(event: Oom, exc: BaseException, starved: bool) -> Oom:
+    """The OOM's message: a starved rank's says so; a bare MemoryError's says at least what it is."""
+    if starved:
+        return msgspec.structs.replace(event, message=_starved_message(exc))
+    if not event.message:
+        return msgspec.structs.replace(event, message=describe((oom_path(exc) or [exc])[-1]))
+    return event
 
 
 def _starved_message(exc: BaseException) -> str:

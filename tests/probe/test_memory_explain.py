@@ -92,8 +92,7 @@ def test_the_first_steps_peak_is_split_from_the_trace_and_sampled() -> None:
     deadline = time.monotonic() + 5
     while explainer.trace_seconds is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    sample = Memory()
-    explainer.sample(sample, None, fresh=True)
+    sample = explainer.sample(Memory(), None, fresh=True)
     split = sample.peak_split
     assert split is not None
     assert split.source == "allocator-trace"
@@ -102,6 +101,5 @@ def test_the_first_steps_peak_is_split_from_the_trace_and_sampled() -> None:
     assert (kinds.params, kinds.activations, kinds.other) == (16 * 1024, 32 * 64 * 4, 3 * MiB)
     assert split.unexplained == 5 * MiB
     assert (split.phase, split.step) == ("backward", 1)  # the temporary came after the backward's marker
-    again = Memory()
-    explainer.sample(again, None, fresh=True)
+    again = explainer.sample(Memory(), None, fresh=True)
     assert again.peak_split is None  # written once, when it changes

@@ -186,9 +186,7 @@ def test_the_census_keeps_to_its_time_budget(tmp_path: Path) -> None:
 
     def phase_sample() -> Memory:
         explainer.on_phase("backward", 7)
-        sample = Memory()
-        explainer.sample(sample, None, fresh=False)  # the training thread's sample at that phase change
-        return sample
+        return explainer.sample(Memory(), None, fresh=False)  # the training thread's sample at that phase change
 
     first, second = phase_sample(), phase_sample()
     assert first.split is not None and second.split is None
@@ -197,8 +195,7 @@ def test_the_census_keeps_to_its_time_budget(tmp_path: Path) -> None:
     time.sleep(max(0.0, explainer.next_census - time.monotonic()))
     third = phase_sample()
     assert third.split is not None and third.split.by_kind.params == param_bytes(model)
-    sampled = Memory()
-    explainer.sample(sampled, None, fresh=True)  # the sampler thread never reads tensors
+    sampled = explainer.sample(Memory(), None, fresh=True)  # the sampler thread never reads tensors
     assert sampled.split is None
     assert first.peak_split is None  # no allocator on CPU: no peak to split
 

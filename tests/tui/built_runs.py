@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from shardtop.events import (
     Event,
     Exit,
@@ -41,8 +43,7 @@ PIDS = (4_194_401, 4_194_402)
 
 
 def stamp(event: Event, rank: int, t: float, host: str = HOSTNAME) -> Event:
-    event.rank, event.host, event.t = rank, host, T0 + t
-    return event
+    return msgspec.structs.replace(event, rank=rank, host=host, t=T0 + t)
 
 
 def write_run(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import msgspec
+
 from shardtop.events import Shards, Tree, Unit
 from shardtop.shard_model import (
     Fold,
@@ -141,10 +143,9 @@ def test_rank_cells_and_units_of_six_ranks() -> None:
 
 def test_shards_of_another_tree_or_length_are_ignored() -> None:
     tree = story2().tree
-    stale = shards_for(tree, 1)
-    stale.tree_id = 7
+    stale = msgspec.structs.replace(shards_for(tree, 1), tree_id=7)
     short = shards_for(tree, 2)
-    short.bytes = short.bytes[:-1]
+    short = msgspec.structs.replace(short, bytes=short.bytes[:-1])
     model = ShardModel.build(tree, {0: shards_for(tree, 0), 1: stale, 2: short})
     assert model.ranks == (0,)
 
