@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
+from typing import Literal, Union
 
 import msgspec
 
@@ -50,6 +50,22 @@ MEMORY_REQUEST_FILE = "requests/explain-memory"
 removes it when it sees it, within a memory sample."""
 
 Scalar = Union[str, int, float, bool, None]
+
+# The words some fields hold, as the code that writes and reads them knows them.  The fields
+# themselves stay ``str``: a reader must keep an event whose word an older or newer writer (or a
+# user, through ``shardtop.probe.phase(name)``) chose.
+
+PhaseName = Literal["setup", "forward", "backward", "optimizer", "validation", "teardown"]
+"""The phases the probe's drivers enter (``Phase.phase``, ``Oom.phase``, ``MemorySplit.phase``)."""
+
+SnapshotStage = Literal["setup", "engine", "step", "oom"]
+"""When a rank's ``Shards`` were read (``Shards.stage``)."""
+
+AttributedBy = Literal["forward-frame", "apply-frame", "init-frame", "tracker", "engine-step", "phase"]
+"""How an OOM's culprit was found (``Oom.attributed_by``; in words: ``ATTRIBUTED_BY_WORDS``)."""
+
+ExitStatus = Literal["ok", "error", "oom", "interrupted"]
+"""How a rank ended, in its own words (``Exit.status``)."""
 
 
 class Event(msgspec.Struct, tag_field="kind", kw_only=True, frozen=True):
@@ -143,7 +159,7 @@ class Shards(Event, tag="shards", frozen=True):
     tree_id: int
     engine: str
     stage: str
-    """``setup`` before the engine wrapped the model (after ``configure_model`` too), ``engine`` after,
+    """A ``SnapshotStage``: ``setup`` before the engine wrapped the model (after ``configure_model`` too), ``engine`` after,
     ``step`` later, ``oom`` as the model was held when this rank ran out of memory (a set-up move
     shows which modules had reached the device)."""
     devices: list[str]
@@ -282,7 +298,8 @@ class Memory(Event, tag="memory", frozen=True):
 
 
 class Phase(Event, tag="phase", frozen=True):
-    """The rank entered a phase: setup, forward, backward, optimizer, validation, teardown."""
+    """The rank entered a phase: a ``PhaseName`` (setup, forward, backward, optimizer, validation,
+    teardown), or one the user named."""
 
     phase: str
     step: int = 0
@@ -305,8 +322,8 @@ class Oom(Event, tag="oom", frozen=True):
     """Path of the module that triggered it (a tree path), if one could be named."""
     module_type: str | None = None
     attributed_by: str = "phase"
-    """forward-frame, apply-frame, tracker, engine-step or phase: how ``module`` was found;
-    init-frame: only ``module_type`` is known, a module being constructed under ``deepspeed.zero.Init``."""
+    """An ``AttributedBy``: forward-frame, apply-frame, tracker, engine-step or phase: how ``module`` was
+    found; init-frame: only ``module_type`` is known, a module being constructed under ``deepspeed.zero.Init``."""
     engine_step: str | None = None
     """The engine method that was running, e.g. ``DeepSpeedEngine._configure_distributed_model``."""
     module_stack: list[str] = []
@@ -331,7 +348,7 @@ class Oom(Event, tag="oom", frozen=True):
     recording: a set-up OOM often comes after a higher, passing peak."""
 
 
-ATTRIBUTED_BY_WORDS: dict[str, str] = {
+ATTRIBUTED_BY_WORDS: dict[AttributedBy, str] = {
     "forward-frame": "named by the forward() frame on the stack",
     "apply-frame": "named by a conversion of its parameters (Module._apply, or an engine looping over them)",
     "init-frame": "the type of the module being built under deepspeed.zero.Init (it had no path yet)",
@@ -369,7 +386,7 @@ class Exit(Event, tag="exit", frozen=True):
 
     code: int
     status: str
-    """ok, error, oom or interrupted."""
+    """An ``ExitStatus``: ok, error, oom or interrupted."""
     error: str | None = None
     signal: int | None = None
     """The signal that ended the rank (SIGTERM, SIGINT, SIGHUP) when ``status`` is interrupted."""

@@ -60,7 +60,8 @@ class OomStory:
 
     @property
     def found_by(self) -> str:
-        return ATTRIBUTED_BY_WORDS.get(self.oom.attributed_by, self.oom.attributed_by)
+        by = self.oom.attributed_by  # a word a newer writer chose is said as it is
+        return next((words for key, words in ATTRIBUTED_BY_WORDS.items() if key == by), by)
 
     @property
     def unnamed(self) -> str:

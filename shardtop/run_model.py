@@ -31,7 +31,8 @@ from shardtop.tree_facts import Block, find_block
 
 PHASE_ORDER = {"forward": 0, "backward": 1, "optimizer": 2}
 
-RankState_ = Literal["starting", "running", "finished", "failed", "out of memory", "interrupted", "killed", "lost"]
+RankStateName = Literal["starting", "running", "finished", "failed", "out of memory", "interrupted", "killed", "lost"]
+"""How a rank stands (``RankStatus.state``), worked out from its records by ``rank_status``."""
 
 RANK_MARKS: Mapping[str, str] = MappingProxyType(
     {
@@ -52,7 +53,7 @@ RANK_MARKS: Mapping[str, str] = MappingProxyType(
 class RankStatus:
     """How one rank stands: from its own exit record, its OOM, and the run's liveness."""
 
-    state: RankState_
+    state: RankStateName
     detail: str = ""
 
     @property
@@ -68,7 +69,7 @@ class RankStatus:
         return self.state not in ("starting", "running")
 
 
-SEVERITY: tuple[RankState_, ...] = (
+SEVERITY: tuple[RankStateName, ...] = (
     "finished", "running", "starting", "interrupted", "lost", "killed", "failed", "out of memory"
 )
 """Rank states from the best to the worst: a group of ranks (a host's) is told by its worst."""
@@ -125,7 +126,8 @@ def _exit_status(e: Exit) -> RankStatus:
     if e.status == "oom":
         return RankStatus("out of memory")
     if e.status in ("interrupted", "killed"):
-        return RankStatus(e.status, _signal_name(e.signal) if e.signal else _first_line(e.error))
+        state: RankStateName = "killed" if e.status == "killed" else "interrupted"
+        return RankStatus(state, _signal_name(e.signal) if e.signal else _first_line(e.error))
     # a SystemExit carrying a signal's exit status (128 + n) is a signal, not a failure
     if e.code > 128 and e.code - 128 in (signals.SIGTERM, signals.SIGINT, signals.SIGHUP):
         return RankStatus("interrupted", _signal_name(e.code - 128))

@@ -33,6 +33,7 @@ from shardtop.events import (
     MemorySplit,
     Oom,
     Phase,
+    PhaseName,
     Planned,
     Shards,
     Step,
@@ -43,7 +44,7 @@ from shardtop.events import (
 MEMORY_HISTORY = 120
 """Samples of allocator memory kept per rank for sparklines."""
 
-TRAINING_PHASES = frozenset({"forward", "backward", "optimizer"})
+TRAINING_PHASES: frozenset[PhaseName] = frozenset({"forward", "backward", "optimizer"})
 """Phases in which every rank runs the same code: samples taken in them can be compared rank to rank."""
 
 PHASE_SAMPLES_KEPT = 12

@@ -24,6 +24,7 @@ from shardtop.events import (
     read_all,
     tree_paths,
 )
+from shardtop.oom_story import OomStory
 
 
 def writer(tmp_path: Path, rank: int = 0) -> EventWriter:
@@ -121,6 +122,20 @@ def test_oom_and_exit_round_trip(tmp_path: Path) -> None:
     oom, exit_ = events
     assert isinstance(oom, Oom) and oom.module == "net.3" and oom.requested_bytes == 2**20
     assert isinstance(exit_, Exit) and exit_.status == "oom"
+
+
+def test_words_this_version_does_not_know_are_kept_and_said_as_written(tmp_path: Path) -> None:
+    """Phases and attributions are typed where shardtop makes them, but a reader keeps an OOM whose words a
+    newer writer (or a user's own phase) chose, and says them as written."""
+    event_file(tmp_path, 0).write_bytes(
+        b'{"kind":"oom","v":1,"rank":0,"phase":"checkpoint","attributed_by":"hook-frame","message":"CUDA out of memory"}\n'
+    )
+    (oom,), skipped = read_all(tmp_path)
+    assert isinstance(oom, Oom) and sum(skipped.values()) == 0
+    story = OomStory(oom, None)
+    assert (story.found_by, story.when) == ("hook-frame", "during checkpoint")
+    known = OomStory(msgspec.structs.replace(oom, attributed_by="tracker"), None)
+    assert known.found_by == "named by the module tracker (the module backward was in)"
 
 
 def test_tree_paths_rebuild_dotted_paths() -> None:

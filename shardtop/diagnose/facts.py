@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from shardtop.events import MemorySplit
+from shardtop.events import MemorySplit, PhaseName
 from shardtop.memory_kinds import KINDS, kinds_sentence
 from shardtop.oom_story import OomStory
 from shardtop.run_model import RunModel
@@ -127,7 +127,7 @@ class OomEvidence:
         return asked + had + cap
 
 
-def first_oom_evidence(m: RunModel, phases: tuple[str, ...] = ()) -> OomEvidence | None:
+def first_oom_evidence(m: RunModel, phases: tuple[PhaseName, ...] = ()) -> OomEvidence | None:
     """The first OOM (in ``phases``, if given) as evidence."""
     for story in m.ooms:
         if not phases or story.oom.phase in phases:
@@ -135,7 +135,7 @@ def first_oom_evidence(m: RunModel, phases: tuple[str, ...] = ()) -> OomEvidence
     return None
 
 
-def oom_avoided_by(m: RunModel, freed_bytes: int, phases: tuple[str, ...]) -> OomEvidence | None:
+def oom_avoided_by(m: RunModel, freed_bytes: int, phases: tuple[PhaseName, ...]) -> OomEvidence | None:
     """The first OOM in ``phases`` that freeing ``freed_bytes`` on its rank would have avoided:
     it asked for no more than that (an OOM whose request is not known is not claimed)."""
     found = first_oom_evidence(m, phases)

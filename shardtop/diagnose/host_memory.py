@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.diagnose.facts import ENGINE_WORDS, Driver, OomEvidence, driver_of, fmt
-from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.diagnose.finding import Evidence, Finding, Rule, Severity
 from shardtop.events import Shards
 from shardtop.oom_story import OomStory
 from shardtop.run_model import RankFacts, RunModel
@@ -163,7 +163,7 @@ def explain_whole_on_host(e: WholeOnHost) -> Finding:
         detail += f" Rank {e.oom.rank} ran out of host memory during set-up" + (
             f", in {e.oom.engine_step}." if e.oom.engine_step else "."
         )
-    severity = "error" if e.oom is not None else "warning" if e.share >= HOST_WARN_SHARE else "info"
+    severity: Severity = "error" if e.oom is not None else "warning" if e.share >= HOST_WARN_SHARE else "info"
     n = e.ranks
     return Finding(
         code="host-memory-whole-model-per-rank",
@@ -172,7 +172,7 @@ def explain_whole_on_host(e: WholeOnHost) -> Finding:
         detail=detail,
         fix=_fix(e),
         evidence=e,
-        severity=severity,  # type: ignore[arg-type]
+        severity=severity,
         saving_bytes=e.model_bytes * (n - 1) // n,
     )
 

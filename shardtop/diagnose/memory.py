@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.diagnose.facts import ENGINE_WORDS, OPTIMIZER_SHARDING_ENGINES, KindsEvidence, OomEvidence, fmt
-from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.diagnose.finding import Evidence, Finding, Rule, Severity
 from shardtop.run_model import RunModel
 from shardtop.words import display_path
 
@@ -87,6 +87,7 @@ def explain_optimizer_heavy(e: OptimizerHeavy) -> Finding:
     )
     shards_it = e.engine in OPTIMIZER_SHARDING_ENGINES
     engine = ENGINE_WORDS.get(e.engine, e.engine)
+    severity: Severity
     if shards_it and e.data_parallel_size > 1:
         detail += f" {engine} already shards it over {e.data_parallel_size} ranks."
         fix = f"To shrink it further: {_offload_words(e.engine)}, or {LIGHTER_OPTIMIZER}."
@@ -117,7 +118,7 @@ def explain_optimizer_heavy(e: OptimizerHeavy) -> Finding:
         detail=detail,
         fix=fix,
         evidence=e,
-        severity=severity,  # type: ignore[arg-type]
+        severity=severity,
         saving_bytes=saving,
     )
 

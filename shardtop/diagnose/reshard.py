@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.diagnose.facts import Driver, OomEvidence, driver_of, fmt, oom_avoided_by
-from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.diagnose.finding import Evidence, Finding, Rule, Severity
 from shardtop.diagnose.fsdp import fsdp_rank, managed_bytes
 from shardtop.run_model import RunModel
 from shardtop.words import list_names
@@ -126,6 +126,7 @@ def explain_not_resharded(e: NotResharded) -> Finding:
             f"resharding after forward frees {fmt(e.freed_bytes)} per rank."
         )
     where = " (in configure_model())" if e.driver == "lightning" else ""
+    severity: Severity
     if e.own_roots:
         fix = (
             f"Call fully_shard on the model too, after its layers{where}, and run the model's own forward "
@@ -147,7 +148,7 @@ def explain_not_resharded(e: NotResharded) -> Finding:
         detail=detail,
         fix=fix,
         evidence=e,
-        severity="error" if e.oom is not None else severity,  # type: ignore[arg-type]
+        severity="error" if e.oom is not None else severity,
         saving_bytes=e.freed_bytes,
         modules=e.unit_modules,
     )

@@ -19,9 +19,12 @@ Per step that is three Python calls and one event each.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardtop.inject.this_rank import STATE, guarded, is_rank, rank_probe
+
+if TYPE_CHECKING:
+    from shardtop.events import PhaseName, SnapshotStage
 
 
 def install_global_hooks() -> None:
@@ -90,7 +93,7 @@ def _consider(module: Any) -> None:
         _forward_started()
 
 
-def set_root(module: Any, count: int | None = None, *, stage: str) -> None:
+def set_root(module: Any, count: int | None = None, *, stage: SnapshotStage) -> None:
     """Read ``module`` as the job's model from now on, and hook its calls."""
     from shardtop.probe.api import attach
 
@@ -145,7 +148,7 @@ def _backward_started(grad: Any) -> None:
 
 
 @guarded("following the steps")
-def _enter(phase: str) -> None:
+def _enter(phase: PhaseName) -> None:
     p = rank_probe()
     if p is not None:
         p.phase(phase)

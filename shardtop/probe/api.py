@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from shardtop.events import SnapshotStage
 from shardtop.probe.faults import describe
 from shardtop.probe.session import Probe, current, set_current, unavailable
 from shardtop.runs import RUN_DIR_ENV, RunDirectory, RunError, runs_root
@@ -162,7 +163,7 @@ def attach(
     target: Any,
     *,
     optimizer: Any = None,
-    stage: str = "engine",
+    stage: SnapshotStage = "engine",
     strategy: str = "",
     engine: str = "",
     run_dir: str | os.PathLike[str] | None = None,

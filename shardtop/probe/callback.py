@@ -21,6 +21,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
+from shardtop.events import SnapshotStage
 from shardtop.probe.faults import describe
 from shardtop.probe.session import Probe, current, set_current, unavailable
 from shardtop.runs import RUN_DIR_ENV, RunDirectory, RunError, runs_root
@@ -169,7 +170,7 @@ class ShardtopCallback(Callback):
         strategy.setup = setup
         self._wrapped_setup = setup
 
-    def _engine_snapshot(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    def _engine_snapshot(self, trainer: Any, pl_module: Any, stage: SnapshotStage) -> None:
         """Read the model as the strategy holds it (the engine), with its optimizer."""
         probe = self.probe
         if probe is None or not probe.faults.working("shards"):

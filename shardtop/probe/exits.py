@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any, Protocol
 
+from shardtop.events import ExitStatus
 from shardtop.probe.faults import describe
 
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -54,8 +55,7 @@ class ExitRecord:
     """What an ending was, as the ``Exit`` event says it."""
 
     code: int
-    status: str
-    """ok, error, oom or interrupted."""
+    status: ExitStatus
     signal: int | None = None
     error: str | None = None
 

@@ -213,7 +213,7 @@ class MemoryExplainer:
         if self._target is None:
             return
         try:
-            tree, shards = read_shards(self._target, tree_id=0, stage="optimizer", optimizer=None)
+            tree, shards = read_shards(self._target, tree_id=0, stage="step", optimizer=None)
         except Exception:  # noqa: BLE001 - the shard reader's own failure, which its snapshot reports
             return
         if shards.grad_bytes is not None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from shardtop.events import Oom
+from shardtop.events import AttributedBy, Oom
 from shardtop.probe.memory import (
     ObservedOom,
     allocator_state,
@@ -207,11 +207,11 @@ def stack_of(exc: BaseException) -> list[StackFrame]:
 class Culprit:
     index: int
     """Index of the frame in the stack."""
-    attributed_by: str
+    attributed_by: AttributedBy
     """forward-frame or apply-frame."""
 
 
-def frame_kind(name: str) -> str | None:
+def frame_kind(name: str) -> AttributedBy | None:
     """forward-frame, apply-frame or None, from a frame's ``co_name``."""
     if name in FORWARD_FRAMES:
         return "forward-frame"
@@ -329,7 +329,7 @@ class Blame:
 
     path: str
     type_name: str
-    attributed_by: str
+    attributed_by: AttributedBy
 
 
 def blame_from_stack(
@@ -399,7 +399,7 @@ def attribute(
 
     module: str | None = None
     module_type: str | None = None
-    attributed_by = "engine-step" if engine_step else "phase"
+    attributed_by: AttributedBy = "engine-step" if engine_step else "phase"
     if blame is not None and not (blame.path == "" and tracked is not None):
         module, module_type, attributed_by = blame.path, blame.type_name, blame.attributed_by
     elif tracked is not None:

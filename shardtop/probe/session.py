@@ -31,6 +31,7 @@ from shardtop.events import (
     Oom,
     Phase,
     Shards,
+    SnapshotStage,
     Step,
     Tree,
     event_file,
@@ -254,7 +255,7 @@ class Probe:
                 with self.faults.guard("split"):
                     explainer.set_target(root)
 
-    def snapshot(self, target: Any, stage: str, optimizer: Any = None) -> tuple[Tree, Shards] | None:
+    def snapshot(self, target: Any, stage: SnapshotStage, optimizer: Any = None) -> tuple[Tree, Shards] | None:
         """Write how the model is held now: the tree (only when it changed) and this rank's shards.
 
         None when the shard reader failed (now or before): the run goes on without shards.

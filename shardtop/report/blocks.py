@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+from shardtop.diagnose import Severity
 from shardtop.events import GpuMemory
 from shardtop.memory_kinds import KINDS, explained_share
 from shardtop.oom_story import OomStory
@@ -29,7 +30,7 @@ from shardtop.words import display_path
 MAX_RANK_COLUMNS = 8
 """Beyond this many ranks the tree shows one ``min … max`` column instead of one per rank."""
 
-SEVERITY_WORDS = {"error": "✗ error", "warning": "! warning", "info": "i info"}
+SEVERITY_WORDS: dict[Severity, str] = {"error": "✗ error", "warning": "! warning", "info": "i info"}
 """Words beside any colour, so a pasted report reads without it."""
 
 SKIP_WORDS = {"bad": "unreadable", "torn": "cut off", "unknown": "of unknown kinds", "newer": "from a newer shardtop"}

@@ -98,7 +98,7 @@ from typing import Any
 
 import torch
 
-from shardtop.events import Shards, Tree
+from shardtop.events import Shards, SnapshotStage, Tree
 from shardtop.probe.shards.ddp import is_ddp_wrapper, read_ddp
 from shardtop.probe.shards.deepspeed import find_engine, is_zero3_param, read_deepspeed
 from shardtop.probe.shards.fsdp1 import is_flat_param, is_fsdp1_wrapper, read_fsdp1
@@ -111,7 +111,7 @@ __all__ = ["STATES", "read_shards", "resolve_target"]
 
 
 def read_shards(
-    target: Any, *, tree_id: int, stage: str, optimizer: Any = None, activations: dict[int, int] | None = None
+    target: Any, *, tree_id: int, stage: SnapshotStage, optimizer: Any = None, activations: dict[int, int] | None = None
 ) -> tuple[Tree, Shards]:
     """The module tree of ``target`` and how this rank holds it now.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from shardtop.events import Scalar, Shards, Tree, Unit
+from shardtop.events import Scalar, Shards, SnapshotStage, Tree, Unit
 from shardtop.probe.shards.tree import ModuleTree
 
 SHARDED = "sharded"
@@ -169,7 +169,7 @@ class ShardTable:
             bytes=self.full_bytes,
         )
 
-    def shards_event(self, tree_id: int, engine: str, stage: str) -> Shards:
+    def shards_event(self, tree_id: int, engine: str, stage: SnapshotStage) -> Shards:
         self.finish_units()
         return Shards(
             tree_id=tree_id,
