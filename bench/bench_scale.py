@@ -34,8 +34,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.terminal import Terminal  # noqa: E402
 from shardtop.events import (  # noqa: E402
+    Event,
     GpuMemory,
     Hello,
     Memory,
@@ -54,6 +56,8 @@ from shardtop.events import (  # noqa: E402
     encode,
     event_file,
 )
+
+E = TypeVar("E", bound=Event)
 
 RANKS_PER_HOST = 8
 LAYERS = 24
@@ -201,9 +205,9 @@ def memory(layout: Layout, rank: int, t: float, held: int) -> Memory:
                   host_rss=9 * GIB, gpus=gpus)
 
 
-def stamp(event: Any, layout: Layout, rank: int, t: float) -> Any:
-    event.rank, event.host, event.t = rank, layout.host(rank), t
-    return event
+def stamp(event: E, layout: Layout, rank: int, t: float) -> E:
+    """``event`` as rank ``rank`` wrote it at ``t`` (a copy: events are frozen)."""
+    return msgspec.structs.replace(event, rank=rank, host=layout.host(rank), t=t)
 
 
 def make_run(root: Path, hosts: int) -> Path:
