@@ -99,6 +99,8 @@ class PaintsChanges(Widget):
 
     def repaint_changes(self) -> None:
         """Refresh the cells that differ from what is on screen (everything, before the first paint)."""
+        if not self.is_attached:
+            return  # removed (the app quits): its styles are gone and nothing is on screen to refresh
         before = self._painted
         width = self.size.width
         if before is None or not width or width != self._painted_width:
@@ -197,7 +199,12 @@ class PiecedLine(Widget):
         self.lay_out()
 
     def lay_out(self) -> None:
-        """Give each piece its text; only what changed reaches the terminal."""
+        """Give each piece its text; only what changed reaches the terminal.
+
+        Nothing once the line left the screen: a sample that arrives while the app quits finds
+        the widget's styles gone, and drawing it then would end the app with an error."""
+        if not self.is_attached:
+            return
         for piece, text in zip(self._pieces, cut_at(self.pieces(), self.size.width or 80), strict=True):
             piece.show(text)
 
