@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import getpass
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from types import ModuleType
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from shardtop.cluster import host_name
 from shardtop.events import GpuMemory
+
+
+T = TypeVar("T")
 
 
 class GpuUnavailable(Exception):
@@ -115,7 +120,7 @@ def _used_memory(proc: Any) -> int | None:
     return int(used) if isinstance(used, int) and used >= 0 else None
 
 
-def _maybe(fn, nvml):  # type: ignore[no-untyped-def]
+def _maybe(fn: Callable[[], T], nvml: ModuleType) -> T | None:
     """NVML answers NOT_SUPPORTED for some fields on some boards; that is not an error."""
     try:
         return fn()

@@ -54,6 +54,11 @@ class KindBytes:
     bytes: int
 
 
+def bytes_by_kind(split: MemorySplit) -> dict[str, int | None]:
+    """Each kind's bytes (None: its source was not read), keyed by the kind's name, in ``KINDS`` order."""
+    return {k: getattr(split.by_kind, k) for k in KINDS}
+
+
 def measured(split: MemorySplit) -> tuple[KindBytes, ...]:
     """The kinds a source measured (None: not read, left out), in ``KINDS`` order, then ``unexplained``
     when it is above zero."""
@@ -86,8 +91,7 @@ def split_sentence(split: MemorySplit, requested: int | None = None, limit: int 
     The ``limit`` largest kinds are named, the rest summed as ``x more``; unexplained bytes are
     always named.  On CPU (no allocator) the sentence starts from the kinds' sum.
     """
-    kinds = {k: getattr(split.by_kind, k) for k in KINDS}
-    return kinds_sentence(split.allocated, kinds, split.unexplained, requested, limit)
+    return kinds_sentence(split.allocated, bytes_by_kind(split), split.unexplained, requested, limit)
 
 
 def kinds_sentence(
@@ -126,7 +130,7 @@ def split_dict(split: MemorySplit | None) -> dict[str, object] | None:
         return None
     return {
         "allocated": split.allocated,
-        "by_kind": {k: getattr(split.by_kind, k) for k in KINDS},
+        "by_kind": bytes_by_kind(split),
         "unexplained": split.unexplained,
         "phase": split.phase or None,
         "step": split.step,

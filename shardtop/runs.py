@@ -226,10 +226,12 @@ class RunDirectory:
         return run, created
 
     def read_meta(self) -> dict[str, Any]:
+        """The run's metadata; ``{}`` where it cannot be read or is not a JSON object."""
         try:
-            return json.loads(self.meta_path.read_text())
+            data = json.loads(self.meta_path.read_text())
         except (OSError, ValueError):
             return {}
+        return data if isinstance(data, dict) else {}
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         write_json_atomic(self.meta_path, meta)
@@ -344,7 +346,8 @@ def process_start_time(pid: int) -> float | None:
     import psutil
 
     try:
-        return psutil.Process(pid).create_time()
+        started: float = psutil.Process(pid).create_time()
+        return started
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
 

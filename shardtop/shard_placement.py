@@ -84,8 +84,8 @@ def placement_masks(shards: Mapping[int, Shards], parents: Sequence[int], params
             devices.setdefault(name, len(devices))
     n_dev = len(devices)
     out = [0] * len(parents)
-    for dev_names, state_names, device, state in layouts:
-        dbits = [1 << devices[name] for name in dev_names]
+    for layout_devices, state_names, device, state in layouts:
+        dbits = [1 << devices[name] for name in layout_devices]
         sbits = [1 << (n_dev + states[name]) for name in state_names]
         for row, (d, st) in enumerate(zip(device, state)):
             if params[row] > 0 and 0 <= d < len(dbits) and 0 <= st < len(sbits):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from shardtop.events import MemorySplit, PhaseName
-from shardtop.memory_kinds import KINDS, kinds_sentence
+from shardtop.memory_kinds import bytes_by_kind, kinds_sentence
 from shardtop.oom_story import OomStory
 from shardtop.run_model import RunModel
 from shardtop.units import format_bytes
@@ -62,8 +62,7 @@ class KindsEvidence:
     def of(cls, split: MemorySplit | None) -> KindsEvidence | None:
         if split is None:
             return None
-        by_kind = {k: getattr(split.by_kind, k) for k in KINDS}
-        return cls(split.allocated, by_kind, split.unexplained, split.phase, split.step)
+        return cls(split.allocated, bytes_by_kind(split), split.unexplained, split.phase, split.step)
 
     @property
     def when(self) -> str:

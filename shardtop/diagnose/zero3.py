@@ -127,9 +127,9 @@ def explain_built_whole(e: BuiltWhole) -> Finding:
     what_held = "part of the model" if e.part else "the whole model"
     detail = ""
     if e.whole_bytes:
-        ranks = f"{e.whole_ranks} of {n} ranks" if n > 1 else "the rank"
+        holders = f"{e.whole_ranks} of {n} ranks" if n > 1 else "the rank"
         detail = (
-            f"Before DeepSpeed partitioned anything, {ranks} held {what_held}: {fmt(e.whole_bytes)} of parameters"
+            f"Before DeepSpeed partitioned anything, {holders} held {what_held}: {fmt(e.whole_bytes)} of parameters"
             + (f" ({e.whole_bytes / e.model_bytes:.0%} of {fmt(e.model_bytes)})" if e.part else f" ({e.model_params:,} values)")
             + " unpartitioned"
             + (f", on {', '.join(e.devices)}" if e.devices else "")

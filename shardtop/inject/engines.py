@@ -223,7 +223,7 @@ def patch_trainer(module: ModuleType) -> None:
         original(self, *args, **kwargs)
 
     setattr(__init__, WRAPPED, True)
-    trainer.__init__ = __init__  # type: ignore[misc]
+    trainer.__init__ = __init__
 
 
 PATCHES: dict[str, Callable[[ModuleType], None]] = {

@@ -341,11 +341,11 @@ def patch_deepspeed(module: ModuleType) -> None:
 
 def patch_fsdp1(module: ModuleType) -> None:
     cls = module.FullyShardedDataParallel
-    cls.__new__ = _fsdp1_new(cls)  # type: ignore[assignment]
+    cls.__new__ = _fsdp1_new(cls)
 
 
 def patch_ddp(module: ModuleType) -> None:
-    module.DistributedDataParallel.__new__ = _ddp_new  # type: ignore[assignment]
+    module.DistributedDataParallel.__new__ = _ddp_new
 
 
 def patch_fully_shard(module: ModuleType) -> None:
@@ -364,7 +364,7 @@ def patch_trainer(module: ModuleType) -> None:
         STATE.trainer_precision = str(kwargs.get("precision", "32-true"))
         original(self, *args, **kwargs)
 
-    trainer.__init__ = __init__  # type: ignore[misc]
+    trainer.__init__ = __init__
 
 
 PATCHES: dict[str, Callable[[ModuleType], None]] = {

@@ -237,8 +237,10 @@ def fused_attention() -> Iterator[None]:
         if query.device.type != "meta" or kwargs or query.dim() != 4:
             return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **kwargs)
         try:
-            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            # The op returns (output, logsumexp); the output is what SDPA returns.
+            output: torch.Tensor = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+            return output
         except (RuntimeError, TypeError, AttributeError):
             return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
 

@@ -96,8 +96,9 @@ def _regression_bytes(features_key: str) -> Callable[[Mapping[str, Any]], int]:
 
 
 def _segmentation_bytes(c: Mapping[str, Any]) -> int:
-    image = c["model"]["image"]
-    return c["batch_size"] * image * image * (3 * 4 + 8)
+    image: int = c["model"]["image"]
+    batch_size: int = c["batch_size"]
+    return batch_size * image * image * (3 * 4 + 8)
 
 
 def _name(cls: str, *keys: str) -> Callable[[Mapping[str, Any]], str]:

@@ -67,7 +67,8 @@ def allocator_numbers(stats: dict[str, Any]) -> tuple[int, int, int]:
 def cuda_allocator_stats(torch: Any, index: int) -> dict[str, Any]:
     """The caching allocator's stats for a device, by the cheapest way this torch offers."""
     raw = getattr(torch._C, "_cuda_memoryStats", None)
-    return raw(index) if raw is not None else torch.cuda.memory_stats(index)
+    stats: dict[str, Any] = raw(index) if raw is not None else torch.cuda.memory_stats(index)
+    return stats
 
 
 class MemorySampler:

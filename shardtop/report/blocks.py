@@ -128,8 +128,11 @@ def oom_section(data: ReportData) -> list[Block]:
     rows.append(("phase", story.when.removeprefix("during ")))
     if oom.engine_step:
         rows.append(("engine step", f"`{oom.engine_step}`"))
-    module = f"`{display_path(oom.module)}`" + (f" ({story.module_type})" if story.module_type else "")
-    rows.append(("module", module if oom.module is not None else story.culprit))
+    if oom.module is not None:
+        module = f"`{display_path(oom.module)}`" + (f" ({story.module_type})" if story.module_type else "")
+    else:
+        module = story.culprit
+    rows.append(("module", module))
     rows.append(("found by", story.found_by))
     if story.stack:
         rows.append(("module stack", ("… → " if story.stack_cut else "") + " → ".join(f"`{display_path(p)}`" for p in story.stack)))

@@ -16,12 +16,17 @@ from shardtop.runner.rank import RankContext
 class RegressionModule(L.LightningModule):
     """Mean-squared error on synthetic data; subclasses build ``self.model``."""
 
+    model: nn.Module | None
+    """Built by the subclass in ``__init__``, or in ``configure_model`` (None until then)."""
+
     def __init__(self, lr: float = 1e-3) -> None:
         super().__init__()
         self.lr = lr
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
+        if self.model is None:  # Lightning calls configure_model before the first step
+            raise RuntimeError("training_step() ran before configure_model() built self.model")
         return nn.functional.mse_loss(self.model(x), y)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -17,7 +17,8 @@ class Block(nn.Module):
         self.fc2 = nn.Linear(2 * hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(self.act(self.fc1(self.norm(x))))
+        residual: torch.Tensor = self.fc2(self.act(self.fc1(self.norm(x))))
+        return x + residual
 
 
 class MLP(nn.Module):
@@ -31,7 +32,8 @@ class MLP(nn.Module):
         x = self.embed(x)
         for block in self.blocks:
             x = block(x)
-        return self.head(x)
+        out: torch.Tensor = self.head(x)
+        return out
 
 
 class SequentialLinear(nn.Module):
@@ -42,7 +44,8 @@ class SequentialLinear(nn.Module):
         self.net = nn.Sequential(*(nn.Linear(width, width) for _ in range(n_layers)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+        out: torch.Tensor = self.net(x)
+        return out
 
 
 class TransformerBlock(nn.Module):
@@ -57,8 +60,10 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.norm1(x)
-        x = x + self.attn(h, h, h, need_weights=False)[0]
-        return x + self.mlp(self.norm2(x))
+        attended: torch.Tensor = self.attn(h, h, h, need_weights=False)[0]
+        x = x + attended
+        mixed: torch.Tensor = self.mlp(self.norm2(x))
+        return x + mixed
 
 
 def transformer(depth: int, dim: int, heads: int) -> nn.Sequential:
@@ -98,4 +103,5 @@ class PatchSegmenter(nn.Module):
         tokens = self.transformer_1(tokens)
         tokens = self.transformers_out(tokens).float()
         x = tokens.transpose(1, 2).reshape(n, d, h, w)
-        return self.out_layer(self.relu(self.conv_out(x)))
+        logits: torch.Tensor = self.out_layer(self.relu(self.conv_out(x)))
+        return logits

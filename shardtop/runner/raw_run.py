@@ -34,11 +34,12 @@ def train(
     forward_loss: Callable[[Any], torch.Tensor],
     backward: Callable[[torch.Tensor], None],
     optimizer_step: Callable[[], None],
-    after_first_step: Callable[[], None] | None = None,
+    after_first_step: Callable[[], object] | None = None,
 ) -> None:
     """The loop, with its phases and steps told to the probe; cycles over ``batches``.
 
-    ``after_first_step`` re-reads the shards once gradients and optimizer state exist.
+    ``after_first_step`` re-reads the shards once gradients and optimizer state exist (what it
+    returns, such as the probe ``st.attach`` gives back, is not used).
     """
     for index, batch in enumerate(itertools.cycle(batches), start=1):
         started = time.perf_counter()

@@ -28,6 +28,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from shardtop.run_status import PeersStopped, RankExit
 from shardtop.runs import RUN_DIR_ENV, RunDirectory, process_start_time
@@ -85,7 +86,7 @@ def die_with_parent(parent: int) -> Callable[[], None] | None:
     return preexec
 
 
-def rank_env(config: dict, run: RunDirectory, rank: int, world_size: int, port: int) -> dict[str, str]:
+def rank_env(config: dict[str, Any], run: RunDirectory, rank: int, world_size: int, port: int) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         {

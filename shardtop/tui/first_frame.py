@@ -183,7 +183,7 @@ class FirstFrame:
                 super().write(data)
 
             def start_application_mode(self) -> None:
-                super().start_application_mode()
+                LinuxDriver.start_application_mode(self)
                 frame.hand_over()
 
         return TakesOverTheFrame

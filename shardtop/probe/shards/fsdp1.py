@@ -129,7 +129,8 @@ def _local_numel(flat: Any) -> int:
     size = getattr(flat, "_sharded_size", None)
     if size is not None:
         return math.prod(size)
-    return _shard(flat).numel()
+    numel: int = _shard(flat).numel()
+    return numel
 
 
 def _unit(row: int, flat: Any, handle: Any, strategy: str) -> Unit:

@@ -35,7 +35,8 @@ def torch_optimizers(optimizer: Any) -> list[Any]:
 
 def _nbytes(tensor: Any) -> int:
     local = local_tensor(tensor)
-    return local.numel() * local.element_size()
+    nbytes: int = local.numel() * local.element_size()
+    return nbytes
 
 
 def add_split(table: ShardTable, split: Split, tensor: Any, add: Any) -> None:

@@ -68,7 +68,7 @@ def partition_numel(numel: int, partition: int, rank: int) -> int:
 
 def per_element_bytes(optimizer: Any, master: Any) -> int:
     """Bytes per element of a partition: the fp32 master plus each state tensor as large as it."""
-    size = master.element_size()
+    size: int = master.element_size()
     inner = getattr(optimizer, "optimizer", None)
     state = getattr(inner, "state", {}).get(master, {}) if inner is not None else {}
     for value in state.values():

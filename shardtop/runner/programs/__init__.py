@@ -22,4 +22,5 @@ PROGRAMS: dict[str, str] = {
 
 def load_program(name: str) -> Callable[[RankContext], None]:
     module_name, _, func = PROGRAMS[name].partition(":")
-    return getattr(importlib.import_module(module_name), func)
+    program: Callable[[RankContext], None] = getattr(importlib.import_module(module_name), func)
+    return program

@@ -11,11 +11,15 @@ from shardtop.runner.rank import RankContext
 
 
 class ShardedMLP(RegressionModule):
+    model: MLP
+
     def __init__(self, n_layers: int, hidden: int) -> None:
         super().__init__()
         self.model = MLP(n_layers, hidden)
 
     def configure_model(self) -> None:
+        if self.device_mesh is None:  # ModelParallelStrategy sets it before it calls configure_model
+            raise RuntimeError("configure_model() ran without ModelParallelStrategy's device mesh")
         mesh = self.device_mesh["data_parallel"]
         for block in self.model.blocks:
             fully_shard(block, mesh=mesh)

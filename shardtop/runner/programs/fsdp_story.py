@@ -40,6 +40,9 @@ def build_segmenter(m: dict[str, Any]) -> PatchSegmenter:
 class Segmentation(L.LightningModule):
     """The question's LightningModule: the segmenter's layers are its own attributes."""
 
+    conv1: nn.Conv2d
+    """Set in ``__init__`` with the segmenter's other layers; named here for the stray-layer check."""
+
     def __init__(self, m: dict[str, Any], lr: float = 1e-3) -> None:
         super().__init__()
         for name, child in build_segmenter(m).named_children():
@@ -55,7 +58,10 @@ class Segmentation(L.LightningModule):
         return nn.functional.cross_entropy(self(x).float(), y)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.trainer.model.parameters(), lr=self.lr, momentum=0.3)
+        model = self.trainer.model
+        if model is None:  # the strategy has set it up before Lightning asks for the optimizers
+            raise RuntimeError("configure_optimizers() ran before the strategy set up trainer.model")
+        return torch.optim.SGD(model.parameters(), lr=self.lr, momentum=0.3)
 
 
 class SegmentationHandWrapped(Segmentation):

@@ -50,7 +50,8 @@ class SplitSegmenter(nn.Module):
         tokens = m.transformer_0(m.transformers1(x.flatten(2).transpose(1, 2)))
         tokens = m.transformers_out(m.transformer_1(tokens.to(self.second)))
         x = tokens.transpose(1, 2).reshape(n, d, h, w)
-        return m.out_layer(m.relu(m.conv_out(x)))
+        logits: torch.Tensor = m.out_layer(m.relu(m.conv_out(x)))
+        return logits
 
 
 def run(ctx: RankContext) -> None:

@@ -21,7 +21,8 @@ from shardtop.events import EventReader
 from shardtop.run_meta import RunMeta
 from shardtop.run_model import RunModel
 from shardtop.run_state import RunState, RunStateBuilder
-from shardtop.runs import RunDirectory, RunStatus
+from shardtop.run_status import RunStatus
+from shardtop.runs import RunDirectory
 from shardtop.shard_model import ShardModel
 from shardtop.tui.watch.log_tail import LogTail
 

@@ -17,10 +17,10 @@ from rich.text import Text
 from textual.reactive import reactive
 
 from shardtop.events import GpuMemory
-from shardtop.tui.format import bar, fraction, truncate
+from shardtop.tui.format import bar, fraction, gpu_line_parts, truncate
 from shardtop.tui.repaint import PaintsChanges
 from shardtop.tui.watch.run_catalog import HostGpus
-from shardtop.tui.widgets.gpu_bar import GIB, HIGH, gpu_line_parts, owners_text
+from shardtop.tui.widgets.gpu_bar import GIB, HIGH, owners_text
 
 HOST_WIDTH = 16
 """Cells a host name gets before it is cut."""
