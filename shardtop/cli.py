@@ -293,7 +293,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
         rows.append((run.id, s.status, str(s.ranks or "-"), str(s.step), s.started, s.note))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
-        print("  ".join(f"{c:<{w}}" for c, w in zip(row, widths)) + "  " + row[-1])
+        # The last column is not padded: it has no width.
+        print("  ".join(f"{c:<{w}}" for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
     return 0
 
 

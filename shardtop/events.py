@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Union
+from typing import Literal
 
 import msgspec
 
@@ -49,7 +49,7 @@ MEMORY_REQUEST_FILE = "requests/explain-memory"
 (saved activations per module, a census at each phase, the CUDA allocator's trace); each rank
 removes it when it sees it, within a memory sample."""
 
-Scalar = Union[str, int, float, bool, None]
+Scalar = str | int | float | bool | None
 
 # The words some fields hold, as the code that writes and reads them knows them.  The fields
 # themselves stay ``str``: a reader must keep an event whose word an older or newer writer (or a
@@ -436,7 +436,7 @@ class Planned(Event, tag="plan", frozen=True):
     """What the plan could not see, in words (e.g. activations measured on one module only)."""
 
 
-AnyEvent = Union[Hello, Tree, Shards, Memory, Phase, Step, Oom, Fault, Exit, Planned]
+AnyEvent = Hello | Tree | Shards | Memory | Phase | Step | Oom | Fault | Exit | Planned
 EVENT_TYPES: tuple[type[Event], ...] = (Hello, Tree, Shards, Memory, Phase, Step, Oom, Fault, Exit, Planned)
 KNOWN_KINDS = frozenset(t.__struct_config__.tag for t in EVENT_TYPES)
 LAST_RECORDS: tuple[type[Event], ...] = (Oom, Fault, Exit)
@@ -662,7 +662,7 @@ def read_all(events_dir: Path) -> tuple[list[AnyEvent], dict[str, int]]:
 def tree_paths(names: Iterable[str], parents: Iterable[int]) -> list[str]:
     """Full dotted paths of the rows of a ``Tree`` (the root is ``""``)."""
     paths: list[str] = []
-    for name, parent in zip(names, parents):
+    for name, parent in zip(names, parents, strict=True):
         if parent < 0:
             paths.append(name)
         else:

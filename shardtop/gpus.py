@@ -22,7 +22,6 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 from shardtop.cluster import host_name
 from shardtop.events import GpuMemory
 
-
 T = TypeVar("T")
 
 
@@ -86,29 +85,35 @@ class Nvml:
         return len(self._handles)
 
     def sample(self, with_processes: bool = True) -> list[GpuMemory]:
-        n = self._nvml
         out: list[GpuMemory] = []
         uses: list[GpuProcessUse] = []
         for i, h in enumerate(self._handles):
-            mem = n.nvmlDeviceGetMemoryInfo(h)
-            util = _maybe(lambda: n.nvmlDeviceGetUtilizationRates(h).gpu, n)
-            temp = _maybe(lambda: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU), n)
-            power = _maybe(lambda: n.nvmlDeviceGetPowerUsage(h) / 1000.0, n)
-            pids: list[int] = []
-            if with_processes:
-                procs = _maybe(lambda: n.nvmlDeviceGetComputeRunningProcesses(h), n) or []
-                pids = sorted({p.pid for p in procs})
-                uses.extend(GpuProcessUse(gpu=i, pid=p.pid, used=_used_memory(p)) for p in procs)
-            name, uuid = self._static[i]
-            out.append(
-                GpuMemory(
-                    index=i, name=name, uuid=uuid, used=int(mem.used), total=int(mem.total),
-                    util=util, temperature=temp, power_w=power, pids=pids,
-                )
-            )
+            gpu, gpu_uses = self._sample_one(i, h, with_processes)
+            out.append(gpu)
+            uses.extend(gpu_uses)
         if with_processes:
             self._uses = uses
         return out
+
+    def _sample_one(self, i: int, h: object, with_processes: bool) -> tuple[GpuMemory, list[GpuProcessUse]]:
+        """GPU ``i``'s memory, utilisation, temperature and power, and its processes if asked."""
+        n = self._nvml
+        mem = n.nvmlDeviceGetMemoryInfo(h)
+        util = _maybe(lambda: n.nvmlDeviceGetUtilizationRates(h).gpu, n)
+        temp = _maybe(lambda: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU), n)
+        power = _maybe(lambda: n.nvmlDeviceGetPowerUsage(h) / 1000.0, n)
+        pids: list[int] = []
+        uses: list[GpuProcessUse] = []
+        if with_processes:
+            procs = _maybe(lambda: n.nvmlDeviceGetComputeRunningProcesses(h), n) or []
+            pids = sorted({p.pid for p in procs})
+            uses = [GpuProcessUse(gpu=i, pid=p.pid, used=_used_memory(p)) for p in procs]
+        name, uuid = self._static[i]
+        gpu = GpuMemory(
+            index=i, name=name, uuid=uuid, used=int(mem.used), total=int(mem.total),
+            util=util, temperature=temp, power_w=power, pids=pids,
+        )
+        return gpu, uses
 
     def process_uses(self) -> list[GpuProcessUse]:
         """Per-process GPU memory as of the last ``sample()`` (no second NVML round trip)."""

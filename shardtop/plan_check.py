@@ -139,7 +139,7 @@ def on_device(r: RankFacts, values: Sequence[int] | None, manual: bool) -> int |
         return None
     gpu = r.device.startswith("cuda")
     by_device: dict[int, int] = {}
-    for value, d in zip(values, held.device):
+    for value, d in zip(values, held.device, strict=True):
         name = held.devices[d] if 0 <= d < len(held.devices) else ""
         if value and (name.startswith("cuda") if gpu else name not in ("", "meta")):
             by_device[d] = by_device.get(d, 0) + value

@@ -541,7 +541,7 @@ class RunModel:
         if not common:
             return None
         step, phase = max(common, key=lambda k: (k[0], PHASE_ORDER.get(k[1], -1)))
-        return ComparableMemory(step, phase, MappingProxyType({r.rank: k[(step, phase)] for r, k in zip(self.ranks, keyed)}))
+        return ComparableMemory(step, phase, MappingProxyType({r.rank: k[(step, phase)] for r, k in zip(self.ranks, keyed, strict=True)}))
 
     def comparable_gpus(self, host: str) -> GpuSample | None:
         """The latest NVML sample of ``host`` taken while every rank there was up and training."""

@@ -74,7 +74,7 @@ class Holdings:
 def holdings_of(shards: Shards) -> Holdings:
     """Summed over the tree once per snapshot: views ask every refresh, for every rank."""
     by_device: dict[str, int] = {}
-    for b, d in zip(shards.bytes, shards.device):
+    for b, d in zip(shards.bytes, shards.device, strict=True):
         if b and 0 <= d < len(shards.devices) and shards.devices[d] not in STORED_NOWHERE:
             name = shards.devices[d]
             by_device[name] = by_device.get(name, 0) + b

@@ -75,7 +75,7 @@ def placement_masks(shards: Mapping[int, Shards], parents: Sequence[int], params
     states: dict[str, int] = {}
     devices: dict[str, int] = {}
     layouts: dict[tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...], tuple[int, ...]], None] = {}
-    for rank, dev_names in zip(ranks, words):
+    for rank, dev_names in zip(ranks, words, strict=True):
         s = shards[rank]
         layouts[(tuple(dev_names), tuple(s.states), tuple(s.device), tuple(s.state))] = None
         for name in s.states:
@@ -87,7 +87,7 @@ def placement_masks(shards: Mapping[int, Shards], parents: Sequence[int], params
     for layout_devices, state_names, device, state in layouts:
         dbits = [1 << devices[name] for name in layout_devices]
         sbits = [1 << (n_dev + states[name]) for name in state_names]
-        for row, (d, st) in enumerate(zip(device, state)):
+        for row, (d, st) in enumerate(zip(device, state, strict=True)):
             if params[row] > 0 and 0 <= d < len(dbits) and 0 <= st < len(sbits):
                 out[row] |= dbits[d] | sbits[st]
     for row in range(len(out) - 1, 0, -1):

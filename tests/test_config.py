@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from shardtop.config import ConfigError, parse_size, preset_names, resolve, split_overrides
-from shardtop.units import format_bytes
 from shardtop.launch import resolve_devices
+from shardtop.units import format_bytes
 
 
 def test_every_preset_resolves_with_a_description() -> None:

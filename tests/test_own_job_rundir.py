@@ -28,7 +28,7 @@ from shardtop.json_files import write_json_atomic
 from shardtop.run_members import end_supervisor, supervisor_record, write_supervisor
 from shardtop.runs import RunDirectory, process_start_time
 from tests.conftest import ROOT
-from tests.own_job_runs import cli, run_own, user_env
+from tests.own_job_runs import cli, user_env
 
 
 def _make_or_join(path: str, start: float, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]

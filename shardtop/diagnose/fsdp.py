@@ -73,7 +73,7 @@ def managed_bytes(m: RunModel, s: Shards) -> list[int]:
     tree = m.tree
     assert tree is not None
     out = [0] * len(s.units)
-    for b, u in zip(tree.bytes, s.unit):
+    for b, u in zip(tree.bytes, s.unit, strict=True):
         if 0 <= u < len(out):
             out[u] += b
     return out
@@ -181,7 +181,7 @@ class StrayLayers(Evidence):
 
 
 def _devices_of(s: Shards, rows_mask: list[bool]) -> tuple[str, ...]:
-    found = {s.devices[d] for d, b, m in zip(s.device, s.bytes, rows_mask) if m and b and 0 <= d < len(s.devices)}
+    found = {s.devices[d] for d, b, m in zip(s.device, s.bytes, rows_mask, strict=True) if m and b and 0 <= d < len(s.devices)}
     return tuple(sorted(found))
 
 
@@ -195,7 +195,7 @@ def find_stray_layers(m: RunModel) -> StrayLayers | None:
     tree = m.tree
     outside = [u < 0 for u in s.unit]
     rows = covering_rows(outside, [b > 0 for b in tree.bytes], tree.parents)
-    stray_full = sum(b for b, o in zip(tree.bytes, outside) if o)
+    stray_full = sum(b for b, o in zip(tree.bytes, outside, strict=True) if o)
     unmanaged = int(s.info.get("unmanaged_bytes", stray_full) or 0)
     if unmanaged < UNMANAGED_MIN_SHARE * m.full_bytes or not rows:
         return None
@@ -204,7 +204,7 @@ def find_stray_layers(m: RunModel) -> StrayLayers | None:
         model_bytes=m.full_bytes,
         unit_modules=tuple(m.path(row) for row in sorted({u.module for u in s.units})),
         stray_modules=tuple(m.path(row) for row in rows),
-        stray_params=sum(p for p, o in zip(tree.params, outside) if o),
+        stray_params=sum(p for p, o in zip(tree.params, outside, strict=True) if o),
         stray_bytes=unmanaged,
         stray_devices=_devices_of(s, outside),
         unit_devices=_devices_of(s, [not o for o in outside]),

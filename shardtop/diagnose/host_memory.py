@@ -65,7 +65,7 @@ def _cpu_whole_bytes(m: RunModel, setup: Shards | None) -> int:
         return 0
     return sum(
         b
-        for b, d, st in zip(setup.bytes, setup.device, setup.state)
+        for b, d, st in zip(setup.bytes, setup.device, setup.state, strict=True)
         if 0 <= d < len(setup.devices) and setup.devices[d] == "cpu"
         and 0 <= st < len(setup.states) and setup.states[st] in HELD_WHOLE_STATES
     )

@@ -167,7 +167,7 @@ def _modules_on(m: RunModel, c: Comparison) -> tuple[str, ...]:
         light = _rank(m, int(c.light.split()[1])).holdings
         if light is None or not m.aligned(light):
             return ()
-        selected = [a > b for a, b in zip(heavy.bytes, light.bytes)]
+        selected = [a > b for a, b in zip(heavy.bytes, light.bytes, strict=True)]
     else:
         return ()
     return tuple(m.path(row) for row in covering_rows(selected, [b > 0 for b in tree.bytes], tree.parents))

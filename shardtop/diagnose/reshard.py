@@ -78,7 +78,7 @@ def find_not_resharded(m: RunModel) -> NotResharded | None:
     if freed < KEPT_MIN_BYTES:
         return None
     gathered = s.states.index("gathered") if "gathered" in s.states else -2
-    held_gathered = sum(b for b, st in zip(s.bytes, s.state) if st == gathered)
+    held_gathered = sum(b for b, st in zip(s.bytes, s.state, strict=True) if st == gathered)
     return NotResharded(
         rank=r.rank,
         world_size=m.world_size,

@@ -57,7 +57,7 @@ def find_replicated_params(m: RunModel) -> ReplicatedParams | None:
     if not isinstance(dp, int) or dp < 2:
         return None
     stage = 2 if m.engine == "zero2" else 1
-    frozen = sum(b for b, u in zip(s.bytes, s.unit) if u < 0)
+    frozen = sum(b for b, u in zip(s.bytes, s.unit, strict=True) if u < 0)
     trainable = r.param_bytes - frozen
     grads = r.grad_bytes if r.grad_bytes is not None else (trainable // dp if stage == 2 else trainable)
     found = ReplicatedParams(

@@ -71,13 +71,13 @@ def _whole_rows(m: RunModel, setup: Shards | None) -> list[bool]:
         return []
     return [
         b > 0 and 0 <= st < len(setup.states) and setup.states[st] not in PARTITIONED_STATES
-        for b, st in zip(setup.bytes, setup.state)
+        for b, st in zip(setup.bytes, setup.state, strict=True)
     ]
 
 
 def _accelerators(setup: Shards) -> set[str]:
     return {
-        setup.devices[d] for d, b in zip(setup.device, setup.bytes) if b and 0 <= d < len(setup.devices)
+        setup.devices[d] for d, b in zip(setup.device, setup.bytes, strict=True) if b and 0 <= d < len(setup.devices)
         and setup.devices[d].startswith(ACCELERATORS)
     }
 
@@ -89,7 +89,7 @@ def find_built_whole(m: RunModel) -> BuiltWhole | None:
     rows_of: dict[int, list[bool]] = {}
     for r in m.ranks:
         rows = _whole_rows(m, r.setup)
-        held = sum(b for b, w in zip(m.tree.bytes, rows) if w)
+        held = sum(b for b, w in zip(m.tree.bytes, rows, strict=False) if w)  # rows: [] if set-up is another tree
         if held >= OUTSIDE_MIN_SHARE * m.full_bytes:
             whole[r.rank], rows_of[r.rank] = held, rows
     moving = first_oom_evidence(m, ("setup",))

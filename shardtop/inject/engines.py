@@ -21,6 +21,14 @@ from __future__ import annotations
 
 import os
 
+from shardtop.inject.this_rank import (
+    STATE,
+    guarded,
+    is_rank,
+    rank_probe,
+    record_failure,
+)
+
 TYPE_CHECKING = False  # no typing at start-up (see this_rank.py)
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -29,14 +37,6 @@ if TYPE_CHECKING:
 
     Handover = tuple[Any, str, str]
     """What an entry point is given: (the model or None, engine, strategy)."""
-
-from shardtop.inject.this_rank import (
-    STATE,
-    guarded,
-    is_rank,
-    rank_probe,
-    record_failure,
-)
 
 WRAPPED = "__shardtop_wrapped__"
 

@@ -34,7 +34,7 @@ def _option(o: Option) -> dict[str, Any]:
             "gathered": p.gathered,
             "buffers": p.buffers,
             "peak": p.peak,
-            "phases": dict(zip(("setup", "forward", "backward", "step"), p.phases)),
+            "phases": dict(zip(("setup", "forward", "backward", "step"), p.phases, strict=True)),
             "host": p.host,
         },
         "peak_phase": p.peak_phase,

@@ -53,7 +53,7 @@ def runs_out_at(per_rank: PerRank, gpu: Gpu | None) -> str | None:
     """The first phase, in the order a run meets them, whose peak is over what the GPU allows."""
     if gpu is None:
         return None
-    return next((phase for phase, size in zip(TIMELINE, per_rank.timeline) if size > gpu.usable), None)
+    return next((phase for phase, size in zip(TIMELINE, per_rank.timeline, strict=True) if size > gpu.usable), None)
 
 
 def dominant(s: Strategy, p: PerRank, phase: str) -> tuple[str, int]:

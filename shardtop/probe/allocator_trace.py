@@ -347,7 +347,7 @@ def split_blocks(
 
 def align_censuses(markers: Sequence[int], censuses: Sequence[Mapping[int, str]]) -> list[Census]:
     """Censuses paired with the marker positions, from the end: the trace may have lost its oldest markers."""
-    pairs = zip(reversed(markers), reversed(censuses))
+    pairs = zip(reversed(markers), reversed(censuses), strict=False)
     return [Census(position, addresses) for position, addresses in pairs]
 
 

@@ -341,7 +341,7 @@ class MemoryExplainer:
         if names != tree.names or parents != tree.parents:
             return shards
         now = shards.grad_bytes or [0] * len(grads)
-        return msgspec.structs.replace(shards, grad_bytes=[max(a, b) for a, b in zip(now, grads)])
+        return msgspec.structs.replace(shards, grad_bytes=[max(a, b) for a, b in zip(now, grads, strict=True)])
 
     def on_oom(self, event: Oom, error: BaseException | None = None) -> Oom:
         """``event`` with the true peak, the allocator's stats and the split at this moment added."""

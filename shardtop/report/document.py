@@ -13,7 +13,6 @@ import html
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Union
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ class Details:
     lines: tuple[str, ...]
 
 
-Block = Union[Heading, Para, Bullets, Facts, Table, Details]
+Block = Heading | Para | Bullets | Facts | Table | Details
 
 
 # -- plain text ------------------------------------------------------------------------------
@@ -74,7 +73,7 @@ def _text_table(table: Table) -> list[str]:
 
     def line(row: Sequence[str]) -> str:
         cells = [
-            plain(c).rjust(w) if i in table.right else plain(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths))
+            plain(c).rjust(w) if i in table.right else plain(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
         ]
         return "  ".join(cells).rstrip()
 

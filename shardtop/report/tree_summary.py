@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardtop.words import ROOT_LABEL
 from shardtop.shard_model import Fold, Line, Node, ShardModel, visible_lines
+from shardtop.words import ROOT_LABEL
 
 TREE_DEPTH = 2
 """Levels open from the root: the root and its children, so ``model → net → 18000 × Linear``

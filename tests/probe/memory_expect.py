@@ -33,7 +33,7 @@ def saved_by_the_loss(tokens: int = TOKENS) -> int:
 def act_by_path(staged: dict[str, Any]) -> dict[str, int]:
     """The non-zero ``act_bytes`` of a worker's result, by module path."""
     tree, shards = staged["tree"], staged["shards"]
-    return {p: b for p, b in zip(tree_paths(tree["names"], tree["parents"]), shards["act_bytes"]) if b}
+    return {p: b for p, b in zip(tree_paths(tree["names"], tree["parents"]), shards["act_bytes"], strict=True) if b}
 
 
 def check_activations(results: list[dict[str, Any]], key: str | None = None, itemsize: int = 4) -> None:

@@ -179,7 +179,7 @@ def test_a_forward_block_no_census_saw_saved_is_other_when_saved_tensors_were_fo
     trace = Trace()
     trace.mark()
     saved = trace.alloc(4 * MiB, LINEAR_FORWARD)
-    workspace = trace.alloc(MiB, LINEAR_FORWARD)  # e.g. a library's workspace, made in the first forward
+    trace.alloc(MiB, LINEAR_FORWARD)  # e.g. a library's workspace, made in the first forward
     trace.mark()
     found = peak_split(trace.snapshot(), 0, [{}, {saved: "activations"}], [("forward", 1), ("backward", 1)])
     assert found is not None

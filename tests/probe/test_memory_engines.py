@@ -46,7 +46,7 @@ def test_lightning_snapshots_after_configure_model_and_explains_the_first_steps(
                                                          ("step", "fsdp2")]
         step = shards[-1]
         assert step.act_bytes is not None
-        act = {p: b for p, b in zip(paths_of(events, step), step.act_bytes) if b}
+        act = {p: b for p, b in zip(paths_of(events, step), step.act_bytes, strict=True) if b}
         assert act == saved_per_module(tokens=tokens, prefix="net.")
         splits = phase_splits(events)
         forward = sum(act.values()) + saved_by_the_loss(tokens)
@@ -68,14 +68,14 @@ def test_zero2_gradient_partitions_reach_the_step_snapshot(tmp_path: Path) -> No
         step = [e for e in events if isinstance(e, Shards) and e.stage == "step"][-1]
         tree = [e for e in events if isinstance(e, Tree)][-1]
         assert step.grad_bytes is not None and step.act_bytes is not None
-        for path, full, grads in zip(tree_paths(tree.names, tree.parents), tree.bytes, step.grad_bytes):
+        for path, full, grads in zip(tree_paths(tree.names, tree.parents), tree.bytes, step.grad_bytes, strict=True):
             totals[path] = totals.get(path, 0) + grads
             assert grads <= full
         splits = phase_splits(events)
         assert splits[(1, "optimizer")].by_kind.grads == 4 * 120  # this rank's partition of 240 padded elements
         assert splits[(1, "step")].by_kind.grads == 0
         assert splits[(1, "step")].by_kind.optimizer == 3 * 4 * 120 + 4  # master, Adam's two moments, a step count
-    full = dict(zip(tree_paths(tree.names, tree.parents), tree.bytes))
+    full = dict(zip(tree_paths(tree.names, tree.parents), tree.bytes, strict=True))
     assert totals == full  # summed over the ranks, every module's whole gradient
 
 

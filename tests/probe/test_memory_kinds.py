@@ -23,12 +23,12 @@ from shardtop.probe.memory_kinds import MemoryCensus
 from shardtop.probe.session import Probe
 from tests.probe.shard_workers import TinyNet
 
-B, F, H, O = 8, 16, 32, 4
+B, F, H, OUT = 8, 16, 32, 4
 
 
 def mlp() -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(F, H), nn.ReLU(), nn.Linear(H, O))
+    return nn.Sequential(nn.Linear(F, H), nn.ReLU(), nn.Linear(H, OUT))
 
 
 def param_bytes(model: nn.Module) -> int:
@@ -36,7 +36,7 @@ def param_bytes(model: nn.Module) -> int:
 
 
 def test_census_counts_parameters_gradients_and_adams_two_moments() -> None:
-    model = nn.Sequential(nn.Linear(F, H), nn.BatchNorm1d(H), nn.ReLU(), nn.Linear(H, O))
+    model = nn.Sequential(nn.Linear(F, H), nn.BatchNorm1d(H), nn.ReLU(), nn.Linear(H, OUT))
     optimizer = torch.optim.Adam(model.parameters())
     census = MemoryCensus("cpu")
     census.set_target(model, optimizer)
@@ -119,7 +119,7 @@ def test_probe_explains_the_first_steps(tmp_path: Path) -> None:
     probe.exit(0)
     probe.close()
     weights = param_bytes(model)
-    saved = B * F * 4 + B * H * 4 + B * O * 4  # and the model's output, saved by pow() outside any module
+    saved = B * F * 4 + B * H * 4 + B * OUT * 4  # and the model's output, saved by pow() outside any module
     splits = _splits(tmp_path)
     assert splits[(1, "backward")].by_kind == MemoryKinds(params=weights, grads=0, optimizer=0, activations=saved, other=0)
     assert splits[(1, "optimizer")].by_kind == MemoryKinds(params=weights, grads=weights, optimizer=0, activations=0,
@@ -134,12 +134,12 @@ def test_probe_explains_the_first_steps(tmp_path: Path) -> None:
     events, _ = read_all(tmp_path / "run" / "events")
     [step_shards] = [e for e in events if isinstance(e, Shards) and e.stage == "step"]
     tree = next(e for e in events if getattr(e, "tree_id", None) == step_shards.tree_id and not isinstance(e, Shards))
-    rows = dict(zip(tree_paths(tree.names, tree.parents), range(len(tree.names))))
+    rows = dict(zip(tree_paths(tree.names, tree.parents), range(len(tree.names)), strict=True))
     act, grads = step_shards.act_bytes, step_shards.grad_bytes
     assert act is not None and grads is not None
     assert [act[rows[p]] for p in ("", "0", "1", "2")] == [0, B * F * 4, B * H * 4, 0]
     # The loop zeroes gradients after the step: the snapshot reports them as held before it.
-    assert [grads[rows[p]] for p in ("0", "1", "2")] == [(F * H + H) * 4, 0, (H * O + O) * 4]
+    assert [grads[rows[p]] for p in ("0", "1", "2")] == [(F * H + H) * 4, 0, (H * OUT + OUT) * 4]
 
 
 def test_detail_always_follows_activations_in_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,7 +156,7 @@ def test_detail_always_follows_activations_in_every_step(tmp_path: Path, monkeyp
     out = model(torch.randn(B, F)).pow(2).mean()
     count = explainer.census.count(explainer.activations)
     probe.close()
-    assert count is not None and count.kinds.activations == B * F * 4 + B * H * 4 + B * O * 4
+    assert count is not None and count.kinds.activations == B * F * 4 + B * H * 4 + B * OUT * 4
     split = _splits(tmp_path)[(4, "forward")]
     assert split.by_kind.activations == 0  # measured (followed), and nothing saved yet
     del out

@@ -404,7 +404,7 @@ def test_real_setup_oom_names_the_linear_being_converted(tmp_path: Path) -> None
     assert events.index(at_oom) > events.index(oom)  # the OOM event comes first, flushed
     paths = tree_paths(tree.names, tree.parents)
     converted = ("embed", "blocks.0.", "blocks.1.", "blocks.2.norm")  # children first, as Module._apply goes
-    for path, full, held in zip(paths, tree.bytes, at_oom.bytes):
+    for path, full, held in zip(paths, tree.bytes, at_oom.bytes, strict=True):
         if full:
             assert held == (2 * full if path.startswith(converted) else full), path
     assert oom.memory is not None and oom.memory.by_kind.params == sum(at_oom.bytes)

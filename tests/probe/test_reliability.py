@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from shardtop.report import render_report
 from shardtop.events import Exit, Fault, Memory, Oom, Step, read_all
+from shardtop.report import render_report
 from shardtop.run_status import ExitStatus
 from shardtop.runs import RunDirectory, list_runs
 from tests.conftest import ROOT, shardtop

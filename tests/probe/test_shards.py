@@ -58,24 +58,24 @@ def paths(result: dict[str, Any]) -> list[str]:
 
 def by_path(result: dict[str, Any], column: str) -> dict[str, Any]:
     values = result["shards"][column]
-    return dict(zip(paths(result), values))
+    return dict(zip(paths(result), values, strict=True))
 
 
 def states(result: dict[str, Any]) -> dict[str, str]:
     shards = result["shards"]
-    return {p: shards["states"][s] for p, s in zip(paths(result), shards["state"]) if s >= 0}
+    return {p: shards["states"][s] for p, s in zip(paths(result), shards["state"], strict=True) if s >= 0}
 
 
 def devices(result: dict[str, Any]) -> dict[str, str]:
     shards = result["shards"]
-    return {p: shards["devices"][d] for p, d in zip(paths(result), shards["device"]) if d >= 0}
+    return {p: shards["devices"][d] for p, d in zip(paths(result), shards["device"], strict=True) if d >= 0}
 
 
 def check_tree(result: dict[str, Any], prefix: str = "", root: str = "TinyNet") -> dict[str, int]:
     """The rows are the user's modules, in pre-order, with their own full sizes."""
     expected = reference(TinyNet(), prefix)
     tree = result["tree"]
-    rows = dict(zip(paths(result), tree["bytes"]))
+    rows = dict(zip(paths(result), tree["bytes"], strict=True))
     assert list(expected) == [p for p in rows if p.startswith(prefix)]
     assert {p: rows[p] for p in expected} == expected
     assert tree["type_names"][tree["types"][paths(result).index(prefix)]] == root
@@ -87,14 +87,14 @@ def check_tree(result: dict[str, Any], prefix: str = "", root: str = "TinyNet") 
 
 def check_sums(results: list[dict[str, Any]], column: str = "bytes", factor: int = 1) -> None:
     """Summed over ranks, each module's bytes in ``column`` are ``factor`` times its full size."""
-    full = dict(zip(paths(results[0]), results[0]["tree"]["bytes"]))
+    full = dict(zip(paths(results[0]), results[0]["tree"]["bytes"], strict=True))
     for path, size in full.items():
         total = sum(by_path(r, column)[path] for r in results)
         assert total == factor * size, (column, path, total, size)
 
 
 def param_rows(result: dict[str, Any]) -> list[str]:
-    return [p for p, b in zip(paths(result), result["tree"]["bytes"]) if b]
+    return [p for p, b in zip(paths(result), result["tree"]["bytes"], strict=True) if b]
 
 
 def units_by_path(result: dict[str, Any]) -> dict[str, int]:

@@ -14,6 +14,8 @@ from shardtop.config import ConfigError
 from shardtop.diagnose import Evidence, Finding
 from shardtop.events import GpuMemory, Hello, Memory, Oom
 from shardtop.gpus import GpuProcessInfo
+from shardtop.oom_story import OomStory, under_zero_init
+from shardtop.run_model import RunModel
 from shardtop.run_state import fold
 from shardtop.runs import RunDirectory
 from shardtop.tui.screens.launch_prompt import check_launch
@@ -23,10 +25,8 @@ from shardtop.tui.watch.run_feed import RunFeed, RunSnapshot
 from shardtop.tui.widgets.findings_list import concerning, findings_text
 from shardtop.tui.widgets.gpu_bar import gpu_line_parts
 from shardtop.tui.widgets.gpu_panel import owners_text
-from shardtop.tui.widgets.process_table import process_cells
-from shardtop.oom_story import OomStory, under_zero_init
-from shardtop.run_model import RunModel
 from shardtop.tui.widgets.oom_panel import culprit_words, no_module_words, oom_report
+from shardtop.tui.widgets.process_table import process_cells
 from shardtop.tui.widgets.rank_memory import device_index, memory_layout, rank_rows
 from shardtop.tui.widgets.run_header import header_info
 from tests.tui.recorded import TRAINER_PIDS, copy_runs, eight_h200s

@@ -12,11 +12,11 @@ from rich.console import Console
 from textual.widgets import Static, TabbedContent
 
 from shardtop.runs import RunDirectory
+from shardtop.shard_model import Fold
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.help import HelpScreen
 from shardtop.tui.screens.report_view import ReportScreen
 from shardtop.tui.screens.run_view import RunScreen
-from shardtop.shard_model import Fold
 from shardtop.tui.widgets.module_details import ModuleDetails
 from shardtop.tui.widgets.oom_panel import OomPanel
 from shardtop.tui.widgets.rank_memory import RankMemory

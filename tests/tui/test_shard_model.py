@@ -6,7 +6,8 @@ import time
 
 import msgspec
 
-from shardtop.events import Shards, Tree, Unit
+from shardtop.events import Shards, Tree, Unit, read_all
+from shardtop.run_state import fold
 from shardtop.shard_model import (
     Fold,
     ShardModel,
@@ -19,8 +20,6 @@ from shardtop.shard_model import (
     translate_expanded,
     visible_lines,
 )
-from shardtop.events import read_all
-from shardtop.run_state import fold
 from tests.tui.recorded import recorded_run
 
 

@@ -38,7 +38,7 @@ def read_ddp(tree: ModuleTree, table: ShardTable, optimizer: Any = None) -> None
         managed_ids = {id(p) for p in managed} if managed is not None else None
         indices = [
             i
-            for i, (param, param_row) in enumerate(zip(tree.params, tree.param_rows))
+            for i, (param, param_row) in enumerate(zip(tree.params, tree.param_rows, strict=True))
             if row <= param_row < ends[row]
             and id(param) not in claimed
             and (managed_ids is None or id(param) in managed_ids)

@@ -164,7 +164,7 @@ def _frozen_numel(flat: Any) -> int:
     originals = getattr(flat, "_params", None)
     numels = _numels(flat)
     if originals and len(originals) == len(numels):
-        return sum(n for p, n in zip(originals, numels) if not p.requires_grad)
+        return sum(n for p, n in zip(originals, numels, strict=True) if not p.requires_grad)
     return 0 if getattr(flat, "requires_grad", True) else sum(numels)
 
 
@@ -220,7 +220,9 @@ def _add_flat(
     state = table.state_id(_state(handle, flat))
     itemsize = shard.element_size()
     split: Split = []
-    for info, numel, local in zip(getattr(flat, "_param_infos", ()), _numels(flat), _local_numels(flat)):
+    # A FlatParameter without ``_param_infos`` (a torch that names it otherwise) places nothing.
+    infos = getattr(flat, "_param_infos", ())
+    for info, numel, local in zip(infos, _numels(flat), _local_numels(flat), strict=False):
         row = tree.row_of.get(id(info.module), -1)
         if row < 0:
             continue

@@ -145,7 +145,7 @@ def read_optimizer_partitions(tree: ModuleTree, table: ShardTable, optimizer: An
         low, high = group.rank * group.partition, (group.rank + 1) * group.partition
         unit = table.add_unit(Unit(module=0, kind="zero-optimizer", numel=0, local_numel=0))
         held = 0
-        for j, (param, numel, offset) in enumerate(zip(group.params, group.sizes, group.offsets)):
+        for j, (param, numel, offset) in enumerate(zip(group.params, group.sizes, group.offsets, strict=True)):
             overlap = max(0, min(offset + numel, high) - max(offset, low))
             held += overlap
             row = tree.row_of_param(param)
@@ -185,7 +185,7 @@ def add_gradient_partitions(tree: ModuleTree, table: ShardTable, optimizer: Any)
         grads = averaged.get(index)
         if not isinstance(grads, (list, tuple)) or len(grads) < len(params):
             continue
-        for param, grad in zip(params, grads):  # a last, extra tensor is the partition's padding
+        for param, grad in zip(params, grads, strict=False):  # a last, extra tensor is the partition's padding
             row = tree.row_of_param(param)
             if row >= 0 and grad is not None and hasattr(grad, "element_size"):
                 table.add_grad(row, grad.numel() * grad.element_size())
@@ -201,7 +201,7 @@ def add_stage3_optimizer(tree: ModuleTree, table: ShardTable, optimizer: Any) ->
     table.optim_bytes = table.optim_bytes or [0] * len(tree)
     table.grad_bytes = table.grad_bytes or [0] * len(tree)
     grad_partitions = getattr(optimizer, "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition", None) or {}
-    for group, flat in zip(groups, flats):
+    for group, flat in zip(groups, flats, strict=True):
         per_element = per_element_bytes(optimizer, flat)
         for param in group:
             row = tree.row_of_param(param)

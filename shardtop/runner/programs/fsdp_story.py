@@ -154,5 +154,5 @@ def run_raw_fsdp1(ctx: RankContext, hand_wrapped: bool) -> None:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        train(ctx, loader, lambda b: nn.functional.cross_entropy(wrapped(b[0]).float(), b[1]), lambda l: l.backward(),
+        train(ctx, loader, lambda b: nn.functional.cross_entropy(wrapped(b[0]).float(), b[1]), lambda value: value.backward(),
               step, lambda: st.attach(wrapped, optimizer=optimizer, stage="step"))

@@ -81,5 +81,5 @@ def run(ctx: RankContext) -> None:
             x, y = batch
             return nn.functional.cross_entropy(model(x).float(), y.to(second))
 
-        train(ctx, loader, loss, lambda l: l.backward(), step,
+        train(ctx, loader, loss, lambda value: value.backward(), step,
               lambda: st.attach(model, optimizer=optimizer, stage="step"))

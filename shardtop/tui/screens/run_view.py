@@ -24,9 +24,9 @@ from textual.worker import get_current_worker
 from shardtop.diagnose import diagnose
 from shardtop.oom_story import under_zero_init
 from shardtop.runs import RunDirectory
+from shardtop.shard_model import Node
 from shardtop.tui.screens.confirm import ConfirmScreen
 from shardtop.tui.screens.report_view import ReportScreen, render_markdown, save_report
-from shardtop.shard_model import Node
 from shardtop.tui.watch.run_feed import Diagnosis, RunFeed, RunSnapshot
 from shardtop.tui.widgets.findings_list import FindingsList
 from shardtop.tui.widgets.log_pane import LogPane

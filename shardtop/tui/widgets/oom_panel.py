@@ -16,8 +16,8 @@ from shardtop.events import GpuMemory, MemorySplit
 from shardtop.oom_story import OomStory
 from shardtop.run_model import RunModel
 from shardtop.tui.format import bar, format_bytes, fraction, short_bytes
-from shardtop.words import display_path
 from shardtop.tui.widgets.findings_list import finding_text
+from shardtop.words import display_path
 
 MESSAGE_CHARS = 300
 """The CUDA error's first line, cut at a word: the figures come first, the advice about the allocator after."""

@@ -95,7 +95,7 @@ def _bar(parts: Sequence[int], peak: int, usable: int | None, width: int) -> str
     scale = max(peak, usable or 0, 1)
     cells: list[str] = []
     total = 0
-    for mark, size in zip(PART_MARKS, parts):
+    for mark, size in zip(PART_MARKS, parts, strict=True):
         total += size
         upto = round(total / scale * width)
         cells.extend(mark * max(0, upto - len(cells)))

@@ -29,7 +29,6 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from shardtop.tui.format import short_bytes, short_count
 from shardtop.shard_model import (
     FIGURES,
     Figure,
@@ -44,6 +43,7 @@ from shardtop.shard_model import (
     translate_expanded,
     visible_lines,
 )
+from shardtop.tui.format import short_bytes, short_count
 from shardtop.tui.host_groups import RankColumn, hosts_caption, rank_columns
 from shardtop.tui.repaint import set_border_text
 from shardtop.tui.tree_columns import TreeColumns, cut, fit, module_heading, tree_columns
