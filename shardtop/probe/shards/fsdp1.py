@@ -221,8 +221,8 @@ def _add_flat(
     itemsize = shard.element_size()
     split: Split = []
     # A FlatParameter without ``_param_infos`` (a torch that names it otherwise) places nothing.
-    infos = getattr(flat, "_param_infos", ())
-    for info, numel, local in zip(infos, _numels(flat), _local_numels(flat), strict=False):
+    param_infos = getattr(flat, "_param_infos", ())
+    for info, numel, local in zip(param_infos, _numels(flat), _local_numels(flat), strict=False):
         row = tree.row_of.get(id(info.module), -1)
         if row < 0:
             continue
