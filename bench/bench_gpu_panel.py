@@ -95,7 +95,8 @@ def main() -> None:
         peer_argv = [peer_exe] if peer_exe else [sys.executable, "-m", "nvitop"]
         peer = cpu_percent_in_pty([*peer_argv, "--interval", "1"], args.seconds, env)
         print(f"GPU panel CPU over {args.seconds:.0f} s at a 1 s refresh, 160x48 pty, {nvml.count} GPU(s): "
-              f"shardtop home {ours:.2f} % of a core, nvitop {peer:.2f} % of a core, ratio shardtop/nvitop {ours / peer:.2f}")
+              f"shardtop home {ours:.2f} % of a core, nvitop {peer:.2f} % of a core, "
+              f"ratio shardtop/nvitop {ours / peer:.2f}")
     finally:
         load.kill()
 

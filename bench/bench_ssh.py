@@ -77,7 +77,10 @@ class Program:
 def programs(refresh: float, nvml: str, samples: Path, runs: Path, run: Path, pid: int) -> list[Program]:
     python = [sys.executable, str(HERE / "recorded_nvml.py"), str(samples)] if nvml == "recorded" else [sys.executable]
     peer = [*python, "-m", "nvitop"]
-    env = {"SHARDTOP_REFRESH": str(refresh), "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {
+        "SHARDTOP_REFRESH": str(refresh),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     gpu, who = b"H200" if nvml == "recorded" else b"", str(pid).encode()
     return [
         Program("shardtop home", [*python, "-m", "shardtop", "--runs-dir", str(runs)], (gpu, who, b"Presets"), env),

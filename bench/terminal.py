@@ -89,7 +89,9 @@ class Terminal:
                 if all(n in self.text for n in needles):
                     return time.perf_counter() - self.started
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.proc.args[0]} exited with {self.proc.returncode}: {self.screen_text()[-400:]}")
+                raise RuntimeError(
+                    f"{self.proc.args[0]} exited with {self.proc.returncode}: {self.screen_text()[-400:]}"
+                )
             time.sleep(0.005)
         raise TimeoutError(f"{needles} not on screen after {timeout}s: {self.screen_text()[-400:]}")
 

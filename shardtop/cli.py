@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("launch", parents=[common], help="start a preset run and watch it",
-                       description="Start a preset run. Settings: key=value, dotted for nested keys (model.n_layers=64).")
+                       description="Start a preset run. Settings: key=value, dotted for nested keys "
+                                   "(model.n_layers=64).")
     p.add_argument("settings", nargs="*", metavar="preset=NAME key=value",
                    help="the preset (preset=NAME or just NAME) and overrides")
     p.add_argument("--headless", action="store_true",

@@ -159,9 +159,9 @@ class Shards(Event, tag="shards", frozen=True):
     tree_id: int
     engine: str
     stage: str
-    """A ``SnapshotStage``: ``setup`` before the engine wrapped the model (after ``configure_model`` too), ``engine`` after,
-    ``step`` later, ``oom`` as the model was held when this rank ran out of memory (a set-up move
-    shows which modules had reached the device)."""
+    """A ``SnapshotStage``: ``setup`` before the engine wrapped the model (after ``configure_model``
+    too), ``engine`` after, ``step`` later, ``oom`` as the model was held when this rank ran out of
+    memory (a set-up move shows which modules had reached the device)."""
     devices: list[str]
     states: list[str]
     bytes: list[int]

@@ -4,8 +4,9 @@
 the parsed ``run.json`` and the run's status, and answers: the engine (one
 precedence), the OOMs (earliest first, ties to the lowest rank) told as
 ``OomStory``s, each rank's holdings and status, the run's status in words,
-the one-line summary, the plan set against what the ranks measured, and the samples rank-to-rank comparisons may use (all
-ranks alive, same step and phase).  The TUI, the report in every format,
+the one-line summary, the plan set against what the ranks measured, and the
+samples rank-to-rank comparisons may use (all ranks alive, same step and
+phase).  The TUI, the report in every format,
 ``shardtop runs``, the headless follower and the diagnosis render it; none
 works a fact out again.  Pure Python: no torch, no textual, no I/O.
 """
@@ -541,7 +542,8 @@ class RunModel:
         if not common:
             return None
         step, phase = max(common, key=lambda k: (k[0], PHASE_ORDER.get(k[1], -1)))
-        return ComparableMemory(step, phase, MappingProxyType({r.rank: k[(step, phase)] for r, k in zip(self.ranks, keyed, strict=True)}))
+        by_rank = {r.rank: k[(step, phase)] for r, k in zip(self.ranks, keyed, strict=True)}
+        return ComparableMemory(step, phase, MappingProxyType(by_rank))
 
     def comparable_gpus(self, host: str) -> GpuSample | None:
         """The latest NVML sample of ``host`` taken while every rank there was up and training."""

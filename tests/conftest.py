@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
 
-def shardtop(*args: str, runs_dir: Path, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def shardtop(
+    *args: str, runs_dir: Path, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run the real ``shardtop`` command as a user would."""
     full_env = {**os.environ, "SHARDTOP_RUNS_DIR": str(runs_dir), "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(

@@ -58,7 +58,10 @@ class OwnRun:
         return json.loads(done.stdout)
 
     def describe(self) -> str:
-        return f"exit {self.code}\n--- shardtop run ---\n{self.output[-3000:]}\n--- command ---\n{self.command_log()[-4000:]}"
+        return (
+            f"exit {self.code}\n--- shardtop run ---\n{self.output[-3000:]}\n"
+            f"--- command ---\n{self.command_log()[-4000:]}"
+        )
 
 
 def run_own(

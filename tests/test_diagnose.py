@@ -119,7 +119,8 @@ def test_each_rule_has_a_run_showing_it_and_runs_that_do_not(reports: Any, code:
 GPU_ONLY = {
     "cuda-context-on-wrong-gpu": "NVML's process list of two GPUs: shown on an event stream shaped like story 1's "
     "(test_story_1_on_gpus_gpu_0_fills_and_rank_1_uses_it); gpu/scenarios/wrong_gpu.py records it on two GPUs",
-    "probe-fault": "shown by a real shard reader failure in tests/probe/test_reliability.py; absent from every run here",
+    "probe-fault": "shown by a real shard reader failure in tests/probe/test_reliability.py; "
+    "absent from every run here",
     "plan-missed": "needs an allocator's peak (CPU processes have none): shown on the H200 recording of "
     "manual-placement, with its plan, in tests/test_plan_after_run.py",
 }
@@ -147,7 +148,9 @@ def test_story_1_hand_wrapped_layers_are_outside_every_unit(reports: Any) -> Non
     assert "configure_sharded_model" in f["detail"] and "whole" in f["detail"]
     assert "Delete configure_sharded_model" in f["fix"] and "ModuleWrapPolicy({TransformerBlock})" in f["fix"]
     p = finding(report, "precision-mismatch")
-    assert p["evidence"] == {"param_dtype": "float16", "reduce_dtype": "float16", "precision": "32-true", "lightning": True}
+    assert p["evidence"] == {
+        "param_dtype": "float16", "reduce_dtype": "float16", "precision": "32-true", "lightning": True
+    }
     assert 'precision="16-mixed"' in p["fix"] and "bf16" in p["fix"]
     assert finding(report, "cpu-offload-not-applied")["severity"] == "info"
 
@@ -442,7 +445,9 @@ def test_allocator_peaks_far_apart_are_an_imbalance() -> None:
         events.append(_stamp(Memory(device=f"cuda:{rank}", allocated=peak // 2, peak=peak), rank))
     (f,) = diagnose(RunModel.of(fold(events)))
     main = f.evidence.main  # type: ignore[attr-defined]
-    assert (f.code, main.kind, main.heavy, main.sample) == ("placement-imbalance", "allocator", "rank 0", "step 2, backward")
+    assert (f.code, main.kind, main.heavy, main.sample) == (
+        "placement-imbalance", "allocator", "rank 0", "step 2, backward"
+    )
     assert f.saving_bytes == 30 * GiB - 18 * GiB
 
 
@@ -462,7 +467,8 @@ def test_memory_is_compared_only_while_every_rank_runs_the_same_step() -> None:
                 GpuMemory(index=0, used=4935 * MiB, total=140 * GiB, pids=[PIDS[0]]),
                 GpuMemory(index=1, used=4453 * MiB, total=140 * GiB, pids=[PIDS[1]]),
             ]
-            events.append(_stamp(Memory(device=f"cuda:{rank}", allocated=3 * GiB, peak=4 * GiB, gpus=gpus if rank == 0 else None), rank))
+            memory = Memory(device=f"cuda:{rank}", allocated=3 * GiB, peak=4 * GiB, gpus=gpus if rank == 0 else None)
+            events.append(_stamp(memory, rank))
     events.append(_stamp(Exit(code=0, status="ok"), 1))
     events.append(_stamp(Phase(phase="teardown", step=3), 0))
     late = [
@@ -498,7 +504,9 @@ def test_manual_placement_on_two_gpus_by_module_count() -> None:
         state=[-1, 0, 0],
         unit=[-1, -1, -1],
     )
-    (f,) = diagnose(RunModel.of(fold([_stamp(tree, 0), _stamp(Hello(pid=1, world_size=1, device="cuda:0"), 0), _stamp(shards, 0)])))
+    (f,) = diagnose(RunModel.of(fold(
+        [_stamp(tree, 0), _stamp(Hello(pid=1, world_size=1, device="cuda:0"), 0), _stamp(shards, 0)]
+    )))
     main = f.evidence.main  # type: ignore[attr-defined]
     assert (f.code, main.kind, main.heavy, f.modules) == (
         "placement-imbalance",

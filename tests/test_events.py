@@ -116,7 +116,9 @@ def test_unknown_fields_of_a_known_kind_are_ignored(tmp_path: Path) -> None:
 
 def test_oom_and_exit_round_trip(tmp_path: Path) -> None:
     w = writer(tmp_path)
-    w.write(Oom(phase="setup", module="net.3", module_type="Linear", requested_bytes=2**20, attributed_by="apply-frame"))
+    w.write(
+        Oom(phase="setup", module="net.3", module_type="Linear", requested_bytes=2**20, attributed_by="apply-frame")
+    )
     w.write(Exit(code=1, status="oom", error="OutOfMemoryError"))
     events, _ = read_all(tmp_path)
     oom, exit_ = events
@@ -128,7 +130,8 @@ def test_words_this_version_does_not_know_are_kept_and_said_as_written(tmp_path:
     """Phases and attributions are typed where shardtop makes them, but a reader keeps an OOM whose words a
     newer writer (or a user's own phase) chose, and says them as written."""
     event_file(tmp_path, 0).write_bytes(
-        b'{"kind":"oom","v":1,"rank":0,"phase":"checkpoint","attributed_by":"hook-frame","message":"CUDA out of memory"}\n'
+        b'{"kind":"oom","v":1,"rank":0,"phase":"checkpoint","attributed_by":"hook-frame",'
+        b'"message":"CUDA out of memory"}\n'
     )
     (oom,), skipped = read_all(tmp_path)
     assert isinstance(oom, Oom) and sum(skipped.values()) == 0

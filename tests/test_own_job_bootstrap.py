@@ -21,10 +21,15 @@ from shardtop.inject import command_env
 from shardtop.runs import RunDirectory
 from tests.own_job_runs import SCRIPTS, run_own, user_env
 
-LOADED = "import sys, json; print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'shardtop'))))"
+LOADED = (
+    "import sys, json; "
+    "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'shardtop'))))"
+)
 
 
-def _python(code: str, run_dir: Path, *, python: str = sys.executable, **extra: str) -> subprocess.CompletedProcess[str]:
+def _python(
+    code: str, run_dir: Path, *, python: str = sys.executable, **extra: str
+) -> subprocess.CompletedProcess[str]:
     run_dir.mkdir(exist_ok=True)
     env = command_env(user_env(**extra), run_dir)
     return subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False)
@@ -66,7 +71,10 @@ def test_the_environments_own_sitecustomize_still_runs(tmp_path: Path) -> None:
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     (theirs / "sitecustomize.py").write_text("import builtins\nbuiltins.THEIRS_RAN = True\n")
-    code = "import builtins, sys; print(getattr(builtins, 'THEIRS_RAN', False), 'shardtop.inject.bootstrap' in sys.modules)"
+    code = (
+        "import builtins, sys; "
+        "print(getattr(builtins, 'THEIRS_RAN', False), 'shardtop.inject.bootstrap' in sys.modules)"
+    )
     done = _python(code, tmp_path / "run", PYTHONPATH=str(theirs))
     assert done.stdout.split() == ["True", "True"], done.stderr
 

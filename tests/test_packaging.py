@@ -24,7 +24,8 @@ def test_wheel_ships_every_module_the_presets_and_the_stylesheet(tmp_path: Path)
     for part in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / part, source / part)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(source)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "-w", str(tmp_path), str(source)],
         check=True, capture_output=True, timeout=300,
     )
     (wheel,) = tmp_path.glob("shardtop-*.whl")

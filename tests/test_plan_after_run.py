@@ -103,7 +103,8 @@ def test_a_run_the_plan_misses_is_a_finding_that_says_what_matched(tmp_path: Pat
     assert finding.severity == "warning"
     data = json.loads(render_report(run, "json"))
     assert data["plan"]["per_rank"][0]["missed"] is True
-    assert next(f for f in data["findings"] if f["code"] == "plan-missed")["evidence"]["measured_peak"] == e.measured_peak  # type: ignore[attr-defined]
+    missed = next(f for f in data["findings"] if f["code"] == "plan-missed")
+    assert missed["evidence"]["measured_peak"] == e.measured_peak  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("name", ["h200/zero3-linear", "h200x2/zero3-linear"])

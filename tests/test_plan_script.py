@@ -113,8 +113,11 @@ def test_what_a_script_hands_its_engine_is_planned_in_the_engines_terms() -> Non
     }
     s, notes = strategy_of(Asked(engine="zero3", deepspeed=config, partitioned=True, optimizer="SGD"))
     assert s.label == "ZeRO-3, bf16-mixed, optimizer offload"
-    assert (s.zero.reduce_bucket_size, s.zero.prefetch_bucket_size, s.zero.overlap_comm) == (50_000_000, 50_000_000, True)
-    assert s.optimizer.name == "AdamW" and not s.built_whole and notes == []  # the config's optimizer, not the torch one
+    assert (s.zero.reduce_bucket_size, s.zero.prefetch_bucket_size, s.zero.overlap_comm) == (
+        50_000_000, 50_000_000, True
+    )
+    # the config's optimizer, not the torch one
+    assert s.optimizer.name == "AdamW" and not s.built_whole and notes == []
 
     s, notes = strategy_of(Asked(engine="fsdp1", units=(0, 3, 7), sharding="SHARD_GRAD_OP", half="fp16-mixed",
                                  offload_params=True, optimizer="SGD", momentum=0.9))

@@ -209,7 +209,9 @@ def test_report_of_a_run_with_no_events_yet(tmp_path: Path) -> None:
     run = RunDirectory.create(
         root, "fsdp2-mlp", {"config": {"world_size": 2}, "command": ["shardtop", "launch", "fsdp2-mlp"]}
     )
-    (run.logs_dir / "rank-0.log").write_text("Traceback (most recent call last):\n  ...\nModuleNotFoundError: No module named 'deepspeed'\n")
+    (run.logs_dir / "rank-0.log").write_text(
+        "Traceback (most recent call last):\n  ...\nModuleNotFoundError: No module named 'deepspeed'\n"
+    )
     text = report(run.path)
     assert "No events yet" in text and "No module tree reported yet." in text
     assert "No findings" not in text, "a run that ended having recorded nothing is not a run where nothing looks wrong"

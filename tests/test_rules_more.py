@@ -295,7 +295,8 @@ def _at(event: E, rank: int = 0, host: str = "gpu-box") -> E:
 
 
 def gpu_run(
-    *, reserved: int, allocated: int, requested: int, used: int, alloc_conf: str | None = None, others: tuple[int, ...] = ()
+    *, reserved: int, allocated: int, requested: int, used: int, alloc_conf: str | None = None,
+    others: tuple[int, ...] = (),
 ) -> RunModel:
     """One rank on cuda:0 with a 40 GiB cap: a training sample, then an OOM, as the probe writes them
     (``others``: pids of other processes NVML lists on the GPU)."""
@@ -322,7 +323,9 @@ def test_fragmentation_at_an_oom_is_the_error_when_the_request_fit_in_the_cached
                  alloc_conf="expandable_segments:True")
     assert "already on" in next(f for f in diagnose(on) if f.code == "allocator-fragmentation").fix
     slack = int(FRAGMENTED_MIN_SHARE * 40 * GiB) - MiB
-    assert find_fragmented(gpu_run(reserved=30 * GiB + slack, allocated=30 * GiB, requested=2 * GiB, used=33 * GiB)) is None
+    assert find_fragmented(
+        gpu_run(reserved=30 * GiB + slack, allocated=30 * GiB, requested=2 * GiB, used=33 * GiB)
+    ) is None
 
 
 def test_memory_outside_pytorch_is_nvml_used_minus_reserved_of_the_same_moment() -> None:

@@ -105,7 +105,10 @@ def explain_fragmented(e: Fragmented) -> Finding:
             "free or reuse the long-lived tensors allocated between short-lived ones."
         )
         if o.phase in ("forward", "backward", "optimizer", "validation"):
-            fix += " Tensors whose size changes from step to step (variable sequence lengths) fragment most: padding batches to a few fixed shapes helps too."
+            fix += (
+                " Tensors whose size changes from step to step (variable sequence lengths) fragment most: "
+                "padding batches to a few fixed shapes helps too."
+            )
     return Finding(
         code="allocator-fragmentation",
         title=f"{fmt(e.cached_free)} free in the allocator's cache at rank {o.rank}'s OOM "
@@ -188,7 +191,9 @@ def outside_samples(m: RunModel, min_bytes: int = OUTSIDE_MIN_BYTES) -> list[tup
             if mem.gpus is None or mem.reserved is None or (own := _own_gpu(r, mem.gpus)) is None:
                 continue
             g, listed = own
-            sample = OutsideSample(r.rank, r.host, g.index, g.used, mem.reserved, g.total, f"step {p.step}, {p.phase}", listed)
+            sample = OutsideSample(
+                r.rank, r.host, g.index, g.used, mem.reserved, g.total, f"step {p.step}, {p.phase}", listed
+            )
             if best is None or sample.outside > best[0].outside:
                 best = (sample, None)
             break  # the latest training sample of the rank's own GPU
@@ -218,15 +223,24 @@ def explain_outside_pytorch(e: OutsidePytorch) -> Finding:
         "most in runs recorded on H200s; the rest is something else that allocates device memory itself."
     )
     if not w.pids_listed:
-        detail += " NVML listed no processes on that GPU (usual inside a container): another process's memory would count here too."
+        detail += (
+            " NVML listed no processes on that GPU (usual inside a container): another process's memory "
+            "would count here too."
+        )
     if e.others:
-        detail += " Also: " + "; ".join(f"rank {s.rank} on GPU {s.gpu}, {fmt(s.outside)} ({s.when})" for s in e.others) + "."
+        detail += (
+            " Also: " + "; ".join(f"rank {s.rank} on GPU {s.gpu}, {fmt(s.outside)} ({s.when})" for s in e.others) + "."
+        )
     if e.oom is not None:
         detail += (
             f" Rank {e.oom.rank} ran out of memory asking for {fmt(e.oom.requested_bytes)}, less than the "
             f"{fmt(e.excess)} beyond the usual."
         )
-    nccl = " NCCL's buffers grow with the number of GPUs and channels (`NCCL_BUFFSIZE`, `NCCL_MAX_NCHANNELS`)." if e.world_size > 1 else ""
+    nccl = (
+        " NCCL's buffers grow with the number of GPUs and channels (`NCCL_BUFFSIZE`, `NCCL_MAX_NCHANNELS`)."
+        if e.world_size > 1
+        else ""
+    )
     fix = (
         "Find what allocates outside PyTorch: another framework in the process (JAX and TensorFlow reserve most of "
         "the GPU unless told not to: `XLA_PYTHON_CLIENT_PREALLOCATE=false`, `tf.config.experimental."

@@ -138,7 +138,10 @@ def explain_single_unit(e: SingleUnit) -> Finding:
             + (" (in configure_model())." if e.driver == "lightning" else ".")
         )
     elif e.driver == "lightning":
-        fix = f"Give the strategy an auto-wrap policy on the repeated block: `FSDPStrategy(auto_wrap_policy={{{e.block_type}}})`."
+        fix = (
+            "Give the strategy an auto-wrap policy on the repeated block: "
+            f"`FSDPStrategy(auto_wrap_policy={{{e.block_type}}})`."
+        )
     else:
         fix = (
             "Give FSDP an auto-wrap policy on the repeated block: "
@@ -181,7 +184,11 @@ class StrayLayers(Evidence):
 
 
 def _devices_of(s: Shards, rows_mask: list[bool]) -> tuple[str, ...]:
-    found = {s.devices[d] for d, b, m in zip(s.device, s.bytes, rows_mask, strict=True) if m and b and 0 <= d < len(s.devices)}
+    found = {
+        s.devices[d]
+        for d, b, m in zip(s.device, s.bytes, rows_mask, strict=True)
+        if m and b and 0 <= d < len(s.devices)
+    }
     return tuple(sorted(found))
 
 
@@ -411,7 +418,10 @@ def find_offload_missing(m: RunModel) -> OffloadMissing | None:
 
 
 def explain_offload_missing(e: OffloadMissing) -> Finding:
-    detail = f"cpu_offload was requested, but no FSDP unit offloads its parameters: they stay on {', '.join(e.devices) or '?'}."
+    detail = (
+        "cpu_offload was requested, but no FSDP unit offloads its parameters: "
+        f"they stay on {', '.join(e.devices) or '?'}."
+    )
     if e.devices == ("cpu",):
         detail += (
             " These ranks run on CPU, where there is nothing to offload to (FSDP pins offloaded shards in "

@@ -115,8 +115,14 @@ def _reported(ranks: list[RankFacts], field: str) -> int | None:
 def _fix(e: WholeOnHost) -> str:
     if e.engine == "zero3":
         if e.driver == "lightning":
-            return "Build the layers in configure_model(): Lightning calls it inside deepspeed.zero.Init, so each rank only ever materialises its partition."
-        return "Build the model under `with deepspeed.zero.Init(config_dict_or_path=ds_config):`: each rank only ever materialises its partition."
+            return (
+                "Build the layers in configure_model(): Lightning calls it inside deepspeed.zero.Init, "
+                "so each rank only ever materialises its partition."
+            )
+        return (
+            "Build the model under `with deepspeed.zero.Init(config_dict_or_path=ds_config):`: "
+            "each rank only ever materialises its partition."
+        )
     if e.driver == "lightning" and e.engine in ("fsdp1", "fsdp2"):
         return (
             "Build the layers in configure_model() instead of __init__: Lightning's FSDP strategies create them "

@@ -84,7 +84,9 @@ def explain_hybrid_shard(e: HybridShard) -> Finding:
         )
     else:
         strategy = (
-            'FSDPStrategy(sharding_strategy="FULL_SHARD")' if e.driver == "lightning" else "sharding_strategy=ShardingStrategy.FULL_SHARD"
+            'FSDPStrategy(sharding_strategy="FULL_SHARD")'
+            if e.driver == "lightning"
+            else "sharding_strategy=ShardingStrategy.FULL_SHARD"
         )
         fix = (
             f"To shard over every rank: `{strategy}`, or a device_mesh (replicate, shard) with a larger shard "

@@ -166,7 +166,8 @@ def _oom_fix(e: OutOfMemory) -> str:
     engine = ENGINE_WORDS.get(e.engine, e.engine or "the engine")
     if step.endswith("_configure_zero_optimizer"):
         bucket = (
-            f" The request matches DeepSpeed's default reduce bucket (5e8 elements, {fmt(REDUCE_BUCKET_BYTES)} in fp32)."
+            " The request matches DeepSpeed's default reduce bucket "
+            f"(5e8 elements, {fmt(REDUCE_BUCKET_BYTES)} in fp32)."
             if o.requested_bytes == REDUCE_BUCKET_BYTES
             else ""
         )
@@ -176,11 +177,14 @@ def _oom_fix(e: OutOfMemory) -> str:
             "(e.g. 5e7), or offload the optimizer (`offload_optimizer: {device: cpu}`)." + bucket
         )
     if o.phase in ("forward", "backward", "validation"):
-        gathered = " (plus the gathered parameters of the running unit)" if e.engine in ("fsdp1", "fsdp2", "zero3") else ""
+        gathered = (
+            " (plus the gathered parameters of the running unit)" if e.engine in ("fsdp1", "fsdp2", "zero3") else ""
+        )
         block = f"each {e.block_type}" if e.block_type else "each block"
         return (
             f"Activations did not fit{gathered}: use a smaller micro-batch or sequence length, activation "
-            f"checkpointing on {block}" + (", or shard the model (FSDP, ZeRO-3)." if e.engine in ("ddp", "plain", "") else ".")
+            f"checkpointing on {block}"
+            + (", or shard the model (FSDP, ZeRO-3)." if e.engine in ("ddp", "plain", "") else ".")
         )
     if o.phase == "optimizer":
         if e.engine in OPTIMIZER_SHARDING_ENGINES:

@@ -82,9 +82,15 @@ def explain_optimizer_before_wrap(e: OptimizerBeforeWrap) -> Finding:
             "strategy has wrapped the model."
         )
     elif e.engine == "fsdp2":
-        fix = "Build the optimizer after fully_shard: `fully_shard(model)`, then `optimizer = torch.optim.AdamW(model.parameters(), ...)`."
+        fix = (
+            "Build the optimizer after fully_shard: `fully_shard(model)`, "
+            "then `optimizer = torch.optim.AdamW(model.parameters(), ...)`."
+        )
     elif e.engine == "fsdp1":
-        fix = "Build the optimizer after wrapping: `model = FSDP(model, ...)`, then `optimizer = torch.optim.AdamW(model.parameters(), ...)`."
+        fix = (
+            "Build the optimizer after wrapping: `model = FSDP(model, ...)`, "
+            "then `optimizer = torch.optim.AdamW(model.parameters(), ...)`."
+        )
     else:
         fix = "Build the optimizer from the wrapped model's parameters, after wrapping it."
     return Finding(

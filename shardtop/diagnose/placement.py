@@ -176,7 +176,10 @@ def _modules_on(m: RunModel, c: Comparison) -> tuple[str, ...]:
 def _oom_on(m: RunModel, c: Comparison) -> OomEvidence | None:
     for story in m.ooms:
         o = story.oom
-        if (c.rank is not None and c.kind != "devices" and o.rank == c.rank) or (c.device is not None and o.device == c.device):
+        if (
+            (c.rank is not None and c.kind != "devices" and o.rank == c.rank)
+            or (c.device is not None and o.device == c.device)
+        ):
             return OomEvidence.of(story, len(m.ooms))
     return None
 

@@ -70,7 +70,9 @@ class PlanMissed(Evidence):
 def _parts(r: RankCheck) -> list[PartDifference]:
     p, m = r.predicted, r.measured
     seen = {"params": (p.params, m.params), "grads": (p.grads, m.grads), "optimizer": (p.optimizer, m.optimizer)}
-    return [PartDifference(name, planned, measured) for name, (planned, measured) in seen.items() if measured is not None]
+    return [
+        PartDifference(name, planned, measured) for name, (planned, measured) in seen.items() if measured is not None
+    ]
 
 
 def find_plan_missed(m: RunModel) -> PlanMissed | None:
@@ -134,7 +136,10 @@ def _part_words(e: PlanMissed) -> str:
             "part: activations, gathered parameters, the engine's buffers, the step's temporaries, or a library's "
             "workspace (cuDNN's convolution workspace, chosen on the GPU at run time, is not planned)."
         )
-    return "The run recorded no per-part figures (no snapshot after the engine held the model), so which part differs is not known."
+    return (
+        "The run recorded no per-part figures (no snapshot after the engine held the model), "
+        "so which part differs is not known."
+    )
 
 
 def explain_plan_missed(e: PlanMissed) -> Finding:

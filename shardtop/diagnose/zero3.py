@@ -89,7 +89,8 @@ def find_built_whole(m: RunModel) -> BuiltWhole | None:
     rows_of: dict[int, list[bool]] = {}
     for r in m.ranks:
         rows = _whole_rows(m, r.setup)
-        held = sum(b for b, w in zip(m.tree.bytes, rows, strict=False) if w)  # rows: [] if set-up is another tree
+        # rows is [] where the set-up snapshot is of another tree: nothing held whole then.
+        held = sum(b for b, w in zip(m.tree.bytes, rows, strict=False) if w)
         if held >= OUTSIDE_MIN_SHARE * m.full_bytes:
             whole[r.rank], rows_of[r.rank] = held, rows
     moving = first_oom_evidence(m, ("setup",))
@@ -130,21 +131,33 @@ def explain_built_whole(e: BuiltWhole) -> Finding:
         holders = f"{e.whole_ranks} of {n} ranks" if n > 1 else "the rank"
         detail = (
             f"Before DeepSpeed partitioned anything, {holders} held {what_held}: {fmt(e.whole_bytes)} of parameters"
-            + (f" ({e.whole_bytes / e.model_bytes:.0%} of {fmt(e.model_bytes)})" if e.part else f" ({e.model_params:,} values)")
+            + (
+                f" ({e.whole_bytes / e.model_bytes:.0%} of {fmt(e.model_bytes)})"
+                if e.part
+                else f" ({e.model_params:,} values)"
+            )
             + " unpartitioned"
             + (f", on {', '.join(e.devices)}" if e.devices else "")
             + (f", in {list_names(e.whole_modules)}" if e.part and e.whole_modules else "")
             + ". "
         )
     device = "GPU" if e.on_gpus else "rank"
-    how = "moves it to the GPU (and casts it to fp16/bf16)" if e.on_gpus else "casts it to fp16/bf16 (on GPUs: moves it to the GPU)"
+    how = (
+        "moves it to the GPU (and casts it to fp16/bf16)"
+        if e.on_gpus
+        else "casts it to fp16/bf16 (on GPUs: moves it to the GPU)"
+    )
     needs = (
         f"although training only needs 1/{n} of it ({fmt(held // n)})"
         if n > 1
         else "although on N GPUs each would only ever need 1/N of it (on this one GPU, 1/N is all of it: "
         "see zero3-single-rank)"
     )
-    built = "Parameters created outside deepspeed.zero.Init exist" if e.part else "A model built outside deepspeed.zero.Init exists"
+    built = (
+        "Parameters created outside deepspeed.zero.Init exist"
+        if e.part
+        else "A model built outside deepspeed.zero.Init exists"
+    )
     detail += (
         f"{built} whole on every rank, and DeepSpeedEngine._configure_distributed_model {how} whole, on every "
         f"rank, before ZeRO-3 partitions it: set-up needs {fmt(held)} per {device} for them {needs}."
@@ -173,9 +186,17 @@ def explain_built_whole(e: BuiltWhole) -> Finding:
     )
     if e.part:
         where = f" ({list_names(e.whole_modules)})" if e.whole_modules else ""
-        lightning_fix = f"Create every layer{where} in configure_model(), not only some: " + lightning_fix[len("Build the layers in configure_model() instead of __init__: "):]
-        raw_fix = f"Create every parameter{where} inside the `deepspeed.zero.Init` block: " + raw_fix[len("Build the model under "):]
-    fix = {"lightning": lightning_fix, "raw": raw_fix}.get(e.driver, f"{lightning_fix} Without Lightning: {raw_fix[0].lower()}{raw_fix[1:]}")
+        lightning_fix = (
+            f"Create every layer{where} in configure_model(), not only some: "
+            + lightning_fix[len("Build the layers in configure_model() instead of __init__: "):]
+        )
+        raw_fix = (
+            f"Create every parameter{where} inside the `deepspeed.zero.Init` block: "
+            + raw_fix[len("Build the model under "):]
+        )
+    fix = {"lightning": lightning_fix, "raw": raw_fix}.get(
+        e.driver, f"{lightning_fix} Without Lightning: {raw_fix[0].lower()}{raw_fix[1:]}"
+    )
     title = (
         ("DeepSpeed moved the whole model to every GPU before ZeRO-3 partitioned it" if e.on_gpus
          else "Every rank held the whole model before ZeRO-3 partitioned it")
@@ -258,7 +279,10 @@ def explain_single_rank(e: SingleRank) -> Finding:
             "with the layers built in configure_model() (Lightning) or under deepspeed.zero.Init, so no rank "
             "ever holds the whole model"
         )
-        offload = 'offload instead: `offload_param`/`offload_optimizer` to cpu (Lightning: `strategy="deepspeed_stage_3_offload"`)'
+        offload = (
+            "offload instead: `offload_param`/`offload_optimizer` to cpu "
+            '(Lightning: `strategy="deepspeed_stage_3_offload"`)'
+        )
     else:
         more = "with an auto-wrap policy on the repeated block"
         offload = "offload instead: `CPUOffload(offload_params=True)` (FSDP2: `CPUOffloadPolicy()`)"

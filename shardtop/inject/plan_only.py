@@ -158,7 +158,11 @@ def _policy(policy: Any) -> tuple[tuple[type, ...], str]:
         classes = keywords.get("transformer_layer_cls")
     if classes:
         return tuple(classes), ""
-    return (), getattr(policy, "__name__", None) or getattr(getattr(policy, "func", None), "__name__", "") or type(policy).__name__
+    return (), (
+        getattr(policy, "__name__", None)
+        or getattr(getattr(policy, "func", None), "__name__", "")
+        or type(policy).__name__
+    )
 
 
 def _fsdp1_new(cls: type) -> Callable[..., Any]:

@@ -76,7 +76,9 @@ def describe_call(root: Any, called: Any, args: Any, kwargs: Any) -> tuple[Any, 
         def forward_loss(model: Any) -> Any:
             target = model.get_submodule(path) if path else model
             out = target(*meta_args, **meta_kwargs)
-            first = next((t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+            first = next(
+                (t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()), None
+            )
             return first.float().sum() if first is not None else torch.zeros((), device="meta")
 
         where = f"`{path}`, the first module the step called" if path else "the model"

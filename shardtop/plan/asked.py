@@ -96,7 +96,9 @@ def _zero(a: Asked, optimizer: Optimizer, driver: str) -> tuple[Strategy, list[s
     zero = config.get("zero_optimization") or {}
     zero = zero if isinstance(zero, Mapping) else {}
     stage = int(a.engine[-1])
-    precision = "bf16-mixed" if _enabled(config.get("bf16")) else "fp16-mixed" if _enabled(config.get("fp16")) else "fp32"
+    precision = (
+        "bf16-mixed" if _enabled(config.get("bf16")) else "fp16-mixed" if _enabled(config.get("fp16")) else "fp32"
+    )
     defaults = ZeroSettings()
     overlap = zero.get("overlap_comm")
     settings = ZeroSettings(

@@ -106,7 +106,9 @@ def parse_gpu(text: str) -> Gpu:
 
 def limited(limit: int) -> Gpu:
     """``gpu_mem_limit`` acts as the card: it caps PyTorch's allocator, all of it usable."""
-    return Gpu(name=f"{format_bytes(limit)} (gpu_mem_limit)", total=limit, usable=_allowed(limit), source="gpu_mem_limit")
+    return Gpu(
+        name=f"{format_bytes(limit)} (gpu_mem_limit)", total=limit, usable=_allowed(limit), source="gpu_mem_limit"
+    )
 
 
 def judged_against(gpu: Gpu | None, limit: int | None) -> Gpu | None:

@@ -109,7 +109,9 @@ def _own_params(modules: Sequence[nn.Module]) -> tuple[list[int], list[int], int
     return numel, small, largest
 
 
-def repeated_blocks(modules: Sequence[nn.Module], parents: Sequence[int], end: Sequence[int], numel: Sequence[int]) -> list[int]:
+def repeated_blocks(
+    modules: Sequence[nn.Module], parents: Sequence[int], end: Sequence[int], numel: Sequence[int]
+) -> list[int]:
     """The rows a type-based auto-wrap policy would wrap: the repeated block of the model.
 
     Of the module types (containers aside) with two or more instances that

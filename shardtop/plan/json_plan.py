@@ -55,7 +55,9 @@ def plan_document(plan: Plan) -> dict[str, Any]:
         "devices": plan.devices,
         "accelerator": plan.accelerator,
         "gpu_bytes": plan.gpu.total if plan.gpu else None,
-        "gpu": {"name": plan.gpu.name, "source": plan.gpu.source, "usable_bytes": plan.gpu.usable} if plan.gpu else None,
+        "gpu": (
+            {"name": plan.gpu.name, "source": plan.gpu.source, "usable_bytes": plan.gpu.usable} if plan.gpu else None
+        ),
         "asked": plan.asked.strategy.label,
         "options": [_option(o) for o in plan.options],
         "verdict": {

@@ -75,4 +75,6 @@ def plan_described(
     """The plan of a preset whose description is in hand: pure and torch-free, milliseconds (a launch prompt
     replans on every key)."""
     asked = RECIPES[str(config["program"])].asked(config, desc, accelerator, devices)
-    return make_plan(desc, asked, devices=devices, gpu=gpu, accelerator=accelerator, preset=str(config.get("preset", "")))
+    return make_plan(
+        desc, asked, devices=devices, gpu=gpu, accelerator=accelerator, preset=str(config.get("preset", ""))
+    )

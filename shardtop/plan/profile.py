@@ -77,7 +77,9 @@ class _Recording:
 
 
 class _Profiler:
-    def __init__(self, rows: dict[int, int], repeated: set[int], signatures: dict[int, int], ends: Sequence[int]) -> None:
+    def __init__(
+        self, rows: dict[int, int], repeated: set[int], signatures: dict[int, int], ends: Sequence[int]
+    ) -> None:
         n = len(ends)
         self.rows = rows
         self.repeated = repeated
@@ -130,11 +132,17 @@ class _Profiler:
 
     # -- module calls -----------------------------------------------------------
 
-    def call(self, original: Callable[..., Any], module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def call(
+        self, original: Callable[..., Any], module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         row = self.rows.get(id(module))
         if row is None:
             return original(module, *args, **kwargs)
-        flat = list(args) if not kwargs and all(isinstance(a, torch.Tensor) for a in args) else tree_flatten((args, kwargs))[0]
+        flat = (
+            list(args)
+            if not kwargs and all(isinstance(a, torch.Tensor) for a in args)
+            else tree_flatten((args, kwargs))[0]
+        )
         key = self._key(module, flat) if id(module) in self.repeated else None
         if key is not None:
             record = self.memo.get(key)
@@ -142,7 +150,9 @@ class _Profiler:
                 return self._replay(record, row, flat)
         recording = None
         if key is not None:
-            recording = _Recording(row, {id(t.untyped_storage()): i for i, t in enumerate(flat) if isinstance(t, torch.Tensor)})
+            recording = _Recording(
+                row, {id(t.untyped_storage()): i for i, t in enumerate(flat) if isinstance(t, torch.Tensor)}
+            )
             self.recordings.append(recording)
         self.stack.append(row)
         try:
@@ -178,7 +188,9 @@ class _Profiler:
             if isinstance(leaf, torch.Tensor):
                 if id(leaf) in inputs_by_id:
                     out_leaves.append(("input", inputs_by_id[id(leaf)]))
-                elif leaf.layout != torch.strided or type(leaf) is not torch.Tensor and not isinstance(leaf, nn.Parameter):
+                elif leaf.layout != torch.strided or (
+                    type(leaf) is not torch.Tensor and not isinstance(leaf, nn.Parameter)
+                ):
                     return None
                 else:
                     out_leaves.append(("tensor", tuple(leaf.shape), leaf.dtype, leaf.requires_grad))
@@ -233,7 +245,8 @@ def fused_attention() -> Iterator[None]:
     original = F.scaled_dot_product_attention
 
     def fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
-              dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None, **kwargs: Any) -> torch.Tensor:
+              dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+              **kwargs: Any) -> torch.Tensor:
         if query.device.type != "meta" or kwargs or query.dim() != 4:
             return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **kwargs)
         try:
@@ -289,7 +302,11 @@ def saved_activations(
             if p is not None:
                 profiler.counted.add(id(p.untyped_storage()))
     model.train()
-    with fused_attention(), _calls_through(profiler), torch.autograd.graph.saved_tensors_hooks(profiler.pack, lambda t: t):
+    with (
+        fused_attention(),
+        _calls_through(profiler),
+        torch.autograd.graph.saved_tensors_hooks(profiler.pack, lambda t: t),
+    ):
         loss = forward_loss(model)
     profiler.largest_output = max(profiler.largest_output, loss.numel())
     return SavedCounts(profiler.saved_float, profiler.saved_other, profiler.largest_output)

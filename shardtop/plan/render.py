@@ -49,17 +49,18 @@ def verdict_lines(plan: Plan) -> list[str]:
                      f"largest part: {asked.dominant} ({format_bytes(asked.dominant_bytes)}).")
     elif v.fits:
         free = plan.gpu.usable - asked.per_rank.peak if plan.gpu else 0
-        lines.append(f"As run it fits: peak {format_bytes(asked.per_rank.peak)} per rank at {asked.per_rank.peak_phase} "
-                     f"({format_bytes(free)} to spare); largest part: {asked.dominant} "
+        lines.append(f"As run it fits: peak {format_bytes(asked.per_rank.peak)} per rank "
+                     f"at {asked.per_rank.peak_phase} ({format_bytes(free)} to spare); largest part: {asked.dominant} "
                      f"({format_bytes(asked.dominant_bytes)}).")
     else:
-        lines.append(f"As run it does not fit: out of memory {when(asked.runs_out_at or '')}, where the largest part is "
-                     f"{asked.dominant} ({format_bytes(asked.dominant_bytes)}); "
+        lines.append(f"As run it does not fit: out of memory {when(asked.runs_out_at or '')}, "
+                     f"where the largest part is {asked.dominant} ({format_bytes(asked.dominant_bytes)}); "
                      f"peak {format_bytes(asked.per_rank.peak)} per rank.")
     if plan.build_note:
         lines.append(f"How it is built: {plan.build_note}.")
-    rebuilt = next((o for o in plan.options[1:] if o.strategy == asked.strategy.with_(built_whole=False, build_note="")),
-                   None)
+    rebuilt = next(
+        (o for o in plan.options[1:] if o.strategy == asked.strategy.with_(built_whole=False, build_note="")), None
+    )
     if asked.strategy.built_whole and rebuilt is not None and rebuilt.per_rank.setup < asked.per_rank.setup:
         lines.append(f"Built where the engine partitions it as it is made (Lightning: in configure_model(); "
                      f"DeepSpeed: inside deepspeed.zero.Init), set-up needs {format_bytes(rebuilt.per_rank.setup)} "

@@ -99,7 +99,9 @@ def run_script_plan(command: Sequence[str], settings: Sequence[str], output_form
     return render_markdown(plan) if output_format == "markdown" else render_text(plan)
 
 
-def plan_command(command: Sequence[str], settings: Sequence[str], *, err: TextIO | None = None) -> tuple[Plan, ScriptPlan]:
+def plan_command(
+    command: Sequence[str], settings: Sequence[str], *, err: TextIO | None = None
+) -> tuple[Plan, ScriptPlan]:
     """Run ``command`` in plan-only mode and plan what its rank 0 saw; ``ConfigError`` says why not."""
     from shardtop.inject import plan_env
 

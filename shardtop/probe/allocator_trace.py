@@ -95,14 +95,16 @@ FRAME_RULES: tuple[FrameRule, ...] = (
               frozenset({"_reduce_grad", "_reduce_grad_no_shard", "_post_backward_hook", "_accumulate_sharded_grad",
                          "_get_reduce_scatter_tensors", "_post_reduce_grad_callback", "_div_if_needed"})),
     FrameRule("torch/distributed/fsdp/_runtime_utils.py", "params", frozenset({"_unshard", "_pre_forward_unshard"})),
-    FrameRule("torch/distributed/fsdp/", "params", frozenset({"_init_param_handle_from_module", "_move_module_to_device",
-                                                              "_materialize_meta_module", "_init_param_handle_from_params"})),
+    FrameRule("torch/distributed/fsdp/", "params",
+              frozenset({"_init_param_handle_from_module", "_move_module_to_device",
+                         "_materialize_meta_module", "_init_param_handle_from_params"})),
     FrameRule("torch/nn/parallel/distributed.py", "comm", frozenset({"__init__", "_ddp_init_helper"})),
     FrameRule("deepspeed/runtime/zero/partition_parameters.py", "params"),
     FrameRule("deepspeed/runtime/zero/partitioned_param_coordinator.py", "params"),
     FrameRule("deepspeed/runtime/zero/stage3.py", "optimizer",
               frozenset({"_create_fp32_partitions", "initialize_optimizer_states", "_optimizer_step"})),
-    FrameRule("deepspeed/runtime/zero/stage3.py", "params", frozenset({"_create_fp16_partitions_with_defragmentation"})),
+    FrameRule("deepspeed/runtime/zero/stage3.py", "params",
+              frozenset({"_create_fp16_partitions_with_defragmentation"})),
     FrameRule("deepspeed/runtime/zero/stage3.py", "comm",
               frozenset({"_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads",
                          "__reduce_and_partition_ipg_grads", "allreduce_bucket", "average_tensor"})),
@@ -198,7 +200,9 @@ class Timeline:
         return [b for b in self.blocks if b.alive_at(position)]
 
 
-def live_blocks(segments: Iterable[Mapping[str, Any]], device: int | None = None) -> list[tuple[int, int, Sequence[Frame]]]:
+def live_blocks(
+    segments: Iterable[Mapping[str, Any]], device: int | None = None
+) -> list[tuple[int, int, Sequence[Frame]]]:
     """(address, size, frames) of every allocated block in a snapshot's segments (of ``device``)."""
     out: list[tuple[int, int, Sequence[Frame]]] = []
     for segment in segments:

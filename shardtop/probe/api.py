@@ -92,7 +92,9 @@ class NoRunDirectory(Exception):
     """There is no run directory to write to: the probe records nothing, training goes on."""
 
 
-def probe(run_dir: str | os.PathLike[str] | None = None, *, runs_dir: str | None = None, name: str | None = None) -> Probe:
+def probe(
+    run_dir: str | os.PathLike[str] | None = None, *, runs_dir: str | None = None, name: str | None = None
+) -> Probe:
     """This process's probe, created on first use; it never raises into training."""
     existing = current()
     if existing is not None:

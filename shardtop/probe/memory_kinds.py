@@ -258,7 +258,9 @@ def ddp_bucket_bytes(wrapper: Any, tally: _Tally) -> int:
         data = wrapper._get_ddp_logging_data()
     except Exception:  # noqa: BLE001 - not built yet, or a torch without it
         return 0
-    sizes = [int(part) for part in str(data.get("bucket_sizes", "") or "").replace(" ", "").split(",") if part.isdigit()]
+    sizes = [
+        int(part) for part in str(data.get("bucket_sizes", "") or "").replace(" ", "").split(",") if part.isdigit()
+    ]
     params = [p for p in wrapper.module.parameters() if p.requires_grad]
     if not params or params[0].device != tally.device:  # the buckets sit with the parameters
         return 0

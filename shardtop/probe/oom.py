@@ -352,7 +352,9 @@ def blame_from_stack(
     holder = next((f for f in reversed(frames) if f.params), None)
     if holder is not None and _in_engine(holder.filename) and engine_step in CASTING_STEPS:
         for anchor in _unique(f.module for f in frames if f.module is not None):
-            owner = next((m for m in anchor.modules() if any(p is holder.params[-1] for p in m.parameters(False))), None)
+            owner = next(
+                (m for m in anchor.modules() if any(p is holder.params[-1] for p in m.parameters(False))), None
+            )
             path = resolve_paths([anchor, owner], names)[1] if owner is not None else None
             if path is not None:  # a cast or move like _apply's, done parameter by parameter
                 return Blame(path, user_type_name(owner), "apply-frame"), unique_paths([*paths, path])

@@ -344,7 +344,8 @@ def module_of_failed_graph(outputs: Iterable[Any], index: ModuleIndex) -> Tracke
 
 
 def _common(above: TrackedModule, below: TrackedModule, types: dict[str, str]) -> TrackedModule:
-    """The innermost module holding both (``blocks.2.mlp`` for its ``fc2`` and ``fc1``); ``below`` if only the root does."""
+    """The innermost module holding both (``blocks.2.mlp`` for its ``fc2`` and ``fc1``); ``below`` if only
+    the root does."""
     shared: list[str] = []
     for x, y in zip(above.path.split("."), below.path.split("."), strict=False):
         if x != y:

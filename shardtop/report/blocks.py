@@ -81,7 +81,9 @@ def header(data: ReportData) -> list[Block]:
     if len(m.ranks_by_host) > 1:
         rows.append(("hosts", "; ".join(f"{host}: {_rank_span(ranks)}" for host, ranks in m.ranks_by_host.items())))
     if m.slurm_steps:
-        rows.append(("slurm", ", ".join(f"job {job}" + (f" step {step}" if step else "") for job, step in m.slurm_steps)))
+        rows.append(
+            ("slurm", ", ".join(f"job {job}" + (f" step {step}" if step else "") for job, step in m.slurm_steps))
+        )
     rows.append(("status", m.status_text))
     if m.status is not None and m.status.exit is not None and m.status.exit.reason not in ("", m.status.state):
         rows.append(("reason", m.status.exit.reason))
@@ -124,7 +126,9 @@ def oom_section(data: ReportData) -> list[Block]:
     if story is None:
         return []
     oom = story.oom
-    rows: list[tuple[str, str]] = [("rank", f"{oom.rank}" + (f" on {oom.host}" if oom.host else "") + f", {oom.device}")]
+    rows: list[tuple[str, str]] = [
+        ("rank", f"{oom.rank}" + (f" on {oom.host}" if oom.host else "") + f", {oom.device}")
+    ]
     rows.append(("phase", story.when.removeprefix("during ")))
     if oom.engine_step:
         rows.append(("engine step", f"`{oom.engine_step}`"))
@@ -135,7 +139,10 @@ def oom_section(data: ReportData) -> list[Block]:
     rows.append(("module", module))
     rows.append(("found by", story.found_by))
     if story.stack:
-        rows.append(("module stack", ("… → " if story.stack_cut else "") + " → ".join(f"`{display_path(p)}`" for p in story.stack)))
+        rows.append((
+            "module stack",
+            ("… → " if story.stack_cut else "") + " → ".join(f"`{display_path(p)}`" for p in story.stack),
+        ))
     rows.append(("requested", b(oom.requested_bytes)))
     if story.held:
         rows.append(("allocator", ", ".join(f"{label} {b(v)}" for label, v in story.held)))
@@ -162,7 +169,9 @@ def memory_section(data: ReportData) -> list[Block]:
     rows = []
     for r, split in peaks:
         if split is None:
-            rows.append((str(r.rank), "-", "-", *("-" for _ in KINDS), "-", "-", b(r.cache_bytes), b(r.outside_pytorch_bytes)))
+            rows.append(
+                (str(r.rank), "-", "-", *("-" for _ in KINDS), "-", "-", b(r.cache_bytes), b(r.outside_pytorch_bytes))
+            )
             continue
         share = explained_share(split)
         rows.append(
@@ -180,7 +189,8 @@ def memory_section(data: ReportData) -> list[Block]:
     headers = ("rank", "peak at", "allocated", *KINDS, "unexplained", "explained", "cache", "outside PyTorch")
     notes = (
         "params, grads, optimizer (state), activations (saved for backward), comm (communication buffers), "
-        "other (module buffers and temporaries): each kind measured from its own source (tensors found, engine buffers read, allocator blocks traced); "
+        "other (module buffers and temporaries): each kind measured from its own source (tensors found, "
+        "engine buffers read, allocator blocks traced); "
         "`unexplained` is what no source accounts for. `cache`: the allocator's reserved minus allocated, "
         "`outside PyTorch`: NVML's count for the process minus reserved, each in the latest sample that has it."
     )
@@ -272,7 +282,10 @@ def plan_section(data: ReportData) -> list[Block]:
     elif plan.fits:
         verdict = f"it fits {plan.gpu} ({b(plan.usable)} usable per rank)"
     else:
-        verdict = f"it does not fit {plan.gpu} ({b(plan.usable)} usable per rank): out of memory {when(plan.runs_out_at or '')}"
+        verdict = (
+            f"it does not fit {plan.gpu} ({b(plan.usable)} usable per rank): "
+            f"out of memory {when(plan.runs_out_at or '')}"
+        )
     who = {"preset": "rank 0 of the preset run", "shardtop run": "the injected rank 0"}.get(plan.made_by, "the run")
     ranks = "rank" if plan.devices == 1 else "ranks"
     rows = []
@@ -307,7 +320,9 @@ def plan_section(data: ReportData) -> list[Block]:
         Table(headers, tuple(rows), right=frozenset({2, 3, 4, 5, 6})),
     ]
     if all(c.measured.peak is None for c in check.ranks):
-        blocks.append(Para("No peak was measured: CPU processes have no allocator to ask, only their parts are compared."))
+        blocks.append(
+            Para("No peak was measured: CPU processes have no allocator to ask, only their parts are compared.")
+        )
     blocks.extend(Para(f"Note: {note}") for note in plan.notes)
     return blocks
 
@@ -344,7 +359,10 @@ def tree_section(data: ReportData) -> list[Block]:
     ]
     if summary.hidden:
         blocks.append(
-            Para(f"… {summary.hidden} more row(s) of {summary.modules} modules: `shardtop attach {data.run.id}` shows the whole tree.")
+            Para(
+                f"… {summary.hidden} more row(s) of {summary.modules} modules: "
+                f"`shardtop attach {data.run.id}` shows the whole tree."
+            )
         )
     if not ranks:
         blocks.append(Para("No rank has reported how it holds this tree yet."))

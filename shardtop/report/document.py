@@ -73,7 +73,8 @@ def _text_table(table: Table) -> list[str]:
 
     def line(row: Sequence[str]) -> str:
         cells = [
-            plain(c).rjust(w) if i in table.right else plain(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            plain(c).rjust(w) if i in table.right else plain(c).ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
         ]
         return "  ".join(cells).rstrip()
 

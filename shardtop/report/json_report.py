@@ -185,7 +185,8 @@ def module_rows(data: ReportData) -> list[dict[str, Any]]:
                     "device": s.devices[d] if 0 <= d < len(s.devices) else None,
                     "state": s.states[st] if 0 <= st < len(s.states) else None,
                 }
-                for key, values in (("grad_bytes", s.grad_bytes), ("optim_bytes", s.optim_bytes), ("act_bytes", s.act_bytes)):
+                per_row = (("grad_bytes", s.grad_bytes), ("optim_bytes", s.optim_bytes), ("act_bytes", s.act_bytes))
+                for key, values in per_row:
                     if values is not None and row < len(values):
                         held[key] = values[row]  # absent where the snapshot had no such figure: 100 000 rows stay small
                 ranks.append(held)

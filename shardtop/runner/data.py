@@ -12,7 +12,9 @@ from torch.utils.data import DataLoader, TensorDataset
 DISTINCT_BATCHES = 16
 
 
-def regression_loader(n_batches: int, batch_size: int, features: int, seed: int) -> DataLoader[tuple[torch.Tensor, ...]]:
+def regression_loader(
+    n_batches: int, batch_size: int, features: int, seed: int
+) -> DataLoader[tuple[torch.Tensor, ...]]:
     n_batches = min(n_batches, DISTINCT_BATCHES)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n_batches * batch_size, features, generator=g)
@@ -20,7 +22,9 @@ def regression_loader(n_batches: int, batch_size: int, features: int, seed: int)
     return DataLoader(TensorDataset(x, y), batch_size=batch_size)
 
 
-def segmentation_loader(n_batches: int, batch_size: int, image: int, classes: int, seed: int) -> DataLoader[tuple[torch.Tensor, ...]]:
+def segmentation_loader(
+    n_batches: int, batch_size: int, image: int, classes: int, seed: int
+) -> DataLoader[tuple[torch.Tensor, ...]]:
     n_batches = min(n_batches, DISTINCT_BATCHES)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n_batches * batch_size, 3, image, image, generator=g)

@@ -77,7 +77,9 @@ class PatchSegmenter(nn.Module):
     -> transformers_out -> pixels -> conv_out -> out_layer.
     """
 
-    def __init__(self, dim: int, depth: int, stem_depth: int, heads: int, patch: int, channels: int, classes: int) -> None:
+    def __init__(
+        self, dim: int, depth: int, stem_depth: int, heads: int, patch: int, channels: int, classes: int
+    ) -> None:
         super().__init__()
         self.patch = patch
         self.conv1 = nn.Conv2d(3, channels, 3, padding=1)

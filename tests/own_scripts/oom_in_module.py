@@ -41,7 +41,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--ask", type=int, default=64 << 40)
-    parser.add_argument("--cuda", action="store_true", help="train on the GPU (a CUDA OOM instead of the CPU allocator's)")
+    parser.add_argument("--cuda", action="store_true",
+                        help="train on the GPU (a CUDA OOM instead of the CPU allocator's)")
     args = parser.parse_args()
     device = torch.device("cuda" if args.cuda else "cpu")
     model = Model(args.dim, args.ask).to(device)

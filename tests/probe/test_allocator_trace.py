@@ -37,7 +37,8 @@ ADAM_STATE = [frame("/venv/site-packages/torch/optim/adam.py", "_init_group"),
               frame("/venv/site-packages/torch/optim/adam.py", "step"), USER_LOOP]
 ADAM_TEMP = [frame("/venv/site-packages/torch/optim/adam.py", "_multi_tensor_adam"),
              frame("/venv/site-packages/torch/optim/adam.py", "step"), USER_LOOP]
-FSDP_UNSHARD = [frame("/venv/site-packages/torch/distributed/fsdp/_flat_param.py", "_alloc_padded_unsharded_flat_param"),
+FSDP_UNSHARD = [frame("/venv/site-packages/torch/distributed/fsdp/_flat_param.py",
+                      "_alloc_padded_unsharded_flat_param"),
                 frame("/venv/site-packages/torch/distributed/fsdp/_flat_param.py", "unshard"),
                 frame("/venv/site-packages/torch/distributed/fsdp/_runtime_utils.py", "_unshard"),
                 frame("/venv/site-packages/torch/distributed/fsdp/fully_sharded_data_parallel.py", "forward"),
@@ -94,9 +95,11 @@ def test_frames_name_the_kind_innermost_first() -> None:
     assert kind_of_frames(ADAM_TEMP) == "other"
     assert kind_of_frames(LINEAR_FORWARD) == "activations"
     assert kind_of_frames(FSDP_UNSHARD) == "params"  # the gather, although a forward is further out
-    assert kind_of_frames([frame("/x/torch/distributed/fsdp/_runtime_utils.py", "_reduce_grad"), *LINEAR_FORWARD]) == "grads"
-    assert kind_of_frames([frame("/x/torch/nn/modules/module.py", "_apply"), frame("/x/torch/nn/modules/module.py", "to"),
-                           USER_LOOP]) == "params"
+    assert kind_of_frames(
+        [frame("/x/torch/distributed/fsdp/_runtime_utils.py", "_reduce_grad"), *LINEAR_FORWARD]
+    ) == "grads"
+    assert kind_of_frames([frame("/x/torch/nn/modules/module.py", "_apply"),
+                           frame("/x/torch/nn/modules/module.py", "to"), USER_LOOP]) == "params"
     assert kind_of_frames([frame("/x/torch/nn/modules/linear.py", "reset_parameters"),
                            frame("/x/torch/nn/modules/linear.py", "__init__"), USER_LOOP]) == "params"
     assert kind_of_frames([frame("/x/deepspeed/runtime/zero/stage_1_and_2.py", "average_tensor")]) == "comm"

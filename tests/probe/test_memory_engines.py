@@ -31,7 +31,9 @@ def paths_of(events: list[object], shards: Shards) -> list[str]:
 
 
 def phase_splits(events: list[object]) -> dict[tuple[int | None, str], MemorySplit]:
-    return {(e.split.step, e.split.phase): e.split for e in events if isinstance(e, Memory) and e.split and e.split.phase}
+    return {
+        (e.split.step, e.split.phase): e.split for e in events if isinstance(e, Memory) and e.split and e.split.phase
+    }
 
 
 @distributed

@@ -108,7 +108,9 @@ def _steps(probe: Probe, model: nn.Module, optimizer: torch.optim.Optimizer, ste
 def _splits(tmp_path: Path) -> dict[tuple[int | None, str], MemorySplit]:
     events, skipped = read_all(tmp_path / "run" / "events")
     assert sum(skipped.values()) == 0
-    return {(e.split.step, e.split.phase): e.split for e in events if isinstance(e, Memory) and e.split and e.split.phase}
+    return {
+        (e.split.step, e.split.phase): e.split for e in events if isinstance(e, Memory) and e.split and e.split.phase
+    }
 
 
 def test_probe_explains_the_first_steps(tmp_path: Path) -> None:
@@ -121,12 +123,14 @@ def test_probe_explains_the_first_steps(tmp_path: Path) -> None:
     weights = param_bytes(model)
     saved = B * F * 4 + B * H * 4 + B * OUT * 4  # and the model's output, saved by pow() outside any module
     splits = _splits(tmp_path)
-    assert splits[(1, "backward")].by_kind == MemoryKinds(params=weights, grads=0, optimizer=0, activations=saved, other=0)
+    assert splits[(1, "backward")].by_kind == MemoryKinds(params=weights, grads=0, optimizer=0, activations=saved,
+                                                           other=0)
     assert splits[(1, "optimizer")].by_kind == MemoryKinds(params=weights, grads=weights, optimizer=0, activations=0,
                                                             other=0)
     moments = 2 * weights + 4 * 4
     assert splits[(2, "backward")].by_kind.activations == saved
-    assert splits[(2, "step")].by_kind == MemoryKinds(params=weights, grads=0, optimizer=moments, activations=0, other=0)
+    assert splits[(2, "step")].by_kind == MemoryKinds(params=weights, grads=0, optimizer=moments, activations=0,
+                                                       other=0)
     # Explained steps (2 by default) follow saved tensors; later splits cannot say what is saved.
     assert all(split.by_kind.activations is None for (step, _), split in splits.items() if step and step > 2)
     assert all(split.allocated is None and split.unexplained is None for split in splits.values())  # CPU
@@ -209,7 +213,9 @@ def test_old_and_new_recordings_decode() -> None:
     assert isinstance(memory, Memory) and memory.split is None and memory.peak_split is None
     assert isinstance(oom, Oom) and oom.memory is None and oom.peak is None and oom.allocator is None
     assert isinstance(shards, Shards) and shards.act_bytes is None
-    split = MemorySplit(allocated=100, by_kind=MemoryKinds(params=60, grads=None), unexplained=40, source="allocator-trace")
+    split = MemorySplit(
+        allocated=100, by_kind=MemoryKinds(params=60, grads=None), unexplained=40, source="allocator-trace"
+    )
     again = decode(encode(Oom(phase="optimizer", peak=120, memory=split)))
     assert isinstance(again, Oom) and again.memory == split and again.peak == 120
     assert msgspec.to_builtins(split) == {"allocated": 100, "by_kind": {"params": 60}, "unexplained": 40,

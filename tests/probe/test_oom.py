@@ -59,7 +59,9 @@ def test_parse_requested_bytes(message: str, expected: int | None) -> None:
     assert parse_requested_bytes(message) == expected
 
 
-def _raised(error: BaseException, cause: BaseException | None = None, context: BaseException | None = None) -> BaseException:
+def _raised(
+    error: BaseException, cause: BaseException | None = None, context: BaseException | None = None
+) -> BaseException:
     """``error`` as it looks once raised (with a traceback and the given chain)."""
     try:
         if context is not None:
@@ -164,7 +166,9 @@ def test_pick_engine_step_fsdp_and_fallbacks() -> None:
     # Only a wrapper's forward on the stack: a module call, not an engine step.
     assert pick_engine_step([("FullyShardedDataParallel.forward", FSDP_API), ("Linear.forward", TORCH_MODULE)]) is None
     # An unknown engine frame still says something; decorators do not.
-    assert pick_engine_step([("Foo.bar", DS), ("wrapped_fn", "/venv/site-packages/deepspeed/utils/nvtx.py")]) == "Foo.bar"
+    assert pick_engine_step(
+        [("Foo.bar", DS), ("wrapped_fn", "/venv/site-packages/deepspeed/utils/nvtx.py")]
+    ) == "Foo.bar"
     assert pick_engine_step([("main", "/home/u/train.py")]) is None
 
 
@@ -265,7 +269,9 @@ def test_attribute_follows_the_chain_to_the_wrapped_oom() -> None:
     event = attribute(_catch(step), names=module_names(model), phase="forward", step=0, device="cpu")
     assert event.module == "encoder.1"
     assert event.message == "no room for the activations"
-    assert any("in test_attribute_follows_the_chain_to_the_wrapped_oom.<locals>.step" in line for line in event.traceback)
+    assert any(
+        "in test_attribute_follows_the_chain_to_the_wrapped_oom.<locals>.step" in line for line in event.traceback
+    )
 
 
 class Lit(nn.Module):

@@ -216,7 +216,8 @@ def eight_h200s(ramp: bool = False) -> RecordedGpus:
         ]
         gpus.append(
             msgspec.structs.replace(
-                base, index=6, uuid="GPU-8h200-6", used=int(IDLE_GIB * GIB), util=0, temperature=31, power_w=74.0, pids=[]
+                base, index=6, uuid="GPU-8h200-6", used=int(IDLE_GIB * GIB), util=0, temperature=31, power_w=74.0,
+                pids=[],
             )
         )
         gpus.append(

@@ -76,7 +76,9 @@ def test_on_a_small_terminal_the_processes_give_up_lines_first() -> None:
 
 def test_a_command_line_cannot_move_the_cursor_or_clear_the_screen() -> None:
     first = eight_gpus()
-    sneaky = GpuProcessInfo(4242, (0,), 2**30, "own", "me", "python -c '\nimport os'\x1b[2J\x1b[1;1Hgotcha", None, 2**30)
+    sneaky = GpuProcessInfo(
+        4242, (0,), 2**30, "own", "me", "python -c '\nimport os'\x1b[2J\x1b[1;1Hgotcha", None, 2**30
+    )
     lines = frame_lines(FirstLook(first.gpus[:1], (sneaky,), first.presets), 120, 40)
     row = next(line for line in lines if line.startswith(" 4242"))
     assert "\x1b" not in "".join(lines) and "\n" not in "".join(lines)
@@ -99,9 +101,13 @@ def recorded_nvml(tmp_path: Path) -> Path:
     return write_samples(tmp_path / "nvml.json", [os.getpid(), os.getpid()])
 
 
-def shardtop_in_a_terminal(samples: Path, runs: Path, *, module: str = "shardtop", extra: Path | None = None) -> Terminal:
+def shardtop_in_a_terminal(
+    samples: Path, runs: Path, *, module: str = "shardtop", extra: Path | None = None
+) -> Terminal:
     path = os.pathsep.join(str(p) for p in (ROOT, extra) if p is not None)
-    argv = [sys.executable, str(ROOT / "bench" / "recorded_nvml.py"), str(samples), "-m", module, "--runs-dir", str(runs)]
+    argv = [
+        sys.executable, str(ROOT / "bench" / "recorded_nvml.py"), str(samples), "-m", module, "--runs-dir", str(runs)
+    ]
     return Terminal(argv, size=(120, 40), env={"PYTHONPATH": path, "SHARDTOP_REFRESH": "1"})
 
 
@@ -236,6 +242,8 @@ def test_help_imports_neither_textual_nor_torch_and_the_frame_needs_no_textual()
         "import shardtop.tui.first_frame\n"
         "print(sorted(m for m in ('textual', 'torch') if m in sys.modules))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

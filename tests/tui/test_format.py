@@ -84,7 +84,8 @@ def test_truncate_and_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_columns_are_as_wide_as_their_widest_cell_header_included() -> None:
-    assert column_widths([("PID", "USER", "CPU %"), ("4194401", "trainer", "99"), ("7", "alice (other user)", "-")]) == (
+    rows = [("PID", "USER", "CPU %"), ("4194401", "trainer", "99"), ("7", "alice (other user)", "-")]
+    assert column_widths(rows) == (
         7,
         18,
         5,

@@ -119,11 +119,15 @@ async def test_many_ranks_take_a_line_per_host(tmp_path: Path) -> None:
         assert tree.render_line(0).text.rstrip().endswith("per rank"), "24 rank columns do not fit: one min…max"
         assert tree.border_subtitle == "3 hosts: gpu-001 r0–7 · gpu-002 r8–15 · gpu-003 r16–23"
         panel = app.screen.query_one(ModuleDetails).query_one("#details-text", Static)
-        await wait_for(pilot, lambda: text_of(panel).split()[:2] == ["module", "blocks.3.mlp.fc"], what="the OOM's module")
+        await wait_for(
+            pilot, lambda: text_of(panel).split()[:2] == ["module", "blocks.3.mlp.fc"], what="the OOM's module"
+        )
         details = text_of(panel)
         assert "blocks.3.mlp.fc" in details and "r0–23  5.33M  cuda    sharded" in details, "24 ranks alike: one row"
         await pilot.press("home")
-        await wait_for(pilot, lambda: text_of(panel).split()[:4] == ["module", "(the", "whole", "model)"], what="the root")
+        await wait_for(
+            pilot, lambda: text_of(panel).split()[:4] == ["module", "(the", "whole", "model)"], what="the root"
+        )
         details = text_of(panel)
         assert "405M on each of 24 ranks" in details, "the whole model's share (9.49 GiB / 24): one figure, not 24"
 

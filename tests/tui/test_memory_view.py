@@ -76,7 +76,9 @@ def text_of(widget: Static) -> str:
 
 
 @pytest.mark.parametrize("size", [(160, 48), (80, 24)], ids=["160x48", "80x24"])
-async def test_the_bar_of_a_setup_oom_stacks_its_kinds_and_marks_the_peak(tmp_path: Path, size: tuple[int, int]) -> None:
+async def test_the_bar_of_a_setup_oom_stacks_its_kinds_and_marks_the_peak(
+    tmp_path: Path, size: tuple[int, int]
+) -> None:
     runs = copy_runs(tmp_path / "runs", SETUP_OOM)
     app = app_for(tmp_path / "runs", runs[SETUP_OOM])
     async with app.run_test(size=size) as pilot:
@@ -92,7 +94,9 @@ async def test_the_bar_of_a_setup_oom_stacks_its_kinds_and_marks_the_peak(tmp_pa
             assert lines[2].strip() == "█param 3.91G █optim 3.91G ▒cache 3.17G ▚outside 1.14G +1"
             assert lines[3].strip() == f"alloc 8.57G · resv 11.7G · {PEAK}peak 11.7G of 15.0G limit"
         else:
-            assert [line.strip() for line in lines[2:4]] == ["█param 3.91G █optim 3.91G", f"▒cache 3.17G {PEAK}peak 11.7G…"]
+            assert [line.strip() for line in lines[2:4]] == [
+                "█param 3.91G █optim 3.91G", f"▒cache 3.17G {PEAK}peak 11.7G…"
+            ]
         # each kind in its own colour: a cell of parameters, optimizer state, comm buffers, cache, outside
         start = text.plain.index(bar)
         filled = bar.index("▒")

@@ -99,13 +99,17 @@ def from_runs(out: str, run_id: str) -> tuple[str, str]:
     return line[cols["STATUS"] : cols["RANKS"]].strip(), line[cols["NOTE"] :].strip()
 
 
-async def from_tui(root: Path, run: Path) -> tuple[Told, dict[str, list[tuple[int, str, str]]], dict[str, tuple[str, str]]]:
+async def from_tui(
+    root: Path, run: Path
+) -> tuple[Told, dict[str, list[tuple[int, str, str]]], dict[str, tuple[str, str]]]:
     app = ShardtopApp(
         root, run=str(run), read_only=True, gpu_source=recorded_h200(),  # type: ignore[arg-type]
         host_probe=RecordedHost(H200_HOST),  # type: ignore[arg-type]
     )
     async with app.run_test(size=(160, 48)) as pilot:
-        await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.snapshot is not None, what="the run")
+        await wait_for(
+            pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.snapshot is not None, what="the run"
+        )
         screen = app.screen
         assert isinstance(screen, RunScreen)
         header = screen.query_one(RunHeader).info
@@ -158,7 +162,8 @@ async def test_every_view_tells_the_same_facts(run: Path, tmp_path: Path) -> Non
 
     for module in data["modules"]:
         if module["ranks"] and module["params"]:  # a row of saved activations alone holds no parameters
-            assert cells[module["path"]] == [(r["rank"], r["state"], r["device"]) for r in module["ranks"]], module["path"]
+            expected = [(r["rank"], r["state"], r["device"]) for r in module["ranks"]]
+            assert cells[module["path"]] == expected, module["path"]
     text = render_report(RunDirectory(path), "text")
     tree = text[text.index("Shard tree\n") :]
     checked = 0

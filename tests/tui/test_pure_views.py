@@ -182,7 +182,9 @@ def test_oom_words_without_a_module(tmp_path: Path) -> None:
     console.print(oom_report(typed, (), ()))
     words = " ".join(console.export_text().split())
     assert "found by the type of the module being built under deepspeed.zero.Init" in words
-    phase_only = OomStory(msgspec.structs.replace(typed.oom, engine_step=None, module_type=None, attributed_by="phase"), None)
+    phase_only = OomStory(
+        msgspec.structs.replace(typed.oom, engine_step=None, module_type=None, attributed_by="phase"), None
+    )
     assert culprit_words(phase_only).plain == "not known"
     assert no_module_words(phase_only).endswith("ran out of memory during setup.")
 

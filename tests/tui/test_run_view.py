@@ -148,7 +148,9 @@ async def test_oom_opens_the_tree_at_the_culprit_and_o_jumps_back(recorded_root:
         assert explained and "Why" in report and explained[0].title in " ".join(report.split())
         ranks = app.screen.query_one(RankMemory)
         row = ranks.rows[0]
-        assert row.status.state == "out of memory" and row.allocated == panel.oom.oom.allocated, "the bar ends at the OOM"
+        assert row.status.state == "out of memory" and row.allocated == panel.oom.oom.allocated, (
+            "the bar ends at the OOM"
+        )
         await pilot.press("home", "m")
         assert selected_path(tree) == "" and tabs.active == "module"
         await pilot.press("o")

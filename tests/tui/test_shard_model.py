@@ -201,7 +201,9 @@ def test_each_kind_of_bytes_sums_per_module_and_rank() -> None:
     assert conv1 is not None and model.node_figure(conv1, 0, "grads") == s.grad_bytes[conv1]
     fold_ = next(n for entries in model.entries.values() for n in entries if isinstance(n, Fold))
     members = model.members(fold_)
-    assert model.node_figure(fold_, 0, "activations") == sum(model.node_figure(m, 0, "activations") or 0 for m in members)
+    assert model.node_figure(fold_, 0, "activations") == sum(
+        model.node_figure(m, 0, "activations") or 0 for m in members
+    )
 
 
 def test_a_kind_no_rank_reported_reads_none_not_zero() -> None:

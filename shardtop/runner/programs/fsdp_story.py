@@ -133,8 +133,10 @@ def run_raw_fsdp1(ctx: RankContext, hand_wrapped: bool) -> None:
         model = build_segmenter(m)
         if hand_wrapped:
             # cpu_offload=True cannot be honoured here: FSDP pins offloaded shards, which needs a GPU.
-            probe.extra_info.update({"precision": "32-true", "loss_scaling": False, "cpu_offload_requested": True,
-                                     "driver": "raw FSDP1 wrap() as in configure_sharded_model (Lightning refuses CPU)"})
+            probe.extra_info.update({
+                "precision": "32-true", "loss_scaling": False, "cpu_offload_requested": True,
+                "driver": "raw FSDP1 wrap() as in configure_sharded_model (Lightning refuses CPU)",
+            })
             st.attach(model, stage="setup", strategy="FSDPStrategy", engine="fsdp1")
             with enable_wrap(wrapper_cls=FSDP, cpu_offload=CPUOffload(offload_params=False),
                              mixed_precision=fp16_mixed_precision(), device_id=cpu):
@@ -154,5 +156,5 @@ def run_raw_fsdp1(ctx: RankContext, hand_wrapped: bool) -> None:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        train(ctx, loader, lambda b: nn.functional.cross_entropy(wrapped(b[0]).float(), b[1]), lambda value: value.backward(),
-              step, lambda: st.attach(wrapped, optimizer=optimizer, stage="step"))
+        train(ctx, loader, lambda b: nn.functional.cross_entropy(wrapped(b[0]).float(), b[1]),
+              lambda value: value.backward(), step, lambda: st.attach(wrapped, optimizer=optimizer, stage="step"))

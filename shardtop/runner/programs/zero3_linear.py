@@ -90,7 +90,9 @@ def run_raw(ctx: RankContext, fixed: bool) -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
         st.attach(engine, optimizer=optimizer)
-        loader = regression_loader(ctx.config["max_steps"], ctx.config["batch_size"], m["width"], ctx.config.get("seed", 0))
+        loader = regression_loader(
+            ctx.config["max_steps"], ctx.config["batch_size"], m["width"], ctx.config.get("seed", 0)
+        )
         train(
             ctx,
             batches_to(engine.device, loader),

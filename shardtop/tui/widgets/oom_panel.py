@@ -41,7 +41,10 @@ def no_module_words(story: OomStory) -> str:
     o = story.oom
     where = f" in {o.engine_step}" if o.engine_step else f" during {o.phase}"
     known = story.unnamed
-    return f"The OOM names no module path: rank {o.rank} ran out of memory{where}" + (f", with {known}." if known else ".")
+    return (
+        f"The OOM names no module path: rank {o.rank} ran out of memory{where}"
+        + (f", with {known}." if known else ".")
+    )
 
 
 def gpu_table(gpus: list[GpuMemory], width: int = 16) -> Table:
@@ -101,7 +104,9 @@ def oom_report(
     if oom.gpus:
         facts.add_row("GPUs then", gpu_table(oom.gpus))
     if story.error_line:
-        facts.add_row("error", Text(textwrap.shorten(story.error_line, MESSAGE_CHARS, placeholder=" …"), style="italic"))
+        facts.add_row(
+            "error", Text(textwrap.shorten(story.error_line, MESSAGE_CHARS, placeholder=" …"), style="italic")
+        )
     if others:
         facts.add_row("also", ", ".join(s.short.removeprefix("OOM on ") for s in others))
     # the explanation first: what to change is what the user came for; the evidence follows

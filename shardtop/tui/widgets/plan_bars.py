@@ -114,9 +114,10 @@ def plan_text(pp: PromptPlan) -> Text:
     rest = max(0, p.peak - p.params - p.grads - p.optimizer)
     text = Text()
     text.append(f"Plan: {asked.strategy.label}\n", "bold")
-    text.append(f"█ params {short_bytes(p.params)}  ▓ grads {short_bytes(p.grads)}  ▒ optim {short_bytes(p.optimizer)}\n",
-                "dim")
-    text.append(f"░ rest {short_bytes(rest)} (activations {short_bytes(p.activations)}; peak at {p.peak_phase})\n", "dim")
+    text.append(f"█ params {short_bytes(p.params)}  ▓ grads {short_bytes(p.grads)}  "
+                f"▒ optim {short_bytes(p.optimizer)}\n", "dim")
+    text.append(f"░ rest {short_bytes(rest)} (activations {short_bytes(p.activations)}; "
+                f"peak at {p.peak_phase})\n", "dim")
     label_width = max(len(r.label) for r in pp.rows)
     for row in pp.rows:
         usable = row.gpu.usable if row.gpu is not None else None

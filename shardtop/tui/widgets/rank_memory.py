@@ -292,7 +292,8 @@ class RankMemory(PaintsChanges):
             out.append(f" {status.mark} {word}", style("rank-memory--oom"))
 
     def _render_row(
-        self, out: Text, row: RankMemoryRow, label: Text, label_width: int, width: int, layout: str, top: int, legend: int
+        self, out: Text, row: RankMemoryRow, label: Text, label_width: int, width: int, layout: str, top: int,
+        legend: int,
     ) -> None:
         """One rank's lines in ``layout`` (``memory_layout``); one-line labels padded to ``label_width``;
         ``legend``: lines of legend under a stacked bar."""
