@@ -144,7 +144,7 @@ def test_the_frame_comes_before_textual_and_stays_until_textual_paints_over_it(
     frame = output[: output.index(TEXTUAL_STARTED)].decode()
     assert all(w in frame for w in ("H200", str(os.getpid()), "zero3-linear-fixed")), "the frame came first, whole"
     assert ALTERNATE_SCREEN.encode() not in textual and b"\x1b[2J" not in textual, "nothing blanks the frame"
-    assert code == 0
+    assert code == 0, term.screen_text()[-3000:]
     assert_restored(bytes(term.output))
 
 
@@ -159,7 +159,7 @@ def test_q_pressed_while_the_frame_is_up_quits_and_restores_the_terminal(tmp_pat
     finally:
         term.close()
     assert pressed_before_textual, "q was pressed while only the plain frame was up"
-    assert code == 0
+    assert code == 0, term.screen_text()[-3000:]
     assert_restored(bytes(term.output))
 
 

@@ -174,16 +174,22 @@ class HomeScreen(Screen[None]):
         self._loop(poll, max(self.refresh_s, RUNS_EVERY))
 
     def on_home_screen_gpus_sampled(self, message: GpusSampled) -> None:
+        if not self.is_attached:
+            return  # the app is quitting: a feed's last message finds no screen to show it on
         self.gpus = message.snapshot
         self._show()
         if not self._gpus_shown.is_set():
             self.call_after_refresh(self._gpus_shown.set)
 
     def on_home_screen_presets_listed(self, message: PresetsListed) -> None:
+        if not self.is_attached:
+            return  # the app is quitting: a feed's last message finds no screen to show it on
         self.presets = message.presets
         self.query_one(PresetList).show(message.presets)
 
     def on_home_screen_runs_listed(self, message: RunsListed) -> None:
+        if not self.is_attached:
+            return  # the app is quitting: a feed's last message finds no screen to show it on
         self.runs = message.snapshot
         with self.app.batch_update():
             self.query_one(RunList).show(message.snapshot.rows)

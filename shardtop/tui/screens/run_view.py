@@ -162,6 +162,8 @@ class RunScreen(Screen[None]):
             self._wake.wait(feed.every)
 
     def on_run_screen_updated(self, message: Updated) -> None:
+        if not self.is_attached:
+            return  # the app is quitting: the feed's last snapshot finds no screen to show it on
         snap = message.snapshot
         previous = self.snapshot
         self.snapshot = snap

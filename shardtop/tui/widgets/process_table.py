@@ -104,6 +104,8 @@ class ProcessTable(VerticalScroll):
 
     def show(self, processes: tuple[GpuProcessInfo, ...], owners: Mapping[int, RankOwner]) -> None:
         """Add, update or remove a row per pid; only the cells that changed reach the terminal."""
+        if not self.is_attached:
+            return  # removed (the app quits): nothing to mount rows into
         wanted = {p.pid: process_cells(p, owners) for p in processes}
         for pid in [pid for pid in self._rows if pid not in wanted]:
             self._rows.pop(pid).remove()
