@@ -21,7 +21,13 @@ async def wait_for(pilot: object, condition: Callable[[], object], timeout: floa
 
 
 def measured(table: DataTable[Any]) -> bool:
-    """Whether a ``DataTable`` has measured its columns for the rows it holds."""
+    """Whether a ``DataTable`` has measured its columns for the rows it holds.
+
+    New rows are measured when the table next goes idle (``_require_update_dimensions``, Textual's
+    own flag); until then a picture can show the columns at their headers' widths.
+    """
+    if getattr(table, "_require_update_dimensions", False) or getattr(table, "_new_rows", None):
+        return False
     for key, column in table.columns.items():
         cells = [c.plain if isinstance(c, Text) else str(c) for c in table.get_column(key)]
         if column.content_width < max((cell_len(c) for c in cells), default=0):
