@@ -62,7 +62,7 @@ def bytes_by_kind(split: MemorySplit) -> dict[str, int | None]:
 def measured(split: MemorySplit) -> tuple[KindBytes, ...]:
     """The kinds a source measured (None: not read, left out), in ``KINDS`` order, then ``unexplained``
     when it is above zero."""
-    rows = [KindBytes(k, v) for k in KINDS if (v := getattr(split.by_kind, k)) is not None]
+    rows = [KindBytes(k, v) for k, v in bytes_by_kind(split).items() if v is not None]
     if split.unexplained is not None and split.unexplained > 0:
         rows.append(KindBytes("unexplained", split.unexplained))
     return tuple(rows)

@@ -10,7 +10,7 @@ import time
 
 from shardtop.diagnose import Severity
 from shardtop.events import GpuMemory
-from shardtop.memory_kinds import KINDS, explained_share
+from shardtop.memory_kinds import KINDS, bytes_by_kind, explained_share
 from shardtop.oom_story import OomStory
 from shardtop.plan.memory import when
 from shardtop.report.document import (
@@ -179,7 +179,7 @@ def memory_section(data: ReportData) -> list[Block]:
                 str(r.rank),
                 f"step {split.step}, {split.phase}" if split.phase else "-",
                 b(split.allocated),
-                *(b(getattr(split.by_kind, k)) for k in KINDS),
+                *(b(v) for v in bytes_by_kind(split).values()),
                 b(split.unexplained),
                 f"{100 * share:.1f} %" if share is not None else "-",
                 b(r.cache_bytes),
