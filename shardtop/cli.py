@@ -30,6 +30,9 @@ a running FSDP or DeepSpeed engine, and why a rank ran out of memory.
   shardtop plan zero3-linear devices=6 gpu=16GiB   will it fit? memory per rank, before launching
   shardtop plan gpu=A100-80GB -- torchrun --nproc_per_node 8 train.py
                                             plan your own script: it stops before training
+  shardtop rehearse zero3-linear devices=6  rank 0 of a 6-GPU job, for real, on the one GPU (or CPU) here
+  shardtop rehearse devices=8 rank=0,last -- torchrun --nproc_per_node 8 train.py
+                                            ranks of your own N-GPU job, one after another, unchanged
   shardtop stop RUN                         stop a run's processes
   shardtop presets                          the presets, one line each
 
@@ -123,6 +126,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--every", type=int, default=10, metavar="N", help="with --headless, print every N steps")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command to run")
 
+    p = sub.add_parser(
+        "rehearse", parents=[common], help="rank R of an N-GPU job, for real, on the one GPU (or CPU) here",
+        description="Run rank R of a job of N GPUs as one process on this machine's first GPU (or CPU), through "
+        "torch's fake process group: the engine builds exactly the shards, partitions and buffers that rank "
+        "builds in the real job; collectives move no data. `shardtop rehearse PRESET devices=N [rank=R] "
+        "[key=value ...]` or `shardtop rehearse devices=N [rank=R] -- CMD ARGS` (your command, unchanged: "
+        "torchrun, the deepspeed launcher, accelerate launch, python with Lightning or HF Trainer). "
+        "rank=R: a rank, last, all, or a list (rank=0,last), rehearsed one after another; devices=2,4,8 "
+        "rehearses each job size and tabulates the peaks.",
+    )
+    p.add_argument("settings", nargs="*", metavar="devices=N rank=R [PRESET key=value]",
+                   help="the job's size (devices=N or devices=2,4,8), the ranks (rank=0, last, all, 0,last), "
+                        "and for a preset its name and overrides; gpu=SIZE|CARD to judge what fits")
+    p.add_argument("--headless", action="store_true",
+                   help="no TUI: print one line per milestone and exit with the run's exit code")
+    p.add_argument("--every", type=int, default=10, metavar="N", help="with --headless, print every N steps")
+    p.add_argument("--name", metavar="NAME", help="what to call a command's run (default: the script's name)")
+
     p = sub.add_parser("attach", parents=[common], help="watch a run (the newest by default)")
     p.add_argument("run", nargs="?", help="run id, a unique part of it, or a run directory")
 
@@ -158,12 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in words:  # `shardtop plan [devices=N gpu=X] -- CMD ARGS`: the user's command, untouched by argparse
         cut = words.index("--")
         head, tail = words[:cut], words[cut + 1:]
-        if parser.parse_known_args(head)[0].command == "plan":
+        if parser.parse_known_args(head)[0].command in ("plan", "rehearse"):
             words, command = head, tail
     args, extra = parser.parse_known_args(words)
     args.plan_command = command
     if extra:
-        if args.command in ("launch", "plan") and not any(e.startswith("-") for e in extra):
+        if args.command in ("launch", "plan", "rehearse") and not any(e.startswith("-") for e in extra):
             args.settings = list(args.settings) + list(extra)
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -245,6 +266,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.headless:
         return follow_command(job, sys.stdout, every=args.every)
     return _open_tui(args, run_id=str(job.run.path))
+
+
+def cmd_rehearse(args: argparse.Namespace) -> int:
+    from shardtop.rehearse.command import rehearse
+
+    if args.read_only:
+        raise UsageError("--read-only forbids starting a rehearsal.")
+    run_id = rehearse(args.settings, args.plan_command, runs_dir=args.runs_dir, name=args.name,
+                      headless=args.headless or not sys.stdout.isatty(), every=args.every, out=sys.stdout)
+    if isinstance(run_id, int):
+        return run_id
+    return _open_tui(args, run_id=run_id)
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
@@ -345,4 +378,5 @@ COMMANDS = {
     "stop": cmd_stop,
     "report": cmd_report,
     "plan": cmd_plan,
+    "rehearse": cmd_rehearse,
 }

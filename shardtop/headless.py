@@ -30,6 +30,8 @@ class HeadlessFollower:
         self.builder = RunStateBuilder()
         self.meta = RunMeta.parse(run.read_meta())
         self.said_up = False
+        self.up_said: set[int] = set()
+        self.followed: int | None = None
         self.last_step_said = 0
         self.ooms_said = 0
         self.ended_said: set[int] = set()
@@ -45,12 +47,19 @@ class HeadlessFollower:
     def poll(self) -> RunModel:
         m = self.model()
         up = [r for r in m.ranks if r.hello is not None]
-        if not self.said_up and up and len(up) >= m.world_size:
+        how = ", ".join(x for x in (m.engine, m.strategy) if x)
+        if m.rehearsal is not None:  # one rank at a time: each is told as it comes up, and followed
+            for r in up:
+                if r.rank not in self.up_said:
+                    self.up_said.add(r.rank)
+                    self.followed, self.last_step_said = r.rank, 0
+                    self.say(f"rank {r.rank} of {m.world_size} up, rehearsed on {r.device} ({how}); "
+                             "collectives not run")
+        elif not self.said_up and up and len(up) >= m.world_size:
             self.said_up = True
             devices = ", ".join(f"rank {r.rank}: {r.device}" for r in up)
-            how = ", ".join(x for x in (m.engine, m.strategy) if x)
             self.say(f"{len(up)} rank(s) up ({how}) - {devices}")
-        first = m.rank(0) or (m.ranks[0] if m.ranks else None)
+        first = m.rank(self.followed if self.followed is not None else 0) or (m.ranks[0] if m.ranks else None)
         last = first.state.last_step if first is not None else None
         due = last is not None and (last.step == 1 or last.step - self.last_step_said >= self.every)
         if last is not None and due and last.step != self.last_step_said:
@@ -83,6 +92,8 @@ class HeadlessFollower:
                 self.say(f"why: {f.title} [{f.code}] - `shardtop report {self.run.id}` says more")
         status = m.status
         code = status.exit.code if status is not None and status.exit and status.exit.code is not None else 1
+        if m.rehearsal is not None:
+            self.say(m.rehearsal.caveat)
         self.say(f"exit {code}: {m.status_text}  (run directory {self.run.path})")
         return code
 

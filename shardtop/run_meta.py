@@ -16,6 +16,55 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class Rehearsal:
+    """A run that rehearses some ranks of a larger job, one process per rank on one device.
+
+    What such a run shows is exactly what those ranks hold; nothing is known of
+    the ranks not rehearsed, nor of anything that crosses ranks: the fake process
+    group moves no data, and NCCL's own buffers and communicators do not exist.
+    """
+
+    world_size: int
+    """The job's ranks."""
+    ranks: tuple[int, ...]
+    """The ranks rehearsed, in the order they ran."""
+    on: str = ""
+    """What they ran on: ``1 × NVIDIA H200``, ``CPU``."""
+
+    @property
+    def ranks_words(self) -> str:
+        shown = ", ".join(str(r) for r in self.ranks)
+        return f"rank{'s' if len(self.ranks) != 1 else ''} {shown} of {self.world_size}"
+
+    @property
+    def headline(self) -> str:
+        """``rank 0 of 6, rehearsed on 1 × NVIDIA H200; collectives not run``."""
+        on = f" on {self.on}" if self.on else ""
+        return f"{self.ranks_words}, rehearsed{on}; collectives not run"
+
+    @property
+    def caveat(self) -> str:
+        """What a rehearsal cannot show, said wherever its figures are."""
+        return (
+            "Rehearsed through a fake process group: each rehearsed rank holds exactly what it would in the "
+            f"job of {self.world_size}, but no data crossed ranks (losses, gradient norms, loss-scale skips and "
+            "routing are this rank's alone), NCCL's buffers and communicators were not made, and ranks not "
+            "rehearsed were not run."
+        )
+
+    @classmethod
+    def parse(cls, raw: object) -> Rehearsal | None:
+        if not isinstance(raw, Mapping):
+            return None
+        world = _count(raw.get("world_size"))
+        ranks = raw.get("ranks")
+        if not world or not isinstance(ranks, list):
+            return None
+        kept = tuple(r for r in ranks if isinstance(r, int) and not isinstance(r, bool) and 0 <= r < world)
+        return cls(world_size=world, ranks=kept, on=_text(raw.get("on"))) if kept else None
+
+
+@dataclass(frozen=True)
 class RunMeta:
     """What a run's ``run.json`` says; every field optional, as old and external runs lack some."""
 
@@ -39,6 +88,8 @@ class RunMeta:
     slurm_job_id: str = ""
     """SLURM's job and step where ``shardtop run`` (or the first rank) made the run ("" outside SLURM)."""
     slurm_step_id: str = ""
+    rehearsal: Rehearsal | None = None
+    """Set where the run rehearses ranks of a larger job (``shardtop rehearse``)."""
 
     @property
     def command_line(self) -> str:
@@ -77,6 +128,7 @@ class RunMeta:
             config=MappingProxyType(dict(config)),
             slurm_job_id=_text(slurm.get("job_id")),
             slurm_step_id=_text(slurm.get("step_id")),
+            rehearsal=Rehearsal.parse(config.get("rehearsal")),
         )
 
 

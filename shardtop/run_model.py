@@ -24,7 +24,7 @@ from shardtop.events import Exit, Fault, Hello, Memory, MemorySplit, Oom, Scalar
 from shardtop.memory_kinds import total_of
 from shardtop.oom_story import OomStory, user_type
 from shardtop.plan_check import PlanCheck, check_plan
-from shardtop.run_meta import RunMeta
+from shardtop.run_meta import Rehearsal, RunMeta
 from shardtop.run_state import STORED_NOWHERE, TRAINING_PHASES, GpuSample, RankState, RunState  # noqa: F401
 from shardtop.run_status import RankExit, RunStatus
 from shardtop.shard_model import subtree_sums
@@ -312,10 +312,22 @@ class RunModel:
         return self.meta.world_size or len(self.ranks)
 
     @property
+    def rehearsal(self) -> Rehearsal | None:
+        """The ranks of a larger job this run rehearses, one at a time on one device; None for a real run."""
+        return self.meta.rehearsal
+
+    @property
+    def expected_ranks(self) -> tuple[int, ...]:
+        """The ranks this run runs: every rank of the job, or the rehearsed ones."""
+        if self.rehearsal is not None:
+            return self.rehearsal.ranks
+        return tuple(range(self.world_size))
+
+    @property
     def missing_ranks(self) -> tuple[int, ...]:
         """Ranks the run should have that never wrote an event."""
         seen = {r.rank for r in self.ranks}
-        return tuple(r for r in range(self.world_size) if r not in seen)
+        return tuple(r for r in self.expected_ranks if r not in seen)
 
     @cached_property
     def hosts(self) -> tuple[str, ...]:

@@ -11,7 +11,11 @@ no torch and writes nothing.  It installs
   and the rank's exit before Python prints the traceback.
 
 Under ``shardtop plan -- CMD`` (``PLAN_ONLY_ENV``) the import hook installs
-``plan_only.PATCHES`` instead, and nothing is recorded as a run.
+``plan_only.PATCHES`` instead, and nothing is recorded as a run.  Under
+``shardtop rehearse`` (``rehearsal_env.REHEARSE_ENV``) it first puts the rehearsed
+rank's environment back in place (a launcher sets its own for its children), and
+adds ``rehearsal.PATCHES``: the fake process group, one process per launcher,
+Lightning on one device.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from shardtop.inject.import_hook import PostImportHook
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from types import TracebackType
+    from types import ModuleType, TracebackType
+
+    from shardtop.inject.import_hook import Patch
 
 _booted = False
 
@@ -42,9 +48,31 @@ def boot() -> None:
         sys.meta_path.insert(0, PostImportHook(PLAN_PATCHES))
         return
     from shardtop.inject.engines import PATCHES
+    from shardtop.inject.rehearsal_env import reassert
 
-    sys.meta_path.insert(0, PostImportHook(PATCHES))
+    patches = PATCHES
+    if reassert() is not None:
+        from shardtop.inject.rehearsal import PATCHES as REHEARSAL_PATCHES
+
+        patches = both(REHEARSAL_PATCHES, PATCHES)
+    sys.meta_path.insert(0, PostImportHook(patches))
     _install_excepthook()
+
+
+def both(first: dict[str, Patch], then: dict[str, Patch]) -> dict[str, Patch]:
+    """One patch per module name that runs ``first``'s, then ``then``'s."""
+
+    def chain(a: Patch, b: Patch) -> Patch:
+        def patch(module: ModuleType) -> None:
+            a(module)
+            b(module)
+
+        return patch
+
+    merged = dict(then)
+    for name, patch in first.items():
+        merged[name] = chain(patch, then[name]) if name in then else patch
+    return merged
 
 
 def _install_excepthook() -> None:

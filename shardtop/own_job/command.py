@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from shardtop.cluster import host_name
 from shardtop.headless import HeadlessFollower
@@ -98,9 +98,18 @@ def _check_run_dir(path: Path) -> None:
 
 
 def start_command(
-    command: list[str], *, runs_dir: str | None = None, run_dir: str | None = None, name: str | None = None
+    command: list[str],
+    *,
+    runs_dir: str | None = None,
+    run_dir: str | None = None,
+    name: str | None = None,
+    rehearsal: dict[str, Any] | None = None,
 ) -> StartedCommand:
-    """Check the command line, make or join the run, start the supervisor; nothing is made on bad input."""
+    """Check the command line, make or join the run, start the supervisor; nothing is made on bad input.
+
+    ``rehearsal`` (``shardtop rehearse``): the run rehearses these ranks of a larger job, the command
+    once per rank, one after another.
+    """
     command = _check_command(command)
     if runs_dir and run_dir:
         raise RunError("give either --runs-dir (a new run under it) or --run-dir (this run's own directory), not both.")
@@ -110,7 +119,9 @@ def start_command(
         "preset": "",  # not a preset: the run is called after its program (config.program)
         "command": command,
         "cwd": os.getcwd(),
-        "config": {"program": name, "world_size": 0},
+        "config": {"program": name, "world_size": 0}
+        if rehearsal is None
+        else {"program": name, "world_size": rehearsal["world_size"], "rehearsal": rehearsal},
         "own_job": True,
     }
     if run_dir:

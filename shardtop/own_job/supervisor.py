@@ -20,10 +20,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from shardtop.cluster import HEARTBEAT_S, host_name
 from shardtop.inject import command_env
+from shardtop.inject.rehearsal_env import Rehearsed, first_gpu
 from shardtop.run_members import (
     end_supervisor,
     supervised_end,
@@ -31,7 +33,7 @@ from shardtop.run_members import (
     touch,
     write_supervisor,
 )
-from shardtop.runner.supervisor import exit_code_of
+from shardtop.runner.supervisor import exit_code_of, free_port
 from shardtop.runs import RunDirectory, process_start_time
 
 STOP_GRACE_S = 8.0
@@ -58,27 +60,27 @@ def supervise(run_dir: Path, command: list[str], cwd: str) -> int:
 
     for handled in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(handled, on_signal)  # a handler, not SIG_IGN: the command must not inherit an ignored signal
-    try:
-        proc = subprocess.Popen(
-            command, cwd=cwd, env=command_env(os.environ, run.path), stdin=subprocess.DEVNULL, start_new_session=True
-        )
-    except OSError as e:
-        say(f"could not start {command[0]!r}: {e.strerror or e}")
-        end_supervisor(record, 127, None)
-        run.write_exit(127, reason=f"command could not start on {host_name()}")
-        return 127
-    say(f"started {subprocess.list2cmdline(command)} (pid {proc.pid}) on {host_name()}")
-    stop = _Stop(proc)
-    while proc.poll() is None:
-        stop.follow(signals)
+    first: tuple[int, int | None] | None = None
+    stopped_by: int | None = None
+    for env in _environments(run):
         try:
-            proc.wait(timeout=0.5 if stop.asked_at else HEARTBEAT_S)
-        except subprocess.TimeoutExpired:
-            touch(record)
-    code, sig = exit_code_of(proc.returncode)
-    stopped_by = stop.signal if code != 0 else None
+            proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as e:
+            say(f"could not start {command[0]!r}: {e.strerror or e}")
+            end_supervisor(record, 127, None)
+            run.write_exit(127, reason=f"command could not start on {host_name()}")
+            return 127
+        say(f"started {subprocess.list2cmdline(command)} (pid {proc.pid}) on {host_name()}")
+        code, sig, stop_signal = _follow(proc, record, signals)
+        say(f"command exited with {code}" + (f" (signal {sig})" if sig else ""))
+        if first is None or first[0] == 0:
+            first = (code, sig)
+        if stop_signal is not None:
+            stopped_by = stop_signal if code != 0 else None
+            break
+    assert first is not None
+    code, sig = first
     end_supervisor(record, code, sig or stopped_by)
-    say(f"command exited with {code}" + (f" (signal {sig})" if sig else ""))
     if stopped_by is None:
         if code != 0:
             run.write_exit(code, signal=sig, reason=f"command failed on {host_name()}")
@@ -87,6 +89,35 @@ def supervise(run_dir: Path, command: list[str], cwd: str) -> int:
             if end is not None:
                 run.write_exit(end.code, signal=end.signal, reason=end.reason)
     return code
+
+
+def _environments(run: RunDirectory) -> Iterator[dict[str, str]]:
+    """The command's environment for each time it runs: once, or once per rehearsed rank, in turn."""
+    base = command_env(os.environ, run.path)
+    rehearsal = run.read_meta().get("config", {}).get("rehearsal")
+    if not rehearsal:
+        yield base
+        return
+    for rank in rehearsal["ranks"]:
+        env = dict(base)
+        env.update(Rehearsed(int(rank), int(rehearsal["world_size"])).environment(free_port()))
+        if "CUDA_VISIBLE_DEVICES" in env or rehearsal.get("on") != "CPU":
+            env["CUDA_VISIBLE_DEVICES"] = first_gpu(env)
+        say(f"rehearsing rank {rank} of {rehearsal['world_size']}")
+        yield env
+
+
+def _follow(proc: subprocess.Popen[bytes], record: Path, signals: list[int]) -> tuple[int, int | None, int | None]:
+    """Wait for the command, passing a stop on and touching the record; (code, signal, the stop's signal)."""
+    stop = _Stop(proc)
+    while proc.poll() is None:
+        stop.follow(signals)
+        try:
+            proc.wait(timeout=0.5 if stop.asked_at else HEARTBEAT_S)
+        except subprocess.TimeoutExpired:
+            touch(record)
+    code, sig = exit_code_of(proc.returncode)
+    return code, sig, stop.signal
 
 
 class _Stop:

@@ -55,6 +55,11 @@ def run_rank(run_dir: Path, rank: int) -> int:
         config=config,
     )
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    rehearsal = config.get("rehearsal")
+    if rehearsal:  # before the program imports torch: the fake process group, Lightning on one device
+        from shardtop.inject.rehearsal import install
+
+        install()
     code = 0
     error: BaseException | None = None
     try:
@@ -65,7 +70,7 @@ def run_rank(run_dir: Path, rank: int) -> int:
         # The probe's file, thread and OOM reserve exist before the cap: an OOM anywhere is recorded.
         probe = prepare(ctx.run_dir, rank=rank, world_size=ctx.world_size, local_rank=ctx.local_rank,
                         device=ctx.device, program=config.get("preset", ""))
-        if rank == 0:
+        if rank == (int(rehearsal["ranks"][0]) if rehearsal else 0):  # the first rank this run starts
             from shardtop.runner.plan_at_setup import plan_event
 
             planned = plan_event(config, ctx.accelerator)  # before the cap: the plan is not the run's memory

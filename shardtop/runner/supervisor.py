@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shardtop.inject.rehearsal_env import Rehearsed, first_gpu
 from shardtop.run_status import PeersStopped, RankExit
 from shardtop.runs import RUN_DIR_ENV, RunDirectory, process_start_time
 
@@ -103,11 +104,16 @@ def rank_env(config: dict[str, Any], run: RunDirectory, rank: int, world_size: i
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         }
     )
+    if config.get("rehearsal"):  # rank R of N as the only process of node R, on the first device
+        env.update(Rehearsed(rank, world_size).environment(port))
+        if config.get("accelerator") == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = first_gpu(env)
     if config.get("accelerator") == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         env["CUDA_VISIBLE_DEVICES"] = ""
         cores = os.cpu_count() or 1
-        env.setdefault("OMP_NUM_THREADS", str(max(1, cores // max(1, world_size))))
+        sharing = 1 if config.get("rehearsal") else world_size  # rehearsed ranks run one at a time
+        env.setdefault("OMP_NUM_THREADS", str(max(1, cores // max(1, sharing))))
     return env
 
 
@@ -138,7 +144,6 @@ def _supervise(run: RunDirectory) -> int:
     if meta.get("pid") != os.getpid():  # started by hand, or the launcher died before recording us
         run.update_meta(pid=os.getpid(), pgid=os.getpgid(0), pid_started=process_start_time(os.getpid()))
     config = meta["config"]
-    world_size = int(config["world_size"])
     stopping: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -148,10 +153,35 @@ def _supervise(run: RunDirectory) -> int:
         signal.signal(signum, on_signal)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
+    exits: list[RankExit] = []
+    first_failure: RankExit | None = None
+    peers_stopped: PeersStopped | None = None
+    for batch in rank_batches(config):
+        ranks = _start(run, config, batch)
+        failed, stopped = _watch(ranks, stopping)
+        exits.extend(r.exit() for r in ranks)
+        if first_failure is None and failed is not None:
+            first_failure, peers_stopped = failed.exit(), stopped
+        if stopping:
+            break
+    return _record(run, tuple(exits), stopping, first_failure, peers_stopped)
+
+
+def rank_batches(config: dict[str, Any]) -> list[list[int]]:
+    """The ranks to start together: every rank of the run at once, or, for a rehearsal, each
+    rehearsed rank alone, one after another (they share the one device)."""
+    rehearsal = config.get("rehearsal")
+    if rehearsal:
+        return [[int(rank)] for rank in rehearsal["ranks"]]
+    return [list(range(int(config["world_size"])))]
+
+
+def _start(run: RunDirectory, config: dict[str, Any], batch: list[int]) -> list[RankProcess]:
+    world_size = int(config["world_size"])
     port = free_port()
     preexec = die_with_parent(os.getpid())
     ranks: list[RankProcess] = []
-    for rank in range(world_size):
+    for rank in batch:
         log = open(run.rank_log(rank), "ab", buffering=0)
         proc = subprocess.Popen(
             [sys.executable, "-m", "shardtop.runner", str(run.path), "--rank", str(rank)],
@@ -168,8 +198,15 @@ def _supervise(run: RunDirectory) -> int:
             {"rank": r.rank, "pid": r.proc.pid, "started": process_start_time(r.proc.pid)} for r in ranks
         ]
     )
-    print(f"started {world_size} rank(s): {', '.join(str(r.proc.pid) for r in ranks)}", flush=True)
+    print(f"started {len(ranks)} rank(s): {', '.join(f'{r.rank} (pid {r.proc.pid})' for r in ranks)}", flush=True)
+    return ranks
 
+
+def _watch(ranks: list[RankProcess], stopping: list[int]) -> tuple[RankProcess | None, PeersStopped | None]:
+    """Wait for ``ranks`` to end; stop the others a grace after one failed, or all of them on a signal.
+
+    Returns the first rank that failed, and whether (and how) its peers were stopped.
+    """
     first_failure: RankProcess | None = None
     failed_at = 0.0
     stop_sent_at = 0.0
@@ -197,24 +234,33 @@ def _supervise(run: RunDirectory) -> int:
         if overdue and _signal_all(ranks, signal.SIGKILL) and peers_stopped is not None:
             peers_stopped = PeersStopped(peers_stopped.after_rank, peers_stopped.at, killed=True)
         time.sleep(0.1)
+    if first_failure is None:
+        first_failure = next((r for r in ranks if r.code != 0), None)
+    return first_failure, peers_stopped
 
-    exits = tuple(r.exit() for r in ranks)
+
+def _record(
+    run: RunDirectory,
+    exits: tuple[RankExit, ...],
+    stopping: list[int],
+    first_failure: RankExit | None,
+    peers_stopped: PeersStopped | None,
+) -> int:
+    """Write ``exit.json`` for the run's ranks; returns the run's exit code."""
     if stopping:
         run.write_exit(128 + stopping[0], signal=stopping[0], reason="stopped", ranks=exits)
         print(f"stopped by signal {stopping[0]}", flush=True)
         return 128 + stopping[0]
     if first_failure is None:
-        first_failure = next((r for r in ranks if r.code != 0), None)
-    if first_failure is None:
         run.write_exit(0, reason="finished", ranks=exits)
         print("all ranks finished", flush=True)
         return 0
-    code, sig = exit_code_of(first_failure.code or 0)
     run.write_exit(
-        code, signal=sig, reason=f"rank {first_failure.rank} failed", ranks=exits, peers_stopped=peers_stopped
+        first_failure.code, signal=first_failure.signal, reason=f"rank {first_failure.rank} failed", ranks=exits,
+        peers_stopped=peers_stopped,
     )
-    print(f"run failed: rank {first_failure.rank} exit {code}", flush=True)
-    return code
+    print(f"run failed: rank {first_failure.rank} exit {first_failure.code}", flush=True)
+    return first_failure.code
 
 
 def _signal_all(ranks: list[RankProcess], sig: int) -> bool:

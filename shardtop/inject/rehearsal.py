@@ -1,0 +1,271 @@
+"""A rehearsal's fake process group, and the patches that let one process be rank R of N.
+
+torch.distributed's fake backend (``torch.testing._internal.distributed.fake_pg``)
+makes one process rank R of a world of N: every engine builds exactly rank R's
+shards, partitions and buckets on the real device, and the collectives move no
+data (an all-gather copies the input into every chunk, an all-reduce or a
+reduce-scatter leaves its buffer as it is).  What is patched, the moment each
+module loads (``PATCHES``), and only in a process that rehearses
+(``rehearsal_env.this_process``):
+
+- ``init_process_group``: whatever backend, store or rank the caller asks for,
+  the group is the fake one, rank R of N.  ``new_group`` and ``split_group``
+  make fake groups too (a gloo group beside NCCL would wait for peers that never
+  come).  ``monitored_barrier`` returns at once.
+- object collectives (``broadcast_object_list``, ``all_gather_object``,
+  ``gather_object``, ``scatter_object_list``, ``recv_object_list``) answer with
+  this rank's own objects: through the fake group they would read lengths no peer
+  ever sent, and unpickle garbage.
+- the launchers start one process instead of N: torchrun (and what runs through
+  it, ``accelerate launch`` included) and the deepspeed launcher; that process
+  is then given rank R's environment by its own bootstrap.
+- Lightning's ``Trainer`` and ``Fabric`` are told ``devices=1, num_nodes=N``:
+  rank R as the only process of node R, the one device there is.  A
+  ``ModelParallelStrategy`` left to size its mesh itself gets the sizes the job
+  it rehearses would give it, ``(num_nodes, devices)`` as the script asked.
+
+Everything here imports torch lazily: the patches run inside the modules'
+own imports.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import TYPE_CHECKING, Any
+
+from shardtop.inject.rehearsal_env import Rehearsed, this_process
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
+
+PATCHED = "__shardtop_rehearsal__"
+
+
+def _rehearsed() -> Rehearsed:
+    rehearsed = this_process()
+    if rehearsed is None:  # pragma: no cover - the patches are installed only in a rehearsal
+        raise RuntimeError("shardtop's rehearsal patches run outside a rehearsal")
+    return rehearsed
+
+
+def _once(fn: Callable[..., Any]) -> Callable[..., Any]:
+    setattr(fn, PATCHED, True)
+    return fn
+
+
+def _replace(module: ModuleType, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    original = getattr(module, name, None)
+    if original is None or getattr(original, PATCHED, False):
+        return
+    setattr(module, name, _once(functools.wraps(original)(make(original))))
+
+
+# -- torch.distributed ------------------------------------------------------------------------
+
+
+def _init_process_group(original: Callable[..., Any]) -> Callable[..., Any]:
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        import torch.testing._internal.distributed.fake_pg as fake_pg  # registers the "fake" backend
+
+        rehearsed = _rehearsed()
+        timeout = kwargs.get("timeout", args[2] if len(args) > 2 else None)
+        extra = {"timeout": timeout} if timeout is not None else {}
+        original(backend="fake", store=fake_pg.FakeStore(), rank=rehearsed.rank,
+                 world_size=rehearsed.world_size, **extra)
+
+    return init_process_group
+
+
+def _fake_backend(original: Callable[..., Any], backend_at: int) -> Callable[..., Any]:
+    """A group maker with its ``backend`` (positional at ``backend_at``) and options taken away: the
+    group inherits the default group's backend, the fake one."""
+
+    def make_group(*args: Any, **kwargs: Any) -> Any:
+        args = args[:backend_at]
+        kwargs.pop("backend", None)
+        kwargs.pop("pg_options", None)
+        return original(*args, **kwargs)
+
+    return make_group
+
+
+def _broadcast_object_list(original: Callable[..., Any]) -> Callable[..., Any]:
+    def broadcast_object_list(object_list: list[Any], *args: Any, **kwargs: Any) -> None:
+        return None  # every rank keeps its own objects: the fake group sends none
+
+    return broadcast_object_list
+
+
+def _all_gather_object(original: Callable[..., Any]) -> Callable[..., Any]:
+    def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
+        for i in range(len(object_list)):
+            object_list[i] = obj
+
+    return all_gather_object
+
+
+def _gather_object(original: Callable[..., Any]) -> Callable[..., Any]:
+    def gather_object(obj: Any, object_gather_list: list[Any] | None = None, *args: Any, **kwargs: Any) -> None:
+        if object_gather_list is not None:
+            for i in range(len(object_gather_list)):
+                object_gather_list[i] = obj
+
+    return gather_object
+
+
+def _scatter_object_list(original: Callable[..., Any]) -> Callable[..., Any]:
+    def scatter_object_list(
+        output: list[Any], input: list[Any] | None = None, *args: Any, **kwargs: Any
+    ) -> None:
+        import torch.distributed as dist
+
+        if input:
+            group = kwargs.get("group")
+            rank = dist.get_rank(group) if group is not None else dist.get_rank()
+            output[0] = input[rank % len(input)]
+
+    return scatter_object_list
+
+
+def _recv_object_list(original: Callable[..., Any]) -> Callable[..., Any]:
+    def recv_object_list(object_list: list[Any], *args: Any, **kwargs: Any) -> int:
+        return _rehearsed().rank  # what arrives is what the list held
+
+    return recv_object_list
+
+
+def _monitored_barrier(original: Callable[..., Any]) -> Callable[..., Any]:
+    def monitored_barrier(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    return monitored_barrier
+
+
+C10D_FUNCTIONS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "init_process_group": _init_process_group,
+    "new_group": lambda f: _fake_backend(f, backend_at=2),
+    "split_group": lambda f: _fake_backend(f, backend_at=5),
+    "new_subgroups": lambda f: _fake_backend(f, backend_at=3),
+    "broadcast_object_list": _broadcast_object_list,
+    "all_gather_object": _all_gather_object,
+    "gather_object": _gather_object,
+    "scatter_object_list": _scatter_object_list,
+    "recv_object_list": _recv_object_list,
+    "monitored_barrier": _monitored_barrier,
+}
+
+
+def patch_c10d(module: ModuleType) -> None:
+    """``torch.distributed.distributed_c10d``, before ``torch.distributed`` re-exports its names."""
+    for name, make in C10D_FUNCTIONS.items():
+        _replace(module, name, make)
+    top = sys.modules.get("torch.distributed")
+    if top is not None:  # already loaded (the patch came late): its copies of the names too
+        for name in C10D_FUNCTIONS:
+            if hasattr(top, name):
+                setattr(top, name, getattr(module, name))
+
+
+# -- launchers ---------------------------------------------------------------------------------
+
+
+def patch_torchrun(module: ModuleType) -> None:
+    """``torch.distributed.run.run``: one node of one process, a rendezvous of its own on this host."""
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def run(args: Any) -> Any:
+            args.standalone = True
+            args.nnodes = "1"
+            args.nproc_per_node = "1"
+            args.node_rank = 0
+            if hasattr(args, "max_restarts"):
+                args.max_restarts = 0
+            return original(args)
+
+        return run
+
+    _replace(module, "run", make)
+
+
+def patch_deepspeed_runner(module: ModuleType) -> None:
+    """``deepspeed.launcher.runner``: one process on this host, whatever the hostfile and flags say."""
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def parse_args(*args: Any, **kwargs: Any) -> Any:
+            parsed = original(*args, **kwargs)
+            parsed.hostfile = "/nonexistent/shardtop-rehearsal-hostfile"
+            parsed.include = parsed.exclude = ""
+            parsed.num_nodes = 1
+            parsed.num_gpus = 1
+            parsed.force_multi = False
+            return parsed
+
+        return parse_args
+
+    _replace(module, "parse_args", make)
+
+
+# -- Lightning ---------------------------------------------------------------------------------
+
+
+def one_device_per_node(kwargs: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """A Trainer's (or Fabric's) arguments for rank R as the only process of node R."""
+    kwargs = dict(kwargs)
+    asked_devices, asked_nodes = kwargs.get("devices", "auto"), kwargs.get("num_nodes", 1)
+    strategy = kwargs.get("strategy")
+    if type(strategy).__name__ == "ModelParallelStrategy":  # its "auto" mesh follows devices and nodes
+        per_node = asked_devices if isinstance(asked_devices, int) and asked_devices > 0 else world_size
+        if getattr(strategy, "_data_parallel_size", None) == "auto":
+            strategy._data_parallel_size = asked_nodes if isinstance(asked_nodes, int) else 1
+        if getattr(strategy, "_tensor_parallel_size", None) == "auto":
+            strategy._tensor_parallel_size = per_node
+    kwargs["devices"] = 1
+    kwargs["num_nodes"] = world_size
+    return kwargs
+
+
+def _one_device_init(cls: type) -> None:
+    original = cls.__dict__["__init__"]
+    if getattr(original, PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **one_device_per_node(kwargs, _rehearsed().world_size))
+
+    cls.__init__ = _once(__init__)  # type: ignore[misc]
+
+
+def patch_trainer(module: ModuleType) -> None:
+    _one_device_init(module.Trainer)
+
+
+def patch_fabric(module: ModuleType) -> None:
+    _one_device_init(module.Fabric)
+
+
+PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    "torch.distributed.distributed_c10d": patch_c10d,
+    "torch.distributed.run": patch_torchrun,
+    "deepspeed.launcher.runner": patch_deepspeed_runner,
+    "lightning.pytorch.trainer.trainer": patch_trainer,
+    "lightning.fabric.fabric": patch_fabric,
+}
+"""Module name -> what a rehearsal changes in it once it loaded."""
+
+
+def install() -> None:
+    """Patch the modules of ``PATCHES`` as they load (and those already loaded, now).
+
+    For a process that is not started through the bootstrap: the preset runner.
+    """
+    from shardtop.inject.import_hook import PostImportHook
+
+    for name, patch in PATCHES.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            patch(module)
+    if not any(isinstance(f, PostImportHook) and f.patches == PATCHES for f in sys.meta_path):
+        sys.meta_path.insert(0, PostImportHook(PATCHES))

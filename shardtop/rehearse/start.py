@@ -1,0 +1,76 @@
+"""A preset or a command rehearsed as a run: its config, its run directory, its supervisor.
+
+The run's config says what it rehearses (``config.rehearsal``: the job's world
+size, the ranks rehearsed, the device they ran on); ``world_size`` is the job's,
+so every rank's events, the plan and the report count in the job's terms.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from shardtop.config import ConfigError, apply_cpu_defaults, resolve, split_overrides
+from shardtop.launch import missing_engines
+
+CPU = "CPU"
+
+
+def device_words(gpus: int, accelerator: str, name: Callable[[], str]) -> str:
+    """What the rehearsed ranks run on, in a user's words: ``1 × NVIDIA H200`` or ``CPU``."""
+    if accelerator != "cuda" or gpus == 0:
+        return CPU
+    return f"1 × {name() or 'GPU'}"
+
+
+def first_gpu_name() -> str:
+    from shardtop.gpus import GpuUnavailable, Nvml
+
+    try:
+        gpus = Nvml().sample(with_processes=False)
+    except GpuUnavailable:
+        return ""
+    return gpus[0].name if gpus else ""
+
+
+def rehearsal_section(world: int, ranks: tuple[int, ...], on: str) -> dict[str, Any]:
+    """``config.rehearsal`` as ``run.json`` holds it (``RunMeta`` reads it back)."""
+    return {"world_size": world, "ranks": list(ranks), "on": on}
+
+
+def preset_config(
+    settings: list[str], world: int, ranks: tuple[int, ...], gpu_count: Callable[[], int],
+    gpu_name: Callable[[], str] = first_gpu_name,
+) -> dict[str, Any]:
+    """The resolved config of a preset rehearsed as ``ranks`` of a job of ``world`` devices."""
+    preset, overrides = split_overrides(settings)
+    config = resolve(preset, [*overrides, ("devices", str(world))])
+    if config.get("single_process"):
+        raise ConfigError(
+            f"{config['preset']} drives every GPU from one process (manual placement): it has no rank to "
+            f"rehearse. Plan it instead: shardtop plan {config['preset']} devices={world}"
+        )
+    missing = missing_engines(str(config.get("engine", "")))
+    if missing:
+        raise ConfigError(
+            f"the presets train with {', '.join(missing)}, which this Python does not have. "
+            "Install them with: pip install 'shardtop[engines]'"
+        )
+    config = copy.deepcopy(config)
+    gpus = gpu_count()
+    accelerator = config.get("accelerator", "auto")
+    if accelerator == "auto":
+        accelerator = "cuda" if gpus > 0 else "cpu"
+    if accelerator == "cuda" and gpus == 0:
+        raise ConfigError(
+            "accelerator=cuda, but no NVIDIA GPU is visible (no driver, or CUDA_VISIBLE_DEVICES hides them).\n"
+            "Use accelerator=cpu (or auto) to rehearse on a CPU process."
+        )
+    if accelerator == "cpu":
+        config = apply_cpu_defaults(config)
+    config["accelerator"] = accelerator
+    config["devices"] = world
+    config["world_size"] = world
+    config["rehearsal"] = rehearsal_section(world, ranks, device_words(gpus, accelerator, gpu_name))
+    return config
