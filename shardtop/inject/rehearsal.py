@@ -16,6 +16,7 @@ module loads (``PATCHES``), and only in a process that rehearses
   ``gather_object``, ``scatter_object_list``, ``recv_object_list``) answer with
   this rank's own objects: through the fake group they would read lengths no peer
   ever sent, and unpickle garbage.
+- DeepSpeed's checks that every rank agrees with rank 0 on a list pass (no peer exists).
 - the launchers start one process instead of N: torchrun (and what runs through
   it, ``accelerate launch`` included) and the deepspeed launcher; that process
   is then given rank R's environment by its own bootstrap.
@@ -207,6 +208,21 @@ def patch_deepspeed_runner(module: ModuleType) -> None:
     _replace(module, "parse_args", make)
 
 
+def patch_deepspeed_checks(module: ModuleType) -> None:
+    """``deepspeed.runtime.zero.utils``: ZeRO-3's checks that every rank agrees on a list broadcast from
+    rank 0 (trace orders, bucket contents) pass; no peer's list exists to agree with.  Patched before the
+    modules that import these names load."""
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def agreed(*args: Any, **kwargs: Any) -> None:
+            return None
+
+        return agreed
+
+    _replace(module, "assert_ints_same_as_other_ranks", make)
+    _replace(module, "assert_lst_len_same_as_other_ranks", make)
+
+
 # -- Lightning ---------------------------------------------------------------------------------
 
 
@@ -250,6 +266,7 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "torch.distributed.distributed_c10d": patch_c10d,
     "torch.distributed.run": patch_torchrun,
     "deepspeed.launcher.runner": patch_deepspeed_runner,
+    "deepspeed.runtime.zero.utils": patch_deepspeed_checks,
     "lightning.pytorch.trainer.trainer": patch_trainer,
     "lightning.fabric.fabric": patch_fabric,
 }

@@ -34,6 +34,7 @@ from shardtop.run_members import (
     write_supervisor,
 )
 from shardtop.runner.supervisor import exit_code_of, free_port
+from shardtop.run_status import RankExit
 from shardtop.runs import RunDirectory, process_start_time
 
 STOP_GRACE_S = 8.0
@@ -62,7 +63,8 @@ def supervise(run_dir: Path, command: list[str], cwd: str) -> int:
         signal.signal(handled, on_signal)  # a handler, not SIG_IGN: the command must not inherit an ignored signal
     first: tuple[int, int | None] | None = None
     stopped_by: int | None = None
-    for env in _environments(run):
+    rehearsed: list[RankExit] = []
+    for rank, env in _environments(run):
         try:
             proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as e:
@@ -75,6 +77,8 @@ def supervise(run_dir: Path, command: list[str], cwd: str) -> int:
         say(f"command exited with {code}" + (f" (signal {sig})" if sig else ""))
         if first is None or first[0] == 0:
             first = (code, sig)
+        if rank is not None:  # a rehearsed rank is this one command: its exit is the rank's
+            rehearsed.append(RankExit(rank=rank, code=code, signal=sig, stopped=stop_signal is not None))
         if stop_signal is not None:
             stopped_by = stop_signal if code != 0 else None
             break
@@ -83,20 +87,20 @@ def supervise(run_dir: Path, command: list[str], cwd: str) -> int:
     end_supervisor(record, code, sig or stopped_by)
     if stopped_by is None:
         if code != 0:
-            run.write_exit(code, signal=sig, reason=f"command failed on {host_name()}")
+            run.write_exit(code, signal=sig, reason=f"command failed on {host_name()}", ranks=tuple(rehearsed))
         else:
             end = supervised_end(run.members())
             if end is not None:
-                run.write_exit(end.code, signal=end.signal, reason=end.reason)
+                run.write_exit(end.code, signal=end.signal, reason=end.reason, ranks=tuple(rehearsed))
     return code
 
 
-def _environments(run: RunDirectory) -> Iterator[dict[str, str]]:
+def _environments(run: RunDirectory) -> Iterator[tuple[int | None, dict[str, str]]]:
     """The command's environment for each time it runs: once, or once per rehearsed rank, in turn."""
     base = command_env(os.environ, run.path)
     rehearsal = run.read_meta().get("config", {}).get("rehearsal")
     if not rehearsal:
-        yield base
+        yield None, base
         return
     for rank in rehearsal["ranks"]:
         env = dict(base)
@@ -104,7 +108,7 @@ def _environments(run: RunDirectory) -> Iterator[dict[str, str]]:
         if "CUDA_VISIBLE_DEVICES" in env or rehearsal.get("on") != "CPU":
             env["CUDA_VISIBLE_DEVICES"] = first_gpu(env)
         say(f"rehearsing rank {rank} of {rehearsal['world_size']}")
-        yield env
+        yield int(rank), env
 
 
 def _follow(proc: subprocess.Popen[bytes], record: Path, signals: list[int]) -> tuple[int, int | None, int | None]:
