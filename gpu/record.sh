@@ -4,8 +4,9 @@
 # script under `shardtop run`, and the benchmarks' GPU figures.
 #
 #   gpu/record.sh PART...     PART: presets1 presets2 scenarios1 scenarios2 own benches (= probe_cost terminal)
+#                             rehearse_story2 rehearse_presets rehearse_own
 #
-# presets1/scenarios1 need one GPU, presets2/scenarios2 two. Run from the project root with the
+# presets1/scenarios1 and the rehearse_* parts need one GPU, presets2/scenarios2 two. Run from the project root with the
 # wheels of ../shared/gpu/wheels.sh in .whl/; everything lands under $OUT (or ./gpu-out):
 # gpu.log, and gpu-runs.tgz with every run directory and its report.
 set -u
@@ -16,6 +17,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site:$PWD
 else
   export PYTHONPATH=$PWD
+fi
+if ! command -v deepspeed >/dev/null; then  # wheels carried with --target bring no console scripts: make pip's
+  mkdir -p /tmp/bin && printf '#!/usr/bin/env python3\nfrom deepspeed.launcher.runner import main\nmain()\n' > /tmp/bin/deepspeed
+  chmod +x /tmp/bin/deepspeed && export PATH=/tmp/bin:$PATH
 fi
 export PYTHONUNBUFFERED=1 SHARDTOP_RUNS_DIR=${SHARDTOP_RUNS_DIR:-/tmp/shardtop-gpu-runs} NCCL_NVLS_ENABLE=0
 CAP=${CAP:-15GiB}
@@ -53,6 +58,29 @@ presets2() {
   launch 60 fsdp2-mlp devices=2 max_steps=10
   launch 60 manual-placement max_steps=5
   launch 120 zero3-linear devices=2 model.n_layers=4000 gpu_mem_limit=3584MiB max_steps=3
+}
+
+rehearse() { local s=$1; shift; step "$s" "shardtop rehearse $*" python3 -m shardtop rehearse --headless --every 5 "$@"; }
+
+rehearse_story2() {  # story 2 on six GPUs, as asked and fixed, and the 4000-layer run on two, each rank 0 on one GPU
+  rehearse 150 zero3-linear devices=6 gpu_mem_limit=$CAP max_steps=3
+  rehearse 330 zero3-linear-fixed devices=6 gpu_mem_limit=$CAP max_steps=3
+  rehearse 120 zero3-linear-fixed devices=2 model.n_layers=4000 gpu_mem_limit=$CAP max_steps=3
+}
+
+rehearse_presets() {  # the two-GPU presets, both ranks, one after another on one GPU
+  rehearse 90 fsdp-not-sharding devices=2 rank=all max_steps=5
+  rehearse 90 fsdp-auto-wrap devices=2 rank=all max_steps=5
+  rehearse 330 zero3-linear-fixed devices=2 rank=all model.n_layers=2000 gpu_mem_limit=$CAP max_steps=3
+}
+
+rehearse_own() {  # users' own commands, unchanged, as rank 0 and the last rank of eight
+  local s=tests/own_scripts
+  rehearse 60 devices=8 rank=0,last -- torchrun --standalone --nproc_per_node 8 $s/fsdp2_train.py --cuda
+  rehearse 90 devices=8 rank=0,last -- deepspeed --num_gpus 8 $s/zero3_train.py --cuda
+  rehearse 90 devices=8 rank=0,last -- python3 gpu/scenarios/lightning_deepspeed_user.py --devices 8
+  rehearse 120 devices=8 rank=0,last -- torchrun --standalone --nproc_per_node 8 $s/hf_trainer.py --cuda --deepspeed $s/ds_zero3.json
+  rehearse 120 devices=8 rank=0,last -- torchrun --standalone --nproc_per_node 8 $s/hf_trainer.py --cuda --fsdp "full_shard auto_wrap"
 }
 
 scenarios1() {
