@@ -280,6 +280,9 @@ class Memory(Event, tag="memory", frozen=True):
     limit: int | None = None
     """The per-process cap the run was given, if any."""
     host_rss: int = 0
+    host_heap: int | None = None
+    """On CPU: the bytes the process's C allocator has in use (glibc ``mallinfo2``), CPU tensors
+    included; what a CPU rank's memory is compared by from step to step (RSS moves in steps)."""
     gpus: list[GpuMemory] | None = None
     split: MemorySplit | None = None
     """What fills ``allocated`` now (on CPU, the kinds alone), with the phase and step it was taken
@@ -436,8 +439,32 @@ class Planned(Event, tag="plan", frozen=True):
     """What the plan could not see, in words (e.g. activations measured on one module only)."""
 
 
-AnyEvent = Hello | Tree | Shards | Memory | Phase | Step | Oom | Fault | Exit | Planned
-EVENT_TYPES: tuple[type[Event], ...] = (Hello, Tree, Shards, Memory, Phase, Step, Oom, Fault, Exit, Planned)
+class KeptTensor(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
+    """Tensors of one shape and dtype that one module's forward made and that outlived their step."""
+
+    module: str
+    """Tree path of the innermost module whose forward returned them ("" for the root)."""
+    module_type: str = ""
+    shape: list[int] = []
+    dtype: str = ""
+    bytes: int = 0
+    """Their storages' bytes, each storage once."""
+    count: int = 1
+
+
+class Kept(Event, tag="kept", frozen=True):
+    """What one traced step's forward made that was still alive when the next step's forward began:
+    tensors kept across steps (a list of outputs, a hook that stores activations), by module."""
+
+    step: int
+    """The step traced."""
+    tensors: list[KeptTensor] = []
+    bytes: int = 0
+    """All of them, each storage once."""
+
+
+AnyEvent = Hello | Tree | Shards | Memory | Phase | Step | Oom | Fault | Exit | Planned | Kept
+EVENT_TYPES: tuple[type[Event], ...] = (Hello, Tree, Shards, Memory, Phase, Step, Oom, Fault, Exit, Planned, Kept)
 KNOWN_KINDS = frozenset(t.__struct_config__.tag for t in EVENT_TYPES)
 LAST_RECORDS: tuple[type[Event], ...] = (Oom, Fault, Exit)
 """Kinds written (and fsynced) even once the disk is full, into the room kept for them."""

@@ -30,6 +30,7 @@ import psutil
 
 from shardtop.events import GpuMemory, Memory
 from shardtop.gpus import Nvml, nvml_or_none
+from shardtop.probe.heap import heap_in_use
 
 JOIN_TIMEOUT_S = 5.0
 OBSERVATION_TTL_S = 60.0
@@ -156,13 +157,15 @@ class MemorySampler:
 
     # -- sampling -----------------------------------------------------------------
 
-    def sample_now(self) -> Memory | None:
-        """One sample, written now (on the caller's thread, reusing the thread's NVML and RSS readings).
+    def sample_now(self, fresh_rss: bool = False) -> Memory | None:
+        """One sample, written now (on the caller's thread, reusing the thread's NVML and RSS readings;
+        ``fresh_rss`` reads RSS anew: the start of each step's forward, where memory is compared step
+        to step).
 
         None if it could not be taken: this runs on the training thread and never raises.
         """
         try:
-            sample = self._sample(fresh=False)
+            sample = self._sample(fresh=False, fresh_rss=fresh_rss)
             self.write(sample)
         except Exception:  # noqa: BLE001
             self.failures += 1
@@ -170,8 +173,8 @@ class MemorySampler:
         self.samples += 1
         return sample
 
-    def _sample(self, fresh: bool) -> Memory:
-        host_rss = self._host_rss(fresh)
+    def _sample(self, fresh: bool, fresh_rss: bool = False) -> Memory:
+        host_rss = self._host_rss(fresh or fresh_rss)
         stats = self._allocator_stats() if self._cuda is not None else None
         allocated, reserved, peak = allocator_numbers(stats) if stats is not None else (None, None, None)
         sample = Memory(
@@ -181,6 +184,7 @@ class MemorySampler:
             peak=peak,
             limit=self.limit,
             host_rss=host_rss,
+            host_heap=heap_in_use() if heap_in_use is not None and self._cuda is None else None,
             gpus=self._gpu_reading(fresh) if self.sample_gpus else None,
         )
         return self.detail(sample, stats, fresh) if self.detail is not None else sample

@@ -41,6 +41,7 @@ from shardtop.probe.exits import ExitRecord, exit_record, received_signal
 from shardtop.probe.exits import install as install_exit_hooks
 from shardtop.probe.faults import Faults, describe, say
 from shardtop.probe.host import host_facts
+from shardtop.probe.kept import KeptTracker, held_storages
 from shardtop.probe.memory import MemorySampler
 from shardtop.probe.memory_explain import MemoryExplainer
 from shardtop.probe.names import module_names
@@ -94,6 +95,8 @@ class Probe:
         self._oom_written = False
         self._exited = False
         self.tracker: ModuleTracker | None = None
+        self.kept: KeptTracker | None = None
+        """Traces a step now and then for tensors kept across steps (``kept.py``)."""
         self.program = ""
         self.extra_info: dict[str, str | int | float | bool | None] = {}
         """Facts only the driver knows (Trainer precision, loss scaling), added to every Shards.info."""
@@ -178,10 +181,10 @@ class Probe:
         if self._sampler is not None:
             self._sampler.limit = limit
 
-    def sample_memory(self) -> None:
+    def sample_memory(self, fresh_rss: bool = False) -> None:
         if self._sampler is not None and self.faults.working("memory"):
             with self.faults.guard("memory"):
-                self._sampler.sample_now()
+                self._sampler.sample_now(fresh_rss=fresh_rss)
 
     def phase(self, phase: str, step: int | None = None) -> None:
         if step is not None:
@@ -190,11 +193,16 @@ class Probe:
             return
         self.phase_name = phase
         self.writer.write(Phase(phase=phase, step=self.step_index))
+        if phase == "forward" and self.kept is not None and self.faults.working("kept"):
+            with self.faults.guard("kept"):
+                kept = self.kept.on_forward(self.step_index)
+                if kept is not None:
+                    self.writer.write(kept)
         explainer = self.memory()
         if explainer is not None:
             with self.faults.guard("split"):
                 explainer.on_phase(phase, self.step_index)
-        self.sample_memory()
+        self.sample_memory(fresh_rss=phase == "forward" and not self.device.startswith("cuda"))
 
     def step(self, step: int, loss: float | None = None, seconds: float | None = None) -> None:
         self.step_index = step
@@ -248,6 +256,9 @@ class Probe:
             self.names.update(module_names(root))
             # No hooks: backward OOMs are read off the failed autograd graph, at no cost per step.
             self.tracker = ModuleTracker(root, self.names)
+        if self.kept is None and self.faults.working("kept"):
+            with self.faults.guard("kept"):
+                self.kept = KeptTracker(self.names, self._memory_reading, lambda: held_storages(self._last_target))
         if self._last_target is None:  # before any snapshot (modules still being built): what an OOM reads
             self._last_target = root
             explainer = self.memory()
@@ -401,7 +412,23 @@ class Probe:
     def close(self) -> None:
         self._stop_sampler()
         self._close_explainer()
+        if self.kept is not None:
+            self.kept.close()
         self.writer.close()
+
+    def _memory_reading(self) -> int:
+        """This rank's memory now: allocated on its GPU, else what the C allocator has in use (else RSS)."""
+        if self.device.startswith("cuda"):
+            import torch
+
+            return int(torch.cuda.memory_allocated(self.device))
+        from shardtop.probe.heap import heap_in_use
+
+        if heap_in_use is not None:
+            return heap_in_use()
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
 
 
 def _first_line_of(exc: BaseException) -> str:
