@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from shardtop.events import Exit, Fault, Hello, Memory, MemorySplit, Oom, Scalar, Shards, Tree
+from shardtop.memory_growth import Growth, growth
 from shardtop.memory_kinds import total_of
 from shardtop.oom_story import OomStory, user_type
 from shardtop.plan_check import PlanCheck, check_plan
@@ -540,14 +541,45 @@ class RunModel:
             return "no events recorded"
         return ""
 
+    # -- over time ---------------------------------------------------------------------------
+
+    @cached_property
+    def growth(self) -> Mapping[int, Growth]:
+        """Each rank whose memory climbs steadily from step to step, and where it leads."""
+        found: dict[int, Growth] = {}
+        for r in self.ranks:
+            g = growth(r.state.step_memory, self.memory_limit_of(r))
+            if g is not None:
+                found[r.rank] = g
+        return MappingProxyType(found)
+
+    def memory_limit_of(self, r: RankFacts) -> int | None:
+        """What the rank may use before it runs out: its cap, else its GPU's memory (NVML), else, on CPU,
+        the host's memory limit or memory."""
+        m = r.memory
+        if m is not None and m.limit:
+            return m.limit
+        if r.device.startswith("cuda:"):
+            try:
+                index = int(r.device.split(":", 1)[1])
+            except ValueError:
+                return None
+            gpu = next((g for g in self.state.gpus.get(r.host, ()) if g.index == index), None)
+            return gpu.total if gpu is not None and gpu.total else None
+        hello = r.hello
+        if hello is None:
+            return None
+        return hello.host_memory_limit or hello.host_memory
+
     # -- like-with-like samples -------------------------------------------------------------
 
     @cached_property
     def comparable_memory(self) -> ComparableMemory | None:
         """Every rank's allocator sample from the latest step and phase that all of them reached
         alive; None unless every rank of the run has one (a rank gone or not yet training
-        leaves nothing to compare it with)."""
-        if len(self.ranks) < max(self.world_size, 2):
+        leaves nothing to compare it with), and None for a rehearsal, whose ranks ran one after
+        another on one device and were never alive together."""
+        if self.rehearsal is not None or len(self.ranks) < max(self.world_size, 2):
             return None
         keyed = [{(p.step, p.phase): p.memory for p in r.state.phase_samples} for r in self.ranks]
         common = set(keyed[0]).intersection(*keyed[1:])
@@ -558,9 +590,10 @@ class RunModel:
         return ComparableMemory(step, phase, MappingProxyType(by_rank))
 
     def comparable_gpus(self, host: str) -> GpuSample | None:
-        """The latest NVML sample of ``host`` taken while every rank there was up and training."""
+        """The latest NVML sample of ``host`` taken while every rank there was up and training; None
+        for a rehearsal (its ranks shared one device, one at a time: no sample shows the job's GPUs)."""
         on_host = [r for r in self.ranks if r.host == host]
-        if not on_host:
+        if not on_host or self.rehearsal is not None:
             return None
         ups = [r.hello.t for r in on_host if r.hello is not None]
         if len(ups) < len(on_host):

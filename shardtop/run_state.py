@@ -29,6 +29,7 @@ from shardtop.events import (
     Fault,
     GpuMemory,
     Hello,
+    Kept,
     Memory,
     MemorySplit,
     Oom,
@@ -40,9 +41,12 @@ from shardtop.events import (
     Tree,
     tree_paths,
 )
+from shardtop.memory_growth import StepMemory
 
 MEMORY_HISTORY = 120
 """Samples of allocator memory kept per rank for sparklines."""
+STEP_MEMORY_KEPT = 256
+"""Steps of memory kept per rank for the growth fit; past it the older half is thinned to every other."""
 
 TRAINING_PHASES: frozenset[PhaseName] = frozenset({"forward", "backward", "optimizer"})
 """Phases in which every rank runs the same code: samples taken in them can be compared rank to rank."""
@@ -129,6 +133,12 @@ class RankState:
     """The latest sample with NVML's count of the process's device memory (not every sample has one)."""
     phase_samples: tuple[PhaseSample, ...] = ()
     """The latest sample of each recent (step, phase) in a training phase, oldest first."""
+    step_memory: tuple[StepMemory, ...] = ()
+    """Memory at the start of each step's forward, oldest first (thinned past ``STEP_MEMORY_KEPT``)."""
+    kept: Kept | None = None
+    """The latest trace of tensors kept across steps."""
+    progress_t: float | None = None
+    """When the rank last entered a phase or finished a step."""
     shards: Shards | None = None
     """The latest shards for the current tree."""
     holdings: Holdings | None = None
@@ -220,6 +230,9 @@ class _RankFold:
     process_sample: Memory | None = None
     samples: list[PhaseSample] = field(default_factory=list)
     """The latest sample of each recent training step and phase, oldest first."""
+    step_memory: list[StepMemory] = field(default_factory=list)
+    kept: Kept | None = None
+    progress_t: float | None = None
     shards: Shards | None = None
     holdings: Holdings | None = None
     setup_shards: Shards | None = None
@@ -248,6 +261,9 @@ class _RankFold:
                 peak_split=self.peak_split,
                 process_sample=self.process_sample,
                 phase_samples=tuple(self.samples),
+                step_memory=tuple(self.step_memory),
+                kept=self.kept,
+                progress_t=self.progress_t,
                 shards=self.shards,
                 holdings=self.holdings,
                 setup_shards=self.setup_shards,
@@ -345,9 +361,11 @@ class RunStateBuilder:
         if isinstance(event, Memory):
             self._apply_memory(r, event)
         elif isinstance(event, Phase):
-            r.phase, r.step = event.phase, max(r.step, event.step)
+            r.phase, r.step, r.progress_t = event.phase, max(r.step, event.step), event.t
         elif isinstance(event, Step):
-            r.last_step, r.step = event, max(r.step, event.step)
+            r.last_step, r.step, r.progress_t = event, max(r.step, event.step), event.t
+        elif isinstance(event, Kept):
+            r.kept = event
         elif isinstance(event, Hello):
             r.hello, r.host = event, event.host
         elif isinstance(event, Shards):
@@ -385,6 +403,12 @@ class RunStateBuilder:
 
     def _apply_memory(self, r: _RankFold, m: Memory) -> None:
         r.history.append(m.allocated or m.host_rss)
+        if r.phase == "forward" and r.step > 0 and (not r.step_memory or r.step_memory[-1].step < r.step):
+            value = m.allocated if m.allocated is not None else m.host_heap if m.host_heap is not None else m.host_rss
+            r.step_memory.append(StepMemory(step=r.step, bytes=value, t=m.t))
+            if len(r.step_memory) > STEP_MEMORY_KEPT:  # thin the older half: the fit keeps its span
+                half = STEP_MEMORY_KEPT // 2
+                r.step_memory[:half] = r.step_memory[:half:2]
         if r.peak_memory is None or _peak_of(m) >= _peak_of(r.peak_memory):
             r.peak_memory = m
         training = r.phase in TRAINING_PHASES

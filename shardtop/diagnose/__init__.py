@@ -19,6 +19,7 @@ evidence, ``explain`` words a ``Finding`` from that evidence alone.  Stable code
 - ``optimizer_order.py``: ``optimizer-before-wrap`` (an optimizer holding the pre-wrap parameters)
 - ``host_memory.py``: ``host-memory-whole-model-per-rank`` (N whole copies in host memory)
 - ``allocator.py``: ``allocator-fragmentation`` (at an OOM), ``memory-outside-pytorch``
+- ``growth.py``: ``memory-grows-every-step`` (tensors kept across steps, and when the rank runs out)
 - ``probe_faults.py``: ``probe-fault`` (a part of the probe switched itself off)
 - ``plan_missed.py``: ``plan-missed`` (the measured peak is far from the run's own plan)
 
@@ -34,6 +35,7 @@ from shardtop.diagnose import (
     allocator,
     frozen,
     fsdp,
+    growth,
     host_memory,
     hybrid,
     memory,
@@ -67,6 +69,7 @@ RULES: tuple[Rule[Any], ...] = (
     zero12.REPLICATED_PARAMS,
     optimizer_order.OPTIMIZER_BEFORE_WRAP,
     host_memory.WHOLE_ON_HOST,
+    growth.GROWING,
     allocator.FRAGMENTED,
     allocator.OUTSIDE_PYTORCH,
     memory.NOTHING_RECORDED,
