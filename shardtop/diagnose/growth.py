@@ -25,6 +25,22 @@ KEPT_SHARE = 0.5
 
 
 @dataclass(frozen=True)
+class KeptRow:
+    """Tensors of one shape and dtype that one module made and that outlived their step."""
+
+    module: str
+    module_type: str
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+    count: int
+
+    @classmethod
+    def of(cls, t: KeptTensor) -> KeptRow:
+        return cls(t.module, t.module_type, tuple(t.shape), t.dtype, t.bytes, t.count)
+
+
+@dataclass(frozen=True)
 class Growing(Evidence):
     rank: int
     ranks: tuple[int, ...]
@@ -32,7 +48,7 @@ class Growing(Evidence):
     growth: Growth
     measured_by: str
     """``allocated`` (GPU), ``C allocator`` (CPU, glibc) or ``host RSS``."""
-    kept: tuple[KeptTensor, ...]
+    kept: tuple[KeptRow, ...]
     """What the traced step left alive, largest first (empty: no trace, or nothing kept)."""
     kept_bytes: int
     kept_step: int | None
@@ -76,14 +92,14 @@ def find_growing(m: RunModel) -> Growing | None:
         ranks=tuple(sorted(grown)),
         growth=grown[rank],
         measured_by=_measured_by(m, rank),
-        kept=tuple(kept.tensors) if kept is not None else (),
+        kept=tuple(KeptRow.of(t) for t in kept.tensors) if kept is not None else (),
         kept_bytes=kept.bytes if kept is not None else 0,
         kept_step=kept.step if kept is not None else None,
         limit_words=_limit_words(m, rank),
     )
 
 
-def _tensor_words(t: KeptTensor) -> str:
+def _tensor_words(t: KeptRow) -> str:
     where = f"`{t.module}` ({t.module_type})" if t.module else f"the model's output ({t.module_type})"
     shape = "×".join(str(n) for n in t.shape) or "scalar"
     count = f"{t.count} tensors" if t.count != 1 else "a tensor"
