@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import signal as signals
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from types import MappingProxyType
 from typing import Literal
@@ -29,17 +29,21 @@ from shardtop.run_meta import Rehearsal, RunMeta
 from shardtop.run_state import STORED_NOWHERE, TRAINING_PHASES, GpuSample, RankState, RunState  # noqa: F401
 from shardtop.run_status import RankExit, RunStatus
 from shardtop.shard_model import subtree_sums
+from shardtop.stalls import Stall, find_stalls
 from shardtop.tree_facts import Block, find_block
 
 PHASE_ORDER = {"forward": 0, "backward": 1, "optimizer": 2}
 
-RankStateName = Literal["starting", "running", "finished", "failed", "out of memory", "interrupted", "killed", "lost"]
+RankStateName = Literal[
+    "starting", "running", "stalled", "finished", "failed", "out of memory", "interrupted", "killed", "lost"
+]
 """How a rank stands (``RankStatus.state``), worked out from its records by ``rank_status``."""
 
 RANK_MARKS: Mapping[str, str] = MappingProxyType(
     {
         "starting": "…",
         "running": "●",
+        "stalled": "‖",
         "finished": "✓",
         "failed": "✗",
         "out of memory": "✗",
@@ -68,11 +72,11 @@ class RankStatus:
 
     @property
     def ended(self) -> bool:
-        return self.state not in ("starting", "running")
+        return self.state not in ("starting", "running", "stalled")
 
 
 SEVERITY: tuple[RankStateName, ...] = (
-    "finished", "running", "starting", "interrupted", "lost", "killed", "failed", "out of memory"
+    "finished", "running", "starting", "stalled", "interrupted", "lost", "killed", "failed", "out of memory"
 )
 """Rank states from the best to the worst: a group of ranks (a host's) is told by its worst."""
 
@@ -300,7 +304,24 @@ class RunModel:
 
     @cached_property
     def ranks(self) -> tuple[RankFacts, ...]:
+        stalls = self.stalls
+        return tuple(
+            replace(f, status=RankStatus("stalled", stalls[f.rank].words)) if f.rank in stalls else f
+            for f in self._recorded_ranks
+        )
+
+    @cached_property
+    def _recorded_ranks(self) -> tuple[RankFacts, ...]:
+        """Each rank as its own records and its supervisor's tell it."""
         return tuple(rank_facts(rs, self.status) for rs in self.state.rank_list())
+
+    @cached_property
+    def stalls(self) -> Mapping[int, Stall]:
+        """The running ranks that stopped moving while others moved on (``stalls.py``)."""
+        running = {f.rank: f.status.state == "running" for f in self._recorded_ranks}
+        if not any(running.values()):
+            return MappingProxyType({})
+        return MappingProxyType(find_stalls((f.state for f in self._recorded_ranks), running, self.state.last_t))
 
     def rank(self, rank: int) -> RankFacts | None:
         return next((r for r in self.ranks if r.rank == rank), None)

@@ -45,6 +45,8 @@ from shardtop.memory_growth import StepMemory
 
 MEMORY_HISTORY = 120
 """Samples of allocator memory kept per rank for sparklines."""
+STEP_SECONDS_KEPT = 16
+"""Recent step durations kept per rank: their median is the rank's usual step."""
 STEP_MEMORY_KEPT = 256
 """Steps of memory kept per rank for the growth fit; past it the older half is thinned to every other."""
 
@@ -139,6 +141,8 @@ class RankState:
     """The latest trace of tensors kept across steps."""
     progress_t: float | None = None
     """When the rank last entered a phase or finished a step."""
+    step_seconds: tuple[float, ...] = ()
+    """How long its recent steps took, oldest first."""
     shards: Shards | None = None
     """The latest shards for the current tree."""
     holdings: Holdings | None = None
@@ -233,6 +237,7 @@ class _RankFold:
     step_memory: list[StepMemory] = field(default_factory=list)
     kept: Kept | None = None
     progress_t: float | None = None
+    step_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_SECONDS_KEPT))
     shards: Shards | None = None
     holdings: Holdings | None = None
     setup_shards: Shards | None = None
@@ -264,6 +269,7 @@ class _RankFold:
                 step_memory=tuple(self.step_memory),
                 kept=self.kept,
                 progress_t=self.progress_t,
+                step_seconds=tuple(self.step_seconds),
                 shards=self.shards,
                 holdings=self.holdings,
                 setup_shards=self.setup_shards,
@@ -363,6 +369,10 @@ class RunStateBuilder:
         elif isinstance(event, Phase):
             r.phase, r.step, r.progress_t = event.phase, max(r.step, event.step), event.t
         elif isinstance(event, Step):
+            took = event.seconds if event.seconds is not None else (
+                event.t - r.last_step.t if r.last_step is not None and event.step > r.last_step.step else None)
+            if took is not None and took >= 0:
+                r.step_seconds.append(took)
             r.last_step, r.step, r.progress_t = event, max(r.step, event.step), event.t
         elif isinstance(event, Kept):
             r.kept = event

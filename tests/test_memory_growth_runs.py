@@ -11,7 +11,7 @@ import pytest
 
 from tests.own_job_runs import ROOT, run_own
 
-SCRIPT = str(ROOT / "tests" / "growth_scripts" / "keeps_outputs.py")
+SCRIPT = str(ROOT / "tests" / "over_time_scripts" / "keeps_outputs.py")
 MiB = 2**20
 KEPT_PER_STEP = 256 * 8192 * 4
 """What each loop keeps a step: one float32 tensor of 256 x 8192 (the script's batch and width)."""

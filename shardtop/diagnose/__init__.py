@@ -20,6 +20,7 @@ evidence, ``explain`` words a ``Finding`` from that evidence alone.  Stable code
 - ``host_memory.py``: ``host-memory-whole-model-per-rank`` (N whole copies in host memory)
 - ``allocator.py``: ``allocator-fragmentation`` (at an OOM), ``memory-outside-pytorch``
 - ``growth.py``: ``memory-grows-every-step`` (tensors kept across steps, and when the rank runs out)
+- ``stall.py``: ``rank-stalled`` (a rank waits while the others moved on)
 - ``probe_faults.py``: ``probe-fault`` (a part of the probe switched itself off)
 - ``plan_missed.py``: ``plan-missed`` (the measured peak is far from the run's own plan)
 
@@ -45,6 +46,7 @@ from shardtop.diagnose import (
     plan_missed,
     probe_faults,
     reshard,
+    stall,
     zero3,
     zero12,
 )
@@ -70,6 +72,7 @@ RULES: tuple[Rule[Any], ...] = (
     optimizer_order.OPTIMIZER_BEFORE_WRAP,
     host_memory.WHOLE_ON_HOST,
     growth.GROWING,
+    stall.STALLED,
     allocator.FRAGMENTED,
     allocator.OUTSIDE_PYTORCH,
     memory.NOTHING_RECORDED,

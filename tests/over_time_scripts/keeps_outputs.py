@@ -1,6 +1,6 @@
 """A user's plain training loop that keeps every step's outputs in a list (nothing of shardtop in it).
 
-    python tests/growth_scripts/keeps_outputs.py [--hook] [--plateau adam|cache|batches] [--steps 30]
+    python tests/over_time_scripts/keeps_outputs.py [--hook] [--plateau adam|cache|batches] [--steps 30]
 
 ``--hook``: a forward hook on one layer appends its activations instead (feature-extraction code does
 this).  ``--plateau``: memory that rises and then stops, which is no growth: Adam's state made at step
