@@ -35,6 +35,8 @@ class HeadlessFollower:
         self.last_step_said = 0
         self.ooms_said = 0
         self.ended_said: set[int] = set()
+        self.growth_said: set[int] = set()
+        self.stalls_said: set[int] = set()
 
     def say(self, text: str) -> None:
         print(f"[{self.run.id}] {text}", file=self.out, flush=True)
@@ -72,6 +74,18 @@ class HeadlessFollower:
             engine = f" in {story.oom.engine_step}" if story.oom.engine_step else ""
             self.say(f"{story.headline}{engine if story.module is not None else ''}{asked}")
         self.ooms_said = len(m.ooms)
+        for rank, g in m.growth.items():
+            if rank not in self.growth_said:
+                self.growth_said.add(rank)
+                when = f"; at this rate it runs out at about step {g.out_of_memory_step}" if g.out_of_memory_step else ""
+                self.say(f"warning: rank {rank}'s memory grows {format_bytes(round(g.rate))} every step "
+                         f"(steps {g.first_step}-{g.last_step}){when} [memory-grows-every-step]")
+        for rank, stall in m.stalls.items():
+            if rank not in self.stalls_said:
+                self.stalls_said.add(rank)
+                ahead = ", ".join(f"rank {p.rank} {'ended' if p.ended else f'at step {p.step}'}" for p in stall.peers[:3])
+                self.say(f"warning: rank {rank} stalled: {stall.words} ({ahead}) [rank-stalled]")
+        self.stalls_said &= set(m.stalls)
         for r in m.ranks:
             if r.rank not in self.ended_said and r.status.ended and r.status.state not in ("finished", "out of memory"):
                 self.ended_said.add(r.rank)
