@@ -324,7 +324,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     rows = [("RUN", "STATUS", "RANKS", "STEP", "STARTED", "NOTE")]
     for run in runs:
         s = summarize(run)
-        rows.append((run.id, s.status, str(s.ranks or "-"), str(s.step), s.started, s.note))
+        rows.append((run.id, s.status, s.ranks_cell, str(s.step), s.started, s.note))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         # The last column is not padded: it has no width.

@@ -6,7 +6,7 @@ feed reads incrementally and builds the same ``RunModel`` with ``RunModel.of``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from shardtop.events import read_all
 from shardtop.run_meta import RunMeta
@@ -35,9 +35,9 @@ def read_log_tail(run: RunDirectory, rank: int, lines: int = LOG_TAIL_LINES) -> 
     return tuple(line for line in text if line.strip())[-lines:]
 
 
-def log_tails(run: RunDirectory, world_size: int) -> Mapping[int, tuple[str, ...]]:
-    """Every rank's log tail, and the runner's as rank -1; only for runs that recorded no event."""
-    tails = {rank: read_log_tail(run, rank) for rank in range(max(world_size, 1))}
+def log_tails(run: RunDirectory, ranks: Iterable[int]) -> Mapping[int, tuple[str, ...]]:
+    """The log tail of each of ``ranks``, and the runner's as rank -1; only for runs that recorded no event."""
+    tails = {rank: read_log_tail(run, rank) for rank in ranks}
     tails[-1] = read_log_tail(run, -1)
     return {rank: tail for rank, tail in tails.items() if tail}
 
@@ -48,5 +48,6 @@ def read_run(run: RunDirectory) -> RunModel:
     state = fold(events, skipped)
     meta = RunMeta.parse(run.read_meta())
     status = run.status()
-    tails = log_tails(run, meta.world_size) if state.events == 0 else {}
+    ranks = meta.rehearsal.ranks if meta.rehearsal is not None else range(max(meta.world_size, 1))
+    tails = log_tails(run, ranks) if state.events == 0 else {}
     return RunModel.of(state, meta, status, tails)

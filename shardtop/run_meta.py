@@ -47,9 +47,9 @@ class Rehearsal:
         """What a rehearsal cannot show, said wherever its figures are."""
         return (
             "Rehearsed through a fake process group: each rehearsed rank holds exactly what it would in the "
-            f"job of {self.world_size}, but no data crossed ranks (losses, gradient norms, loss-scale skips and "
-            "routing are this rank's alone), NCCL's buffers and communicators were not made, and ranks not "
-            "rehearsed were not run."
+            f"job of {self.world_size}, but no data crossed ranks (losses, gradient norms and so clipping, "
+            "loss-scale skips and routing are each rank's own), NCCL's buffers and communicators were not made, "
+            "and ranks not rehearsed were not run."
         )
 
     @classmethod

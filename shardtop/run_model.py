@@ -317,9 +317,11 @@ class RunModel:
 
     @cached_property
     def stalls(self) -> Mapping[int, Stall]:
-        """The running ranks that stopped moving while others moved on (``stalls.py``)."""
+        """The running ranks that stopped moving while others moved on (``stalls.py``); none in a
+        rehearsal, whose ranks run one after another (the others ended or are still to come) and whose
+        collectives wait for no peer."""
         running = {f.rank: f.status.state == "running" for f in self._recorded_ranks}
-        if not any(running.values()):
+        if self.rehearsal is not None or not any(running.values()):
             return MappingProxyType({})
         return MappingProxyType(find_stalls((f.state for f in self._recorded_ranks), running, self.state.last_t))
 

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 
 from shardtop.run_files import read_run
+from shardtop.run_meta import Rehearsal
 from shardtop.run_model import RunModel
 from shardtop.runs import RunDirectory
 
@@ -24,6 +25,20 @@ class RunSummary:
     step: int
     started: str
     note: str
+    rehearsal: Rehearsal | None = None
+    """Set for a rehearsal: ``ranks`` is then how many of its rehearsed ranks reported."""
+
+    @property
+    def ranks_short(self) -> str:
+        """``4``, or ``2/8`` for two ranks of an 8-rank job rehearsed; ``-`` before any rank said."""
+        if self.rehearsal is not None:
+            return f"{len(self.rehearsal.ranks)}/{self.rehearsal.world_size}"
+        return str(self.ranks or "-")
+
+    @property
+    def ranks_cell(self) -> str:
+        """``ranks_short``, with ``rehearsed`` after it for a rehearsal: ``2/8 rehearsed``."""
+        return self.ranks_short + (" rehearsed" if self.rehearsal is not None else "")
 
 
 def summarize(run: RunDirectory, model: RunModel | None = None) -> RunSummary:
@@ -40,4 +55,5 @@ def summarize(run: RunDirectory, model: RunModel | None = None) -> RunSummary:
         step=m.step,
         started=time.strftime("%Y-%m-%d %H:%M", time.localtime(created)) if created else "?",
         note=m.summary_note,
+        rehearsal=m.rehearsal,
     )

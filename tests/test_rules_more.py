@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,8 +27,10 @@ from shardtop.diagnose.allocator import (
     outside_samples,
 )
 from shardtop.events import Event, GpuMemory, Hello, Memory, Oom, Phase, read_all
+from shardtop.run_files import read_run
 from shardtop.run_model import RunModel
 from shardtop.run_state import fold
+from shardtop.runs import RunDirectory
 from tests.diagnose_scripts.cgroup import entering, memory_cgroup, remove
 from tests.diagnose_scripts.real_runs import codes, report_json, runs_base, scenario_runs
 
@@ -198,6 +201,26 @@ def test_lora_adapters_in_the_frozen_units_get_gradients_for_everything(reports:
     assert sum(r["grad_bytes"] for r in report["ranks"]) == ev["grad_numel"] * 4
     split = reports("fsdp1-lora-split")
     assert sum(r["grad_bytes"] for r in split["ranks"]) == ev["trainable_numel"] * 4
+
+
+def test_a_rehearsed_rank_alone_still_shows_its_gradients_for_frozen_parameters(
+    reports: Any, tmp_path: Path
+) -> None:
+    """Rank 1 of the real run alone, read as a rehearsal of rank 1 of 2: it holds what it held, so the
+    finding stays, per rank the same; read as a real run missing rank 0, nothing is said."""
+    source = Path(reports("fsdp1-lora-one-unit")["run"]["path"])
+    run = tmp_path / source.name
+    shutil.copytree(source, run)
+    (run / "events" / "rank-0.jsonl").unlink()
+    real = read_run(RunDirectory(run))
+    assert "fsdp-frozen-and-trainable-in-one-unit" not in [f.code for f in diagnose(real)]
+    meta = json.loads((run / "run.json").read_text())
+    meta["config"]["rehearsal"] = {"world_size": 2, "ranks": [1], "on": "CPU"}
+    (run / "run.json").write_text(json.dumps(meta))
+    (f,) = [f for f in diagnose(read_run(RunDirectory(run))) if f.code == "fsdp-frozen-and-trainable-in-one-unit"]
+    both = finding(reports("fsdp1-lora-one-unit"), "fsdp-frozen-and-trainable-in-one-unit")
+    assert f.evidence.ranks == 1 and f.evidence.rehearsed  # type: ignore[attr-defined]
+    assert f.saving_bytes == both["saving_bytes"] and "The 1 rehearsed rank(s) hold gradient for" in f.detail
 
 
 def test_hybrid_shard_with_groups_of_one_shards_nothing(reports: Any) -> None:

@@ -156,6 +156,8 @@ class OutsidePytorch(Evidence):
     world_size: int
     oom: OomEvidence | None
     """The OOM of the worst sample, when the memory outside PyTorch beyond the usual exceeds its request."""
+    rehearsal: bool = False
+    """A rehearsal: the fake process group made no NCCL communicator, so none of this is NCCL's."""
 
     @property
     def excess(self) -> int:
@@ -207,9 +209,10 @@ def find_outside_pytorch(m: RunModel) -> OutsidePytorch | None:
     if not found:
         return None
     worst, oom = max(found, key=lambda pair: pair[0].outside)
-    evidence = OutsidePytorch(worst, tuple(s for s, _ in found if s is not worst), m.world_size, None)
+    others = tuple(s for s, _ in found if s is not worst)
+    evidence = OutsidePytorch(worst, others, m.world_size, None, m.rehearsal is not None)
     if oom is not None and oom.requested_bytes and evidence.excess >= oom.requested_bytes:
-        evidence = OutsidePytorch(worst, evidence.others, m.world_size, oom)
+        evidence = OutsidePytorch(worst, others, m.world_size, oom, evidence.rehearsal)
     return evidence
 
 
@@ -236,9 +239,14 @@ def explain_outside_pytorch(e: OutsidePytorch) -> Finding:
             f" Rank {e.oom.rank} ran out of memory asking for {fmt(e.oom.requested_bytes)}, less than the "
             f"{fmt(e.excess)} beyond the usual."
         )
+    if e.rehearsal:
+        detail += (
+            " This is a rehearsal: no NCCL communicator was made, so none of it is NCCL's, and the job's ranks "
+            "will hold NCCL's buffers on top of it."
+        )
     nccl = (
         " NCCL's buffers grow with the number of GPUs and channels (`NCCL_BUFFSIZE`, `NCCL_MAX_NCHANNELS`)."
-        if e.world_size > 1
+        if e.world_size > 1 and not e.rehearsal
         else ""
     )
     fix = (

@@ -18,8 +18,9 @@ from shardtop.run_model import RunModel
 from shardtop.words import list_names
 
 FROZEN_GRAD_SHARE = 0.5
-"""The gradients cover frozen elements when the ranks together hold gradient for the trainable
-elements plus at least half of the frozen ones."""
+"""The gradients cover frozen elements when each rank holds, on average, gradient for its share of
+the trainable elements plus at least half of its share of the frozen ones (the ranks of the job
+together: for the trainable elements and half the frozen ones)."""
 
 WASTED_MIN_BYTES = 4 << 20
 """Gradient memory for frozen elements is worth a finding from 4 MiB per rank up."""
@@ -35,14 +36,16 @@ class FrozenInUnit(Evidence):
     frozen_numel: int
     trainable_numel: int
     grad_numel: int
-    """Gradient elements the ranks hold for those units, summed over every rank."""
+    """Gradient elements the ranks hold for those units, summed over the ranks that reported."""
     ranks: int
-    """Ranks whose snapshot had those gradients."""
+    """Ranks whose snapshot had those gradients: every rank of the job, or every rank rehearsed."""
     itemsize: int
     use_orig_params: bool | None
     driver: Driver
     unit_types: tuple[str, ...]
     """The classes the mixed units are rooted at (what the auto-wrap policy wraps now)."""
+    rehearsed: bool = False
+    """The ranks are a rehearsal's: some ranks of the job, each holding what it would in the job."""
 
     @property
     def grad_bytes_per_rank(self) -> int:
@@ -50,8 +53,8 @@ class FrozenInUnit(Evidence):
 
     @property
     def needed_bytes_per_rank(self) -> int:
-        """Gradient bytes the trainable elements need, spread over the ranks."""
-        return self.trainable_numel * self.itemsize // max(self.ranks, 1)
+        """Gradient bytes the trainable elements need, spread over the job's ranks."""
+        return self.trainable_numel * self.itemsize // max(self.world_size, 1)
 
     @property
     def wasted_bytes_per_rank(self) -> int:
@@ -62,7 +65,7 @@ def find_frozen_in_unit(m: RunModel) -> FrozenInUnit | None:
     if m.engine not in FSDP_ENGINES:
         return None
     ranks = [r for r in m.engine_ranks if m.aligned(r.shards)]
-    if not ranks or len(ranks) < m.world_size:
+    if not ranks or len(ranks) < len(m.expected_ranks):
         return None
     first = ranks[0].shards
     assert first is not None
@@ -82,7 +85,7 @@ def find_frozen_in_unit(m: RunModel) -> FrozenInUnit | None:
     units = [first.units[i] for i in mixed]
     frozen = sum(u.frozen for u in units)
     trainable = sum(u.numel - u.frozen for u in units)
-    if grads < trainable + FROZEN_GRAD_SHARE * frozen:
+    if grads * m.world_size < (trainable + FROZEN_GRAD_SHARE * frozen) * len(ranks):
         return None
     found = FrozenInUnit(
         engine=m.engine,
@@ -97,6 +100,7 @@ def find_frozen_in_unit(m: RunModel) -> FrozenInUnit | None:
         use_orig_params=orig if isinstance(orig := first.info.get("use_orig_params"), bool) else None,
         driver=driver_of(m),
         unit_types=tuple(dict.fromkeys(m.type_of(u.module) for u in units if m.type_of(u.module))),
+        rehearsed=m.rehearsal is not None,
     )
     return found if found.wasted_bytes_per_rank >= WASTED_MIN_BYTES else None
 
@@ -107,7 +111,8 @@ def explain_frozen_in_unit(e: FrozenInUnit) -> Finding:
     detail = (
         f"{e.units} {engine} unit(s) ({list_names(e.unit_modules)}) hold frozen and trainable parameters together: "
         f"{e.frozen_numel:,} frozen and {e.trainable_numel:,} trainable values ({e.frozen_numel / total:.0%} frozen). "
-        f"The ranks hold gradient for {e.grad_numel:,} values of those units — {fmt(e.grad_bytes_per_rank)} per rank, "
+        f"The {f'{e.ranks} rehearsed rank(s)' if e.rehearsed else 'ranks'} hold gradient for "
+        f"{e.grad_numel:,} values of those units — {fmt(e.grad_bytes_per_rank)} per rank, "
         f"where the trainable ones need {fmt(e.needed_bytes_per_rank)}: the gradient covers the unit's whole "
         "flattened shard, frozen values included, as if nothing were frozen."
     )

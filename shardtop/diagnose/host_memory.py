@@ -4,6 +4,10 @@ moves it to its GPU): N copies must fit in the host's RAM at once, or in the job
 Weighed from each rank's set-up snapshot (what it held whole on the CPU), the host memory and
 cgroup limit each rank reported (``Hello.host_memory``/``host_memory_limit``) and the ranks'
 resident memory samples.
+
+Not for a rehearsal: its ranks ran one after another, so their copies never shared the host's
+memory, and how many ranks of the job share a host is not known from it.  What a rehearsed rank
+built whole is said by the rules about the engine (``zero3-not-partitioned-at-init``).
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ def _host_oom(m: RunModel, host: str) -> OomStory | None:
 
 
 def find_whole_on_host(m: RunModel) -> WholeOnHost | None:
+    if m.rehearsal is not None:
+        return None
     on_gpus = any(r.device.startswith("cuda") for r in m.ranks)
     if not m.full_bytes or (m.engine not in ENGINES_THAT_NEED_NO_COPY and not on_gpus):
         return None  # on CPU processes DDP or a plain model needs the whole model in each rank anyway

@@ -22,8 +22,9 @@ class HybridShard(Evidence):
     replicate_group_size: int
     world_size: int
     hosts: int
+    """Hosts the ranks ran on (0: not known, a rehearsal's ranks all ran on one device)."""
     ranks_per_host: int
-    """Ranks on the fullest host."""
+    """Ranks on the fullest host (0: not known)."""
     rank: int
     rank_param_bytes: int
     model_bytes: int
@@ -46,7 +47,7 @@ def find_hybrid_shard(m: RunModel) -> HybridShard | None:
     if not isinstance(shard, int) or not isinstance(replicate, int) or replicate < 2 or shard < 1:
         return None
     per_host: dict[str, int] = {}
-    for rank in m.ranks:
+    for rank in m.ranks if m.rehearsal is None else ():  # a rehearsal does not say how the job spreads
         per_host[rank.host] = per_host.get(rank.host, 0) + 1
     return HybridShard(
         engine=m.engine,

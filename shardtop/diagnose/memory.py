@@ -257,6 +257,8 @@ class NothingRecorded(Evidence):
     """The last line of a rank's (or the runner's) log that reads like an error."""
     error_rank: int
     """The rank whose log says it (-1: the runner's)."""
+    rehearsed: str = ""
+    """For a rehearsal, the ranks it ran (``ranks 0, 7 of 8``): the others were never meant to write."""
 
 
 ERROR_MARKERS = ("Error", "Exception", "error:", "Traceback", "Killed", "Aborted", "terminate called")
@@ -271,20 +273,22 @@ def find_nothing_recorded(m: RunModel) -> NothingRecorded | None:
         if errors:
             last_error, error_rank = errors[-1].strip(), rank
             break
-    return NothingRecorded(m.status_text, m.world_size, last_error[:300], error_rank)
+    rehearsed = m.rehearsal.ranks_words if m.rehearsal is not None else ""
+    return NothingRecorded(m.status_text, m.world_size, last_error[:300], error_rank, rehearsed)
 
 
 def explain_nothing_recorded(e: NothingRecorded) -> Finding:
     who = "the launcher" if e.error_rank < 0 else f"rank {e.error_rank}"
+    ranks = f"the rehearsed {e.rehearsed}" if e.rehearsed else "its ranks"
     if e.last_error:
         detail = (
-            f"The run {e.status}, and none of its ranks wrote an event: they stopped before shardtop's probe came "
+            f"The run {e.status}, and none of {ranks} wrote an event: they stopped before shardtop's probe came "
             f"up. The log of {who} ends with: {e.last_error}"
         )
         fix = "Fix that error (the rank logs in the run directory have the whole traceback), then run again."
     else:
         detail = (
-            f"The run {e.status}, and none of its ranks wrote an event or an error to its log: they were stopped "
+            f"The run {e.status}, and none of {ranks} wrote an event or an error to its log: they were stopped "
             "before shardtop's probe came up (killed, or out of host memory), or the probe was turned off."
         )
         fix = "Look at the run's logs (`logs/rank-N.log` and `runner.log` in the run directory) and run again."

@@ -3,7 +3,10 @@ GPU 1 holds 3 MB), and ranks with a CUDA context on a GPU that is not theirs.
 
 Rank-to-rank comparisons of memory use only samples taken while every rank was alive and in
 the same step and phase (``RunModel.comparable_memory``, ``comparable_gpus``): never at
-teardown, never after a rank left.
+teardown, never after a rank left, never in a rehearsal (its ranks ran one after another on
+one device).  A rehearsal's ranks are compared on what they hold (parameter bytes), which does
+not depend on when they ran; and no GPU's process list says anything about the GPUs the job's
+ranks would use, since every rehearsed rank runs alone on the one device there is.
 """
 
 from __future__ import annotations
@@ -96,8 +99,8 @@ def _rank_comparison(m: RunModel) -> Comparison | None:
     # like with like: one rank's set-up snapshot (whole) must not be weighed against another's engine one
     pool = [r for r in m.ranks if r.shards is not None] or [r for r in m.ranks if r.setup is not None]
     stages = {(r.holdings.stage if r.holdings else "") for r in pool}
-    if len(stages) != 1 or len(pool) < max(m.world_size, 2):
-        return None
+    if len(stages) != 1 or len(pool) < max(len(m.expected_ranks), 2):
+        return None  # a rehearsal's ranks are all it has: each holds what it would in the job
     found = _uneven({f"rank {r.rank}": r.param_bytes for r in pool}, SHARD_IMBALANCE_MIN_BYTES)
     if not found:
         return None
@@ -280,7 +283,14 @@ class WrongGpu(Evidence):
 
 
 def find_wrong_gpu(m: RunModel) -> WrongGpu | None:
-    """NVML lists a rank's pid on a GPU other than the rank's own (``.cuda()`` without set_device)."""
+    """NVML lists a rank's pid on a GPU other than the rank's own (``.cuda()`` without set_device).
+
+    Not in a rehearsal: each rehearsed rank is the only process of its node there (``LOCAL_RANK=0``) on
+    the one GPU it is shown (``CUDA_VISIBLE_DEVICES``), so it cannot touch another rank's GPU, and
+    NVML's index for that GPU need not be the rank's ``cuda:0``.
+    """
+    if m.rehearsal is not None:
+        return None
     by_pid = {(r.host, r.pid): r for r in m.ranks if r.pid}
     found: dict[tuple[int, int], StrayContext] = {}
     seen = 0

@@ -58,6 +58,8 @@ class BuiltWhole(Evidence):
     driver: Driver
     oom: OomEvidence | None
     """The OOM while the engine moved or cast the whole model, if one struck there."""
+    rehearsed: int = 0
+    """Ranks rehearsed, for a rehearsal (0: a real run of every rank)."""
 
     @property
     def part(self) -> bool:
@@ -119,6 +121,7 @@ def find_built_whole(m: RunModel) -> BuiltWhole | None:
         placed_by_hand=placed_by_hand,
         driver=driver_of(m),
         oom=moving,
+        rehearsed=len(m.rehearsal.ranks) if m.rehearsal is not None else 0,
     )
 
 
@@ -128,7 +131,13 @@ def explain_built_whole(e: BuiltWhole) -> Finding:
     what_held = "part of the model" if e.part else "the whole model"
     detail = ""
     if e.whole_bytes:
-        holders = f"{e.whole_ranks} of {n} ranks" if n > 1 else "the rank"
+        if e.rehearsed == 1:
+            holders = f"the rehearsed rank (of {n})"
+        elif e.rehearsed:
+            each = "each of the" if e.whole_ranks == e.rehearsed else f"{e.whole_ranks} of the"
+            holders = f"{each} {e.rehearsed} rehearsed ranks (of {n})"
+        else:
+            holders = f"{e.whole_ranks} of {n} ranks" if n > 1 else "the rank"
         detail = (
             f"Before DeepSpeed partitioned anything, {holders} held {what_held}: {fmt(e.whole_bytes)} of parameters"
             + (
@@ -199,7 +208,7 @@ def explain_built_whole(e: BuiltWhole) -> Finding:
     )
     title = (
         ("DeepSpeed moved the whole model to every GPU before ZeRO-3 partitioned it" if e.on_gpus
-         else "Every rank held the whole model before ZeRO-3 partitioned it")
+         else f"{'Each rehearsed' if e.rehearsed else 'Every'} rank held the whole model before ZeRO-3 partitioned it")
         if not e.part
         else f"{fmt(e.whole_bytes)} of parameters were built outside deepspeed.zero.Init, whole on every rank"
     )

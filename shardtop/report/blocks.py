@@ -70,14 +70,15 @@ def header(data: ReportData) -> list[Block]:
     extra = ", ".join(x for x in (m.strategy, m.driver) if x)
     rows.append(("engine", (m.engine or "not known yet") + (f" ({extra})" if extra else "")))
     devices = sorted({r.device for r in m.ranks if r.device})
-    rows.append(
-        (
-            "world size",
-            f"{m.world_size} rank(s)"
-            + (f" on {len(m.hosts)} hosts" if len(m.hosts) > 1 else f" on {m.hosts[0]}" if m.hosts else "")
-            + (f"; devices {', '.join(devices)}" if devices else ""),
+    where = f" on {len(m.hosts)} hosts" if len(m.hosts) > 1 else f" on {m.hosts[0]}" if m.hosts else ""
+    if m.rehearsal is not None:
+        rows.append(("rehearsal", m.rehearsal.headline))
+        if m.hosts:
+            rows.append(("host", ", ".join(m.hosts)))
+    else:
+        rows.append(
+            ("world size", f"{m.world_size} rank(s){where}" + (f"; devices {', '.join(devices)}" if devices else ""))
         )
-    )
     if len(m.ranks_by_host) > 1:
         rows.append(("hosts", "; ".join(f"{host}: {_rank_span(ranks)}" for host, ranks in m.ranks_by_host.items())))
     if m.slurm_steps:
@@ -102,6 +103,8 @@ def header(data: ReportData) -> list[Block]:
         events += f", {st.inconsistent} inconsistent left out"
     rows.append(("events", events))
     blocks: list[Block] = [Heading(f"shardtop report: {data.run.id}", 1), Facts(tuple(rows))]
+    if m.rehearsal is not None:
+        blocks.append(Para(f"⚠ {m.rehearsal.caveat}"))
     if st.skipped or st.inconsistent:
         what = [_skipped_words(data)] if st.skipped else []
         what += [f"{st.inconsistent} that contradicted the tree or themselves"] if st.inconsistent else []

@@ -107,6 +107,13 @@ def _rank(m: RunModel, r: RankFacts) -> dict[str, Any]:
     }
 
 
+def _rehearsal(m: RunModel) -> dict[str, Any] | None:
+    r = m.rehearsal
+    if r is None:
+        return None
+    return {"world_size": r.world_size, "ranks": list(r.ranks), "on": r.on or None, "caveat": r.caveat}
+
+
 def _rank_check(c: RankCheck) -> dict[str, Any]:
     p, m = c.predicted, c.measured
     return {
@@ -230,6 +237,7 @@ def report_dict(data: ReportData) -> dict[str, Any]:
         "strategy": m.strategy or None,
         "driver": m.driver or None,
         "world_size": m.world_size,
+        "rehearsal": _rehearsal(m),
         "hosts": list(m.hosts),
         "ranks_by_host": {host: list(ranks) for host, ranks in m.ranks_by_host.items()},
         "slurm": [{"job_id": job, "step_id": step or None} for job, step in m.slurm_steps],

@@ -3,12 +3,14 @@
 Runs are the real recordings committed under ``tests/fixtures/runs/``:
 ``h200/`` (every preset on one NVIDIA H200, story 2 under a 15 GiB cap) and
 ``cpu-6ranks/`` (story 2 on 6 gloo CPU processes), ``cpu-2hosts/`` (a user's
-own FSDP2 script on two hosts of two CPU ranks each), and under
+own FSDP2 script on two hosts of two CPU ranks each), ``cpu-rehearsal/``
+(``fsdp2-mlp`` and story 2 rehearsed as ranks 0 and 3 of 4, one CPU process at a
+time), and under
 ``tests/tui/fixtures/runs/`` (``fsdp2-mlp`` on 2 CPU processes), ``h200-split/`` (the
 presets on one H200 with each rank's memory split by kind).  They are
 named here ``machine/preset`` (or ``machine/program`` for a user's own job):
 ``h200/zero3-linear``, ``cpu-6ranks/zero3-linear``, ``cpu/fsdp2-mlp``,
-``cpu-2hosts/fsdp2_train``.
+``cpu-2hosts/fsdp2_train``, ``cpu-rehearsal/fsdp2-mlp``.
 
 NVML's answers for the GPU panel are the samples the probe recorded inside those
 runs (the ``gpus`` of their Memory and Oom events).  The one thing made up is
@@ -42,6 +44,7 @@ MACHINES = {
     "cpu-6ranks": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-6ranks",
     "cpu": Path(__file__).resolve().parent / "fixtures" / "runs",
     "cpu-2hosts": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-2hosts",
+    "cpu-rehearsal": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-rehearsal",
 }
 """Where each machine's recordings are."""
 STORY2_OOM = "h200/zero3-linear"

@@ -237,3 +237,27 @@ def test_memory_by_kind_without_colour(snap_compare: Any, in_tmp: Path, monkeypa
     runs = copy_runs(in_tmp / "runs", "h200-split/zero3-linear-fixed")
     app = run_app(in_tmp / "runs", runs["h200-split/zero3-linear-fixed"])
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_ready())
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_run_view_of_a_rehearsal(snap_compare: Any, in_tmp: Path, size: tuple[int, int]) -> None:
+    """Story 2 rehearsed as ranks 0 and 3 of 4 on CPU: the header says which ranks of how many, in words;
+    the Findings tab says once what a rehearsal cannot show, then what the rehearsed ranks held."""
+    runs = copy_runs(in_tmp / "runs", "cpu-rehearsal/zero3-linear")
+    app = run_app(in_tmp / "runs", runs["cpu-rehearsal/zero3-linear"])
+    assert snap_compare(app, terminal_size=size, run_before=run_ready("f"))
+
+
+def test_home_with_a_rehearsal(snap_compare: Any, in_tmp: Path) -> None:
+    """The run list at 80×24: the rehearsals read "rehearsal finished", their ranks as rehearsed of the job's."""
+    root = in_tmp / "runs"
+    copy_runs(root, "cpu-rehearsal/zero3-linear", "cpu-rehearsal/fsdp2-mlp", "cpu-6ranks/zero3-linear",
+              "cpu/fsdp2-mlp")
+    laptop = ShardtopApp(
+        root,
+        refresh=HOUR,
+        gpu_source=NoDriver(),
+        host_probe=RecordedHost(LOGIN_NODE, name="laptop"),  # type: ignore[arg-type]
+        clock=frozen_clock,
+    )
+    assert snap_compare(laptop, terminal_size=(80, 24), run_before=home_ready())

@@ -178,7 +178,8 @@ class RunScreen(Screen[None]):
             tree.set_model(snap.tree, oom_path)
             tree.show_hosts(snap.model.ranks_by_host)
             self.query_one(OomPanel).show(snap.model, snap.findings)
-            self.query_one(FindingsList).show(snap.findings)
+            rehearsal = snap.model.rehearsal
+            self.query_one(FindingsList).show(snap.findings, rehearsal.caveat if rehearsal is not None else "")
             self.query_one(LogPane).append(snap.new_log)
             self._show_plan(snap)
             if previous is None or previous.tree is not snap.tree or previous.findings is not snap.findings:

@@ -72,15 +72,17 @@ class FindingsList(VerticalScroll):
 
     def __init__(self, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
-        self._findings: tuple[Finding, ...] | None = None
+        self._shown: tuple[tuple[Finding, ...], str] | None = None
 
     def compose(self):  # type: ignore[no-untyped-def]
         yield Static(findings_text(()), id="findings-text")
 
-    def show(self, findings: tuple[Finding, ...]) -> None:
-        if findings == self._findings:
+    def show(self, findings: tuple[Finding, ...], caveat: str = "") -> None:
+        """``caveat``: what the run cannot show (a rehearsal's), said above the findings."""
+        if (findings, caveat) == self._shown:
             return
-        self._findings = findings
-        self.query_one("#findings-text", Static).update(
-            findings_text(findings, "No findings: nothing in this run's shards or memory looks wrong (yet).")
-        )
+        self._shown = (findings, caveat)
+        text = findings_text(findings, "No findings: nothing in this run's shards or memory looks wrong (yet).")
+        if caveat:
+            text = Text.assemble(("⚠ ", "bold"), (caveat, "italic"), "\n\n", text)
+        self.query_one("#findings-text", Static).update(text)

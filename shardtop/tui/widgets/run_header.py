@@ -24,6 +24,8 @@ class HeaderInfo:
     held: str
     """How the shards say the model is held, where that differs from the engine (story 2's set-up)."""
     ranks: str
+    """How many ranks on which hosts; for a rehearsal, which ranks of the job, rehearsed on what."""
+    rehearsal: bool
     step: int
     phase: str
     status: str
@@ -41,7 +43,9 @@ def header_info(snap: RunSnapshot) -> HeaderInfo:
     world = m.world_size
     ranks = f"{up}/{world} ranks" if world and up != world else f"{up or world} rank{'s' if (up or world) != 1 else ''}"
     hosts = m.hosts
-    if hosts:
+    if m.rehearsal is not None:
+        ranks = m.rehearsal.headline
+    elif hosts:
         ranks += f" on {', '.join(hosts[:3])}" + (f" +{len(hosts) - 3}" if len(hosts) > 3 else "")
     phases = {r.state.phase for r in m.ranks if r.state.phase}
     phase = phases.pop() if len(phases) == 1 else ("/".join(sorted(phases)) if phases else "-")
@@ -55,6 +59,7 @@ def header_info(snap: RunSnapshot) -> HeaderInfo:
         strategy=m.strategy,
         held=f"held as {m.held_as}" if m.held_as else "",
         ranks=ranks,
+        rehearsal=m.rehearsal is not None,
         step=m.step,
         phase=phase,
         status=m.status_text,
@@ -68,7 +73,7 @@ def header_info(snap: RunSnapshot) -> HeaderInfo:
 
 
 class RunHeader(PaintsChanges):
-    """Preset, engine and strategy, ranks and hosts, step, phase, status, elapsed.
+    """Preset, engine and strategy, ranks and hosts (or what a rehearsal rehearsed), step, phase, status, elapsed.
 
     The elapsed clock ticks every second: only its cells are repainted.
     """
@@ -137,7 +142,7 @@ class RunHeader(PaintsChanges):
             overflow="ellipsis",
         )
         line2 = Text.assemble(
-            info.ranks,
+            (info.ranks, self.get_component_rich_style("run-header--status")) if info.rehearsal else info.ranks,
             "  ",
             ("step ", label),
             str(info.step),

@@ -15,11 +15,12 @@ HOST_NAME_WIDTH = 12
 """A run on one host shows the host's name, cut to this many cells."""
 
 
-def status_text(state: str, status: str) -> Text:
-    """``✗ failed (exit 1)`` styled by its state word (CSS-free: the table renders Rich text)."""
+def status_text(state: str, status: str, rehearsal: bool = False) -> Text:
+    """``✗ failed (exit 1)`` styled by its state word (CSS-free: the table renders Rich text);
+    ``✓ rehearsal finished`` for a rehearsal, said where a narrow terminal still shows it."""
     mark = STATUS_MARKS.get(state, "·")
     style = {"running": "bold", "failed": "bold", "lost": "italic"}.get(state, "")
-    return Text(f"{mark} {status}", style=style)
+    return Text(f"{mark} {'rehearsal ' if rehearsal else ''}{status}", style=style)
 
 
 def hosts_cell(hosts: tuple[str, ...]) -> str:
@@ -33,8 +34,8 @@ def run_cells(row: RunRow) -> tuple[str | Text, ...]:
     s = row.summary
     return (
         short_run_id(s.id),
-        status_text(s.state, s.status),
-        str(s.ranks or "-"),
+        status_text(s.state, s.status, s.rehearsal is not None),
+        s.ranks_short,
         hosts_cell(s.hosts),
         str(s.step),
         s.started,
