@@ -233,16 +233,19 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from shardtop.config import resolve, split_overrides
+    from shardtop.config import ConfigError, resolve, split_overrides
     from shardtop.gpus import gpu_count
     from shardtop.headless import follow
-    from shardtop.launch import resolve_devices, start
+    from shardtop.launch import TooManyDevices, resolve_devices, start
     from shardtop.runs import RunDirectory, ensure_root
 
     if args.read_only:
         raise UsageError("--read-only forbids launching a run.")
     preset, overrides = split_overrides(args.settings)
-    config = resolve_devices(resolve(preset, overrides), gpu_count)
+    try:
+        config = resolve_devices(resolve(preset, overrides), gpu_count)
+    except TooManyDevices as e:
+        raise ConfigError(e.offer(args.settings)) from None
     root = ensure_root(_root(args))
     run = RunDirectory.create(
         root,

@@ -11,12 +11,13 @@ exactly that group.  The supervisor writes ``exit.json``; readers only read it.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,56 @@ def missing_engines(engine: str) -> list[str]:
     return [name for name in needed if missing(name)]
 
 
+class TooManyDevices(ConfigError):
+    """``devices=N`` asks for more GPUs (or CPU processes) than this machine has.
+
+    A rehearsal runs such a job here, one rank at a time (``shardtop rehearse``): ``offer`` adds the
+    command for the user's own settings.  Not for a preset that drives every device from one
+    process (manual placement): it has no rank to rehearse.
+    """
+
+    def __init__(self, reason: str, devices: int, accelerator: str, rehearsable: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.devices = devices
+        self.accelerator = accelerator
+        self.rehearsable = rehearsable
+
+    @property
+    def rehearsal_words(self) -> str:
+        """What a rehearsal would do instead, in a user's words."""
+        if self.accelerator == "cuda":
+            return f"rehearse the {self.devices}-GPU job on this machine's first GPU, one rank at a time"
+        return f"rehearse the {self.devices}-rank job as one CPU process at a time"
+
+    def offer(self, settings: Sequence[str]) -> str:
+        """The reason, then the rehearsal to type for ``settings`` (``shardtop launch``'s words)."""
+        if not self.rehearsable:
+            return self.reason
+        return f"{self.reason}\nOr {self.rehearsal_words}: {rehearsal_command(settings)}"
+
+
+def rehearsal_settings(settings: Sequence[str]) -> list[str]:
+    """``shardtop launch``'s settings as ``shardtop rehearse`` takes them: the preset's name first, the
+    rest as typed, ``devices=N`` included."""
+    preset = ""
+    rest: list[str] = []
+    for i, arg in enumerate(settings):
+        key, eq, value = arg.partition("=")
+        if eq and key.strip() == "preset":
+            preset = value.strip()
+        elif not eq and i == 0:
+            preset = arg
+        else:
+            rest.append(arg)
+    return [preset, *rest] if preset else rest
+
+
+def rehearsal_command(settings: Sequence[str]) -> str:
+    """``shardtop rehearse PRESET devices=N …``: the rehearsal of the launch ``settings`` ask for."""
+    return shlex.join(["shardtop", "rehearse", *rehearsal_settings(settings)])
+
+
 def resolve_devices(
     config: dict[str, Any], gpu_count: Callable[[], int], cpu: Callable[[], CpuRoom] = cpu_room
 ) -> dict[str, Any]:
@@ -109,15 +160,19 @@ def resolve_devices(
         if devices == "auto":
             devices = gpus
         if devices > gpus:
-            raise ConfigError(f"devices={devices}, but this machine has {gpus} GPU(s). Use devices={gpus} or fewer.")
+            raise TooManyDevices(
+                f"devices={devices}, but this machine has {gpus} GPU(s). Use devices={gpus} or fewer.",
+                devices, "cuda", rehearsable=not config.get("single_process"),
+            )
     else:
         config = apply_cpu_defaults(config)
         if devices == "auto":
             devices = CPU_DEFAULT_DEVICES
         room = cpu()
         if devices > room.ranks and not config.get("single_process"):
-            raise ConfigError(
-                f"devices={devices} on CPU: {room.describe()}. Use devices={room.ranks} or fewer."
+            raise TooManyDevices(
+                f"devices={devices} on CPU: {room.describe()}. Use devices={room.ranks} or fewer.",
+                devices, "cpu", rehearsable=True,
             )
     config["accelerator"] = accelerator
     config["devices"] = devices
@@ -195,6 +250,7 @@ def stop(run: RunDirectory, grace: float = 10.0, out: Callable[[str], None] = pr
     pids = [(pid, started) for pid, started in run.processes() if is_running(pid, started)]
     if not pids:
         return False
+    asked_at = time.time()
     pgid = meta.get("pgid")
     here = meta.get("host") in (None, socket.gethostname())  # another host's pid numbers mean nothing here
     leader_alive = here and bool(meta.get("pid")) and is_running(int(meta["pid"]), meta.get("pid_started"))
@@ -217,7 +273,7 @@ def stop(run: RunDirectory, grace: float = 10.0, out: Callable[[str], None] = pr
                 _kill(pid, signal.SIGKILL)
         out(f"run {run.id} did not stop within {grace:.0f}s; sent SIGKILL")
         time.sleep(0.2)
-    run.write_exit(128 + signal.SIGTERM, signal=signal.SIGTERM, reason="stopped")
+    run.write_exit(128 + signal.SIGTERM, signal=signal.SIGTERM, reason="stopped", stop_requested=asked_at)
     return True
 
 

@@ -192,6 +192,35 @@ def test_more_cpu_ranks_than_the_machine_holds_are_refused(tmp_path: Path) -> No
     assert list_runs(tmp_path) == [], "no run directory, no rank started"
 
 
+def test_more_devices_than_the_machine_has_offer_the_rehearsal_to_type(tmp_path: Path) -> None:
+    """The refusal ends with the rehearsal of the same settings, the preset's name first, exit 2."""
+    r = shardtop("launch", "preset=fsdp2-mlp", "devices=999", "max_steps=1", "--headless", runs_dir=tmp_path,
+                 env={"CUDA_VISIBLE_DEVICES": ""})
+    refused(r, "devices=999 on CPU", "Use devices=")
+    last = r.stderr.strip().splitlines()[-1]
+    assert last == (
+        "Or rehearse the 999-rank job as one CPU process at a time: shardtop rehearse fsdp2-mlp devices=999 max_steps=1"
+    )
+    assert list_runs(tmp_path) == []
+
+
+def test_the_rehearsal_offered_on_gpus_keeps_every_setting() -> None:
+    from shardtop.config import resolve
+    from shardtop.launch import TooManyDevices, resolve_devices
+
+    settings = ["zero3-linear", "devices=8", "gpu_mem_limit=15GiB", "model.n_layers=4000"]
+    with pytest.raises(TooManyDevices) as refused:
+        resolve_devices(resolve("zero3-linear", [("devices", "8")]), lambda: 1)
+    assert refused.value.offer(settings) == (
+        "devices=8, but this machine has 1 GPU(s). Use devices=1 or fewer.\n"
+        "Or rehearse the 8-GPU job on this machine's first GPU, one rank at a time: "
+        "shardtop rehearse zero3-linear devices=8 gpu_mem_limit=15GiB model.n_layers=4000"
+    )
+    with pytest.raises(TooManyDevices) as whole:  # one process drives every GPU: no rank to rehearse
+        resolve_devices(resolve("manual-placement", [("devices", "8")]), lambda: 1)
+    assert whole.value.offer(["manual-placement", "devices=8"]) == str(whole.value)
+
+
 def test_the_largest_memory_limit_accepted_runs(tmp_path: Path) -> None:
     """1 PiB is accepted and reaches the rank's RLIMIT_DATA without overflowing (it used to, past 2**63)."""
     r = shardtop("launch", "ddp-baseline", "--headless", "max_steps=1", "gpu_mem_limit=1PiB", runs_dir=tmp_path,

@@ -15,6 +15,10 @@ from pathlib import Path
 import shardtop.tui as tui
 for module in pkgutil.walk_packages(tui.__path__, "shardtop.tui."):
     importlib.import_module(module.name)
+# what the launch prompt's ctrl+r imports to start a rehearsal (shardtop.tui.screens.home.rehearse_run)
+for name in ("shardtop.rehearse.command", "shardtop.rehearse.spec", "shardtop.rehearse.start", "shardtop.headless",
+             "shardtop.launch", "shardtop.gpus"):
+    importlib.import_module(name)
 from shardtop.tui.app import ShardtopApp
 from tests.tui.recorded import copy_runs
 

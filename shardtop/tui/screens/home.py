@@ -33,7 +33,7 @@ from shardtop.tui.widgets.process_table import ProcessTable
 from shardtop.tui.widgets.run_list import RunList
 
 if TYPE_CHECKING:  # what only launching and stopping need is imported when first used
-    from shardtop.tui.screens.launch_prompt import LaunchRequest
+    from shardtop.tui.screens.launch_prompt import LaunchRequest, RehearsalRequest
 
 NARROW_WIDTH = 100
 SHORT_HEIGHT = 32
@@ -252,11 +252,16 @@ class ControlledHomeScreen(HomeScreen):
         gpus = self.gpus.gpus if self.gpus is not None else ()
         self.app.push_screen(LaunchPrompt(presets[name], gpu_count, gpus), self._launch)
 
-    def _launch(self, request: LaunchRequest | None) -> None:
+    def _launch(self, request: LaunchRequest | RehearsalRequest | None) -> None:
+        from shardtop.tui.screens.launch_prompt import RehearsalRequest
+
         if request is None:
             return
         try:
-            run = launch_run(self.runs_root, request)
+            if isinstance(request, RehearsalRequest):
+                run = rehearse_run(self.runs_root, request)
+            else:
+                run = launch_run(self.runs_root, request)
         except (ConfigError, RunError, OSError) as e:
             self.notify(f"Nothing launched: {e}", severity="error", timeout=10)
             return
@@ -306,3 +311,13 @@ def launch_run(runs_root: Path, request: LaunchRequest) -> RunDirectory:
     )
     start(run)
     return run
+
+
+def rehearse_run(runs_root: Path, request: RehearsalRequest) -> RunDirectory:
+    """Start the rehearsal of the settings, as ``shardtop rehearse`` does (no child is left here)."""
+    from shardtop.rehearse.command import start_one
+    from shardtop.rehearse.spec import parse_settings
+
+    spec, rest = parse_settings(request.settings)
+    started = start_one(spec, spec.worlds[0], rest, None, runs_dir=str(runs_root), name=None)
+    return started.run

@@ -2,10 +2,13 @@
 
 What Enter will do is always on screen, right under the field: the exact
 ``shardtop launch`` command when the overrides are good, the error when they
-are not.  Under it, the plan: each GPU's predicted bar for the overrides as
-typed, before Enter (``PlanBars``).  The model's description comes once per
-model size and batch from a helper process (the TUI never imports torch),
-in a worker thread; every key after that replans in milliseconds.  The
+are not; when ``devices=`` asks for more GPUs (or CPU processes) than this
+machine has, the job's rehearsal instead, one rank at a time (ctrl+r starts
+``shardtop rehearse`` with the same settings).  Under it, the plan: each GPU's
+predicted bar for the overrides as typed, before Enter (``PlanBars``).  The
+model's description comes once per model size and batch from a helper
+process (the TUI never imports torch), in a worker thread; every key after
+that replans in milliseconds.  The
 preset's description and settings sit below in a small scrolling box, so
 the line that matters is never the one a small terminal clips.
 """
@@ -18,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rich.text import Text
 from textual import events, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -29,7 +33,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from shardtop.config import ConfigError, Preset, resolve, settable_keys, split_overrides
 from shardtop.events import GpuMemory
-from shardtop.launch import resolve_devices
+from shardtop.launch import TooManyDevices, rehearsal_settings, resolve_devices
 from shardtop.plan.description import ModelDescription
 from shardtop.plan.presets import DescriptionKey, description_key
 from shardtop.tui.watch import model_describer
@@ -51,6 +55,28 @@ class LaunchRequest:
     @property
     def command(self) -> str:
         return shlex.join(["shardtop", "launch", *self.settings])
+
+
+@dataclass(frozen=True)
+class RehearsalRequest:
+    """The same settings rehearsed instead of launched: more devices than this machine has."""
+
+    settings: tuple[str, ...]
+    """``PRESET key=value ...`` (``devices=N`` among them) as ``shardtop rehearse`` takes them."""
+    words: str = ""
+    """What it does, in the user's words: ``rehearse the 8-GPU job on this machine's first GPU, …``."""
+
+    @property
+    def command(self) -> str:
+        return shlex.join(["shardtop", "rehearse", *self.settings])
+
+
+def offered_rehearsal(preset: str, text: str, refused: ConfigError) -> RehearsalRequest | None:
+    """The rehearsal a refusal offers: only for ``devices=`` beyond this machine, of a preset with ranks."""
+    if not isinstance(refused, TooManyDevices) or not refused.rehearsable:
+        return None
+    settings = tuple(rehearsal_settings((f"preset={preset}", *shlex.split(text))))
+    return RehearsalRequest(settings, refused.rehearsal_words)
 
 
 def check_launch(preset: str, text: str, gpu_count: Callable[[], int]) -> LaunchRequest:
@@ -98,8 +124,9 @@ class OverridesInput(Input):
             await self.run_action(action)
 
 
-class LaunchPrompt(ModalScreen[LaunchRequest | None]):
-    """Asks for ``key=value`` overrides; a bad one shows the error and launches nothing."""
+class LaunchPrompt(ModalScreen[LaunchRequest | RehearsalRequest | None]):
+    """Asks for ``key=value`` overrides; a bad one shows the error and launches nothing; too many
+    devices for this machine also offers their rehearsal (ctrl+r)."""
 
     DEFAULT_CSS = """
     LaunchPrompt #launch-about {
@@ -112,7 +139,7 @@ class LaunchPrompt(ModalScreen[LaunchRequest | None]):
     }
     """
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+r", "rehearse", "Rehearse instead")]
 
     class ModelDescribed(Message):
         """The helper process answered for one model size and batch."""
@@ -189,7 +216,12 @@ class LaunchPrompt(ModalScreen[LaunchRequest | None]):
         if isinstance(result, ConfigError):
             error.update(f"✗ {result}")
             error.add_class("-shown")
-            command.display = False
+            rehearsal = offered_rehearsal(self.preset.name, self.query_one("#overrides", Input).value, result)
+            if rehearsal is not None:
+                command.update(
+                    Text.assemble(("ctrl+r", "bold"), f": {rehearsal.words} instead: ", (rehearsal.command, "bold"))
+                )
+            command.display = rehearsal is not None
         else:
             error.remove_class("-shown")
             error.update("")
@@ -248,6 +280,17 @@ class LaunchPrompt(ModalScreen[LaunchRequest | None]):
             self._describing = None
             error = event.worker.error
             self.query_one(PlanBars).show_failed(f"{type(error).__name__}: {error}")
+
+    def action_rehearse(self) -> None:
+        """Rehearse the settings typed, where they ask for more devices than this machine has."""
+        text = self.query_one("#overrides", Input).value
+        result = self._check(text)
+        rehearsal = offered_rehearsal(self.preset.name, text, result) if isinstance(result, ConfigError) else None
+        if rehearsal is None:
+            self.notify("ctrl+r rehearses a job larger than this machine: type devices=N with more devices than "
+                        "it has (Enter launches what fits).")
+            return
+        self.dismiss(rehearsal)
 
     def action_cancel(self) -> None:
         self.dismiss(None)
