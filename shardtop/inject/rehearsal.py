@@ -17,6 +17,21 @@ module loads (``PATCHES``), and only in a process that rehearses
   this rank's own objects: through the fake group they would read lengths no peer
   ever sent, and unpickle garbage.
 - DeepSpeed's checks that every rank agrees with rank 0 on a list pass (no peer exists).
+- ZeRO-3's partitions are zero past the parameter's last element.  DeepSpeed
+  leaves the padding of the last ranks' partitions as ``torch.empty`` left it,
+  which a real all-gather drops; the fake one copies this rank's partition,
+  padding and all, into every chunk of the gathered parameter.  With garbage
+  there the forward overflows (loss inf), the overflow check skips every
+  optimizer step, and the rehearsed rank never makes its optimizer state (rank
+  7 of 8 with Adam: its fp32 master partition alone, a third of the bytes).
+- DDP reduces its gradient buckets through a comm hook that hands each bucket
+  back as it is.  DDP's own default (the reducer's all-reduce, run when no hook
+  is registered) reads the collective's result from its future, and the fake
+  group's futures hold None: without the hook the first backward fails with
+  "expected the hook result is either a Tensor or a TensorList found None".
+  The hook goes in at DDP's lazy set-up before the first forward, and only
+  where the script registered none; a hook of the script's own (or a built-in
+  one) reads that None too, and is left as it is.
 - the launchers start one process instead of N: torchrun (and what runs through
   it, ``accelerate launch`` included) and the deepspeed launcher; that process
   is then given rank R's environment by its own bootstrap.
@@ -56,11 +71,11 @@ def _once(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def _replace(module: ModuleType, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    original = getattr(module, name, None)
+def _replace(owner: ModuleType | type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    original = getattr(owner, name, None)
     if original is None or getattr(original, PATCHED, False):
         return
-    setattr(module, name, _once(functools.wraps(original)(make(original))))
+    setattr(owner, name, _once(functools.wraps(original)(make(original))))
 
 
 # -- torch.distributed ------------------------------------------------------------------------
@@ -169,6 +184,62 @@ def patch_c10d(module: ModuleType) -> None:
                 setattr(top, name, getattr(module, name))
 
 
+def patch_zero3_partitions(module: ModuleType) -> None:
+    """``deepspeed.runtime.zero.partition_parameters``: each partition's padding zeroed once the
+    parameter is partitioned, so that a fake all-gather spreads finite values."""
+    init = getattr(module, "Init", None)
+    if init is None:
+        return
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def _partition_param(self: Any, param: Any, *args: Any, **kwargs: Any) -> Any:
+            done = original(self, param, *args, **kwargs)
+            part = getattr(param, "ds_tensor", None)
+            size = int(getattr(part, "ds_numel", 0) or 0)
+            if part is not None and part.numel() == size > 0:  # not swapped out to NVMe
+                held = max(0, min(size, int(param.ds_numel) - size * self._partition_rank(param)))
+                if held < size:
+                    import torch
+
+                    with torch.no_grad():
+                        part.narrow(0, held, size - held).zero_()
+            return done
+
+        return _partition_param
+
+    _replace(init, "_partition_param", make)
+
+
+# -- DDP ---------------------------------------------------------------------------------------
+
+
+def _bucket_as_it_is(bucket: Any) -> Any:
+    import torch
+
+    done: Any = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done
+
+
+def patch_ddp(module: ModuleType) -> None:
+    """``torch.nn.parallel.distributed``: a DDP that the script gave no comm hook reduces its buckets
+    through one that returns each bucket as it is, what an all-reduce through the fake group leaves."""
+    ddp = getattr(module, "DistributedDataParallel", None)
+    if ddp is None:
+        return
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def _lazy_init(self: Any) -> None:
+            original(self)
+            if not getattr(self, "_comm_hooks", ()) and not self._get_ddp_logging_data().get("comm_hook"):
+                # Unannotated on purpose: DDP checks a hook's annotations against its own types.
+                self.register_comm_hook(None, lambda state, bucket: _bucket_as_it_is(bucket))
+
+        return _lazy_init
+
+    _replace(ddp, "_lazy_init", make)
+
+
 # -- launchers ---------------------------------------------------------------------------------
 
 
@@ -230,7 +301,7 @@ def one_device_per_node(kwargs: dict[str, Any], world_size: int) -> dict[str, An
     """A Trainer's (or Fabric's) arguments for rank R as the only process of node R."""
     kwargs = dict(kwargs)
     asked_devices, asked_nodes = kwargs.get("devices", "auto"), kwargs.get("num_nodes", 1)
-    strategy = kwargs.get("strategy")
+    strategy: Any = kwargs.get("strategy")
     if type(strategy).__name__ == "ModelParallelStrategy":  # its "auto" mesh follows devices and nodes
         per_node = asked_devices if isinstance(asked_devices, int) and asked_devices > 0 else world_size
         if getattr(strategy, "_data_parallel_size", None) == "auto":
@@ -265,8 +336,10 @@ def patch_fabric(module: ModuleType) -> None:
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "torch.distributed.distributed_c10d": patch_c10d,
     "torch.distributed.run": patch_torchrun,
+    "torch.nn.parallel.distributed": patch_ddp,
     "deepspeed.launcher.runner": patch_deepspeed_runner,
     "deepspeed.runtime.zero.utils": patch_deepspeed_checks,
+    "deepspeed.runtime.zero.partition_parameters": patch_zero3_partitions,
     "lightning.pytorch.trainer.trainer": patch_trainer,
     "lightning.fabric.fabric": patch_fabric,
 }
