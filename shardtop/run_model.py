@@ -104,6 +104,8 @@ def rank_status(rs: RankState, run: RunStatus | None) -> RankStatus:
         status = _exit_status(e)
         if status.state == "interrupted" and record is not None and record.stopped:
             return RankStatus("interrupted", stopped_after)
+        if status.state == "failed" and _failed_in_a_stop(e, record, run):
+            return RankStatus("interrupted", f"{stopped_after}; it failed as it stopped: {status.detail}")
         return status
     if rs.oom is not None:
         return RankStatus("out of memory")
@@ -118,6 +120,19 @@ def rank_status(rs: RankState, run: RunStatus | None) -> RankStatus:
     if rs.hello is None:
         return RankStatus("starting")
     return RankStatus("running")
+
+
+STOP_CLOCK_SLACK_S = 1.0
+"""A rank's exit this much before the stop was asked still counts as the stop's (clocks of one host)."""
+
+
+def _failed_in_a_stop(e: Exit, record: RankExit | None, run: RunStatus | None) -> bool:
+    """The rank failed because the run was being stopped: its supervisor had signalled it, or it ended
+    after the stop was asked for (a peer that died of the stop broke its collective)."""
+    if record is not None and record.stopped:
+        return True
+    asked = run.exit.stop_requested if run is not None and run.exit is not None else None
+    return asked is not None and e.t >= asked - STOP_CLOCK_SLACK_S
 
 
 def _supervisor_record(run: RunStatus | None, rank: int) -> RankExit | None:

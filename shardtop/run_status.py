@@ -7,6 +7,7 @@ the supervisor could not)::
     signal          the signal behind ``code``, or null
     ended           Unix time the record was written
     reason          "finished", "stopped", "rank N failed", ...
+    stop_requested  Unix time a stop was asked for (``shardtop stop``, a signal to the supervisor), or null
     ranks           [{rank, code, signal, stopped}], one per rank, by rank
     peers_stopped   {after_rank, at, killed} or null
 
@@ -57,6 +58,8 @@ class ExitStatus:
     ranks: tuple[RankExit, ...] = ()
     """Every rank's exit, by rank; empty when no supervisor wrote the record."""
     peers_stopped: PeersStopped | None = None
+    stop_requested: float | None = None
+    """When the run was asked to stop; a rank that failed after it failed in the stop."""
 
     @property
     def ok(self) -> bool:
@@ -96,7 +99,12 @@ class ExitStatus:
             reason=str(data.get("reason") or ""),
             ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
             peers_stopped=peers_stopped,
+            stop_requested=_float_or_none(data.get("stop_requested")),
         )
+
+
+def _float_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -253,6 +253,7 @@ class RunDirectory:
         reason: str = "",
         ranks: tuple[RankExit, ...] = (),
         peers_stopped: PeersStopped | None = None,
+        stop_requested: float | None = None,
     ) -> bool:
         """Record how the run ended; the first record wins (atomically). True if this one did."""
         record = {
@@ -262,6 +263,7 @@ class RunDirectory:
             "reason": reason,
             "ranks": [asdict(r) for r in ranks],
             "peers_stopped": asdict(peers_stopped) if peers_stopped is not None else None,
+            "stop_requested": stop_requested,
         }
         return write_json_once(self.exit_path, record)
 

@@ -145,9 +145,11 @@ def _supervise(run: RunDirectory) -> int:
         run.update_meta(pid=os.getpid(), pgid=os.getpgid(0), pid_started=process_start_time(os.getpid()))
     config = meta["config"]
     stopping: list[int] = []
+    asked_at: list[float] = []
 
     def on_signal(signum: int, _frame: object) -> None:
         stopping.append(signum)
+        asked_at.append(time.time())
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
@@ -164,7 +166,7 @@ def _supervise(run: RunDirectory) -> int:
             first_failure, peers_stopped = failed.exit(), stopped
         if stopping:
             break
-    return _record(run, tuple(exits), stopping, first_failure, peers_stopped)
+    return _record(run, tuple(exits), stopping, first_failure, peers_stopped, asked_at[0] if asked_at else None)
 
 
 def rank_batches(config: dict[str, Any]) -> list[list[int]]:
@@ -245,10 +247,12 @@ def _record(
     stopping: list[int],
     first_failure: RankExit | None,
     peers_stopped: PeersStopped | None,
+    stop_requested: float | None = None,
 ) -> int:
     """Write ``exit.json`` for the run's ranks; returns the run's exit code."""
     if stopping:
-        run.write_exit(128 + stopping[0], signal=stopping[0], reason="stopped", ranks=exits)
+        run.write_exit(128 + stopping[0], signal=stopping[0], reason="stopped", ranks=exits,
+                       stop_requested=stop_requested)
         print(f"stopped by signal {stopping[0]}", flush=True)
         return 128 + stopping[0]
     if first_failure is None:
