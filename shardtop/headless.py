@@ -77,13 +77,16 @@ class HeadlessFollower:
         for rank, g in m.growth.items():
             if rank not in self.growth_said:
                 self.growth_said.add(rank)
-                when = f"; at this rate it runs out at about step {g.out_of_memory_step}" if g.out_of_memory_step else ""
+                oom_at = g.out_of_memory_step
+                when = f"; at this rate it runs out at about step {oom_at}" if oom_at else ""
                 self.say(f"warning: rank {rank}'s memory grows {format_bytes(round(g.rate))} every step "
                          f"(steps {g.first_step}-{g.last_step}){when} [memory-grows-every-step]")
         for rank, stall in m.stalls.items():
             if rank not in self.stalls_said:
                 self.stalls_said.add(rank)
-                ahead = ", ".join(f"rank {p.rank} {'ended' if p.ended else f'at step {p.step}'}" for p in stall.peers[:3])
+                ahead = ", ".join(
+                    f"rank {p.rank} {'ended' if p.ended else f'at step {p.step}'}" for p in stall.peers[:3]
+                )
                 self.say(f"warning: rank {rank} stalled: {stall.words} ({ahead}) [rank-stalled]")
         self.stalls_said &= set(m.stalls)
         for r in m.ranks:

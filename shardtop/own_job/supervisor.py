@@ -33,8 +33,8 @@ from shardtop.run_members import (
     touch,
     write_supervisor,
 )
-from shardtop.runner.supervisor import exit_code_of, free_port
 from shardtop.run_status import RankExit
+from shardtop.runner.supervisor import exit_code_of, free_port
 from shardtop.runs import RunDirectory, process_start_time
 
 STOP_GRACE_S = 8.0
