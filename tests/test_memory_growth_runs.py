@@ -38,6 +38,11 @@ def test_a_loop_that_keeps_tensors_grows_at_their_size_and_names_the_module_that
     assert (kept[0]["shape"], kept[0]["dtype"], kept[0]["bytes"]) == ([256, 8192], "float32", KEPT_PER_STEP)
     assert finding["modules"] == [module]
     assert "at about step" in finding["detail"]
+    rank = report["ranks"][0]
+    assert abs(rank["growth"]["rate"] - KEPT_PER_STEP) <= 0.1 * KEPT_PER_STEP
+    assert rank["growth"]["out_of_memory_step"] > rank["growth"]["last_step"]
+    steps = [s for s, _ in rank["memory_by_step"]]
+    assert steps == sorted(steps) and steps[-1] == rank["growth"]["last_step"]
 
 
 @pytest.mark.parametrize("plateau", ["adam", "cache", "batches"])

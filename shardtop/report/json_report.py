@@ -13,11 +13,13 @@ import msgspec
 
 from shardtop.diagnose import Finding
 from shardtop.events import GpuMemory
+from shardtop.memory_growth import Growth
 from shardtop.memory_kinds import split_dict
 from shardtop.oom_story import OomStory
 from shardtop.plan_check import MISS_MIN_BYTES, MISS_RATIO, PlanCheck, RankCheck
 from shardtop.report.gather import ReportData, rank_gpu
 from shardtop.run_model import RankFacts, RunModel
+from shardtop.stalls import Stall
 
 REPORT_SCHEMA = "shardtop.report"
 REPORT_SCHEMA_VERSION = 2
@@ -104,6 +106,28 @@ def _rank(m: RunModel, r: RankFacts) -> dict[str, Any]:
         "phase": r.state.phase,
         "step": r.state.step,
         "exit": None if r.exit is None else {"code": r.exit.code, "status": r.exit.status, "error": r.exit.error},
+        "memory_by_step": [[p.step, p.bytes] for p in r.state.step_memory],
+        "growth": _growth(m.growth.get(r.rank)),
+        "stall": _stall(m.stalls.get(r.rank)),
+    }
+
+
+def _growth(g: Growth | None) -> dict[str, Any] | None:
+    if g is None:
+        return None
+    return {
+        "rate": round(g.rate), "first_step": g.first_step, "last_step": g.last_step, "first_bytes": g.first_bytes,
+        "last_bytes": g.last_bytes, "seconds_per_step": g.seconds_per_step, "limit": g.limit,
+        "out_of_memory_step": g.out_of_memory_step, "seconds_left": g.seconds_left,
+    }
+
+
+def _stall(s: Stall | None) -> dict[str, Any] | None:
+    if s is None:
+        return None
+    return {
+        "phase": s.phase, "step": s.step, "idle_s": round(s.idle_s, 3), "usual_step_s": round(s.usual_step_s, 3),
+        "peers": [{"rank": p.rank, "step": p.step, "phase": p.phase, "ended": p.ended} for p in s.peers],
     }
 
 
