@@ -9,7 +9,9 @@
 - On the root, a forward pre-hook (phase ``forward``) and a forward hook that
   hangs a hook on the output's gradient (phase ``backward`` when it arrives).
 - Global optimizer step hooks: phase ``optimizer``, then a step for every step
-  of the first optimizer that steps.  After the first, the shards are read
+  of the first optimizer that steps, once per forward: HF's Trainer under
+  DeepSpeed steps the engine's optimizer twice a step (accelerate's wrapper,
+  then the engine), and that is one step.  After the first, the shards are read
   again with the optimizer (gradients and its state exist only then) and the
   global forward hook goes.
 
@@ -168,6 +170,8 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         STATE.optimizer = id(optimizer)
     elif STATE.optimizer != id(optimizer):
         return
+    if STATE.steps and STATE.step_started is None and STATE.root is not None:
+        return  # no forward since the last step: this step's optimizer stepped again (a wrapper's, then the engine's)
     STATE.steps += 1
     seconds = time.perf_counter() - STATE.step_started if STATE.step_started is not None else None
     STATE.step_started = None
