@@ -48,6 +48,7 @@ FSDP = (
     "fsdp1-lora-split",
     "ddp-optimizer-before-wrap",
     "fsdp2-oom-in-unit",
+    "fsdp2-one-big-layer",
 )
 ZERO = ("zero3-small-layers", "zero3-no-persistence", "zero2-frozen-backbone", "zero2-full-finetune")
 HOST = ("fsdp2-whole-on-every-rank", "fsdp2-meta-init")
@@ -68,6 +69,7 @@ EXPECTED: dict[str, list[str]] = {
     "fsdp1-lora-split": [],
     "ddp-optimizer-before-wrap": [],
     "fsdp2-oom-in-unit": ["oom"],
+    "fsdp2-one-big-layer": ["fsdp-single-unit"],  # said, with no fix: one layer cannot be split over units
     "zero3-small-layers": ["zero3-persistence-threshold"],
     "zero3-no-persistence": [],
     "zero2-frozen-backbone": ["zero12-replicated-params"],
@@ -153,6 +155,14 @@ def test_each_rule_has_a_run_showing_it_and_runs_that_do_not(reports: Any, code:
 
 
 # -- what each finding says, against what the run recorded ---------------------------------------------
+
+
+def test_one_layer_that_is_most_of_the_model_and_its_own_unit_gets_no_fix_it_already_has(reports: Any) -> None:
+    f = finding(reports("fsdp2-one-big-layer"), "fsdp-single-unit")
+    assert f["fix"] == "" and f["severity"] == "info"
+    assert f["modules"] == ["2"] and "`2` (Linear)" in f["detail"]
+    assert "Wrapping cannot split one layer" in f["detail"]
+    assert "auto_wrap_policy" not in f["detail"] and "fully_shard(block)" not in f["detail"]
 
 
 def test_layers_that_are_their_own_roots_hold_the_model_gathered_after_forward(reports: Any) -> None:

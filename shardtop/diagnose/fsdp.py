@@ -65,7 +65,25 @@ class SingleUnit(Evidence):
     block_container: str
     block_count: int
     largest_block_bytes: int
+    largest_layer: str
+    """The module whose own parameters are the largest part of the unit's."""
+    largest_layer_type: str
+    largest_layer_bytes: int
     oom: OomEvidence | None
+
+    @property
+    def one_layer(self) -> bool:
+        """One layer is nearly the whole model: no wrapping can split a layer's parameters over units."""
+        return self.largest_layer_bytes >= SINGLE_UNIT_MIN_SHARE * self.model_bytes
+
+
+def _largest_layer(m: RunModel, s: Shards, unit: int) -> tuple[int, int]:
+    """(row, bytes) of the module with the most parameters of its own among those ``unit`` manages."""
+    tree = m.tree
+    assert tree is not None
+    rows = [(b, row) for row, (b, u) in enumerate(zip(tree.bytes, s.unit, strict=True)) if u == unit]
+    b, row = max(rows, default=(0, -1))
+    return row, b
 
 
 def managed_bytes(m: RunModel, s: Shards) -> list[int]:
@@ -94,6 +112,7 @@ def find_single_unit(m: RunModel) -> SingleUnit | None:
         return None
     block = m.block
     block_type, container = _block_names(m)
+    layer_row, layer_bytes = _largest_layer(m, s, biggest)
     return SingleUnit(
         engine=m.engine,
         driver=driver_of(m),
@@ -109,11 +128,38 @@ def find_single_unit(m: RunModel) -> SingleUnit | None:
         block_container=container,
         block_count=block.count if block else 0,
         largest_block_bytes=block.largest_bytes if block else 0,
+        largest_layer=m.path(layer_row) if layer_row >= 0 else "",
+        largest_layer_type=m.type_of(layer_row) if layer_row >= 0 else "",
+        largest_layer_bytes=layer_bytes,
         oom=first_oom_evidence(m, ("forward", "backward")),
     )
 
 
+def explain_one_layer(e: SingleUnit) -> Finding:
+    """Nearly the whole model is one layer: say what the peak holds, and no fix (none in the wrapping exists)."""
+    layer = f"`{e.largest_layer}`" if e.largest_layer else "the root module"
+    share = e.largest_layer_bytes / e.model_bytes
+    oom = f" Rank {e.oom.rank} ran out of memory during {e.oom.phase}." if e.oom is not None else ""
+    return Finding(
+        code="fsdp-single-unit",
+        title=f"One layer is {share:.0%} of the model: FSDP gathers all of it at once, however it is wrapped",
+        detail=(
+            f"{layer} ({e.largest_layer_type}) holds {fmt(e.largest_layer_bytes)} of parameters, {share:.0%} of "
+            f"the model. Each rank stores only its shard between uses ({fmt(e.rank_param_bytes)} on rank "
+            f"{e.rank}), but FSDP gathers a layer's parameters whole for its forward and its backward, so every "
+            f"rank's peak holds all {fmt(e.largest_layer_bytes)} of it. Wrapping cannot split one layer's "
+            f"parameters over several units.{oom}"
+        ),
+        fix="",
+        evidence=e,
+        severity="error" if e.oom is not None else "info",
+        modules=(e.largest_layer,) if e.largest_layer else (),
+    )
+
+
 def explain_single_unit(e: SingleUnit) -> Finding:
+    if e.one_layer:
+        return explain_one_layer(e)
     where = f"`{e.unit_module}`" if e.unit_module else "the root module"
     share = e.unit_bytes / e.model_bytes
     others = f" (the other {e.units - 1} unit(s) hold the remaining {1 - share:.0%})" if e.units > 1 else ""

@@ -217,7 +217,7 @@ def findings_section(data: ReportData) -> list[Block]:
         return blocks
     for i, f in enumerate(findings, 1):
         blocks.append(Heading(f"{i}. {SEVERITY_WORDS.get(f.severity, f.severity)}: {f.title}", 3))
-        items = [f"**What:** {f.detail}", f"**Fix:** {f.fix}"]
+        items = [f"**What:** {f.detail}"] + ([f"**Fix:** {f.fix}"] if f.fix else [])
         if f.saving_bytes:
             items.append(f"**Saves:** about {b(f.saving_bytes)} per rank")
         if f.modules:

@@ -16,6 +16,8 @@ process group start once) and records into a run directory of its own, named aft
 - ``fsdp2-hybrid-2x1`` / ``fsdp2-hybrid-1x2``: ``fully_shard`` on a (replicate, shard) mesh.
 - ``fsdp1-lora-one-unit``: LoRA adapters on frozen layers, each block one FSDP unit
   (``use_orig_params=True``); ``fsdp1-lora-split``: the adapters in units of their own.
+- ``fsdp2-one-big-layer``: ``fully_shard`` on each of three ``Linear`` layers and on the model,
+  one of them 95 % of the bytes: already its own unit, as finely as FSDP can wrap.
 - ``fsdp2-oom-in-unit``: a block's forward pre-hook asks for more host memory than there is,
   where FSDP2's own all-gather of the block's parameters would run out: the rank records the
   OOM, and the script goes on to the next scenario.
@@ -211,6 +213,18 @@ def _fsdp1_lora(wrap: set[type[nn.Module]]) -> None:
     train(wrapped, optimizer, LORA_DIM)
 
 
+def fsdp2_one_big_layer() -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    model = nn.Sequential(nn.Linear(DIM, 16), nn.Linear(16, 16), nn.Linear(16, 8192))
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    st.attach(model, optimizer=optimizer, strategy="fully_shard")
+    train(model, optimizer)
+
+
 def fsdp2_oom_in_unit() -> None:
     from torch.distributed.fsdp import fully_shard
 
@@ -252,6 +266,7 @@ SCENARIOS: dict[str, Callable[[], None]] = {
     "fsdp1-lora-split": lambda: _fsdp1_lora({LoraBlock, Adapter}),
     "ddp-optimizer-before-wrap": ddp_optimizer_before_wrap,
     "fsdp2-oom-in-unit": fsdp2_oom_in_unit,
+    "fsdp2-one-big-layer": fsdp2_one_big_layer,
 }
 
 
