@@ -19,13 +19,14 @@ import argparse
 
 import torch
 from accelerate import Accelerator, PartialState
-from hf_tiny import Tokens, tiny_llama, with_lora
+from hf_tiny import Tokens, TokenStream, tiny_llama, with_lora
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters (peft) instead of the whole model")
+    parser.add_argument("--stream", action="store_true", help="the data as a stream (an IterableDataset)")
     parser.add_argument("--cuda", action="store_true", help="NCCL on one GPU per rank instead of gloo on CPU")
     args = parser.parse_args()
     if not args.cuda:
@@ -35,10 +36,13 @@ def main() -> None:
     if args.lora:
         model = with_lora(model)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    loader = torch.utils.data.DataLoader(Tokens(), batch_size=4)
+    loader = torch.utils.data.DataLoader(TokenStream() if args.stream else Tokens(), batch_size=4)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     model.train()
-    for _, batch in zip(range(args.steps), loader):
+    for step, batch in zip(range(args.steps), loader, strict=False):
+        if step == 0:
+            print(f"rank {accelerator.process_index} reads tokens summing to {int(batch['input_ids'].sum())} first",
+                  flush=True)
         loss = model(**batch).loss
         accelerator.backward(loss)
         optimizer.step()

@@ -1,14 +1,17 @@
 """The tiny Llama and the synthetic tokens that ``hf_trainer.py`` and ``accelerate_train.py`` train.
 
-Built from a config (nothing is downloaded).  No sharded dimension divides
-evenly by 8 (vocabulary 250, hidden 36, MLP 76): the last rank of an 8-rank
-job holds a smaller shard than the others.
+Built from a config (nothing is downloaded).  Neither a weight's rows
+(vocabulary 250, hidden 30, MLP 74) nor its elements divide evenly by 8: the
+last rank of an 8-rank job holds a smaller shard than the others, under FSDP
+(rows) and under ZeRO-3 (elements) alike.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel
 
 VOCAB = 250
 SEQ = 16
@@ -28,17 +31,30 @@ class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def tiny_llama() -> LlamaForCausalLM:
+class TokenStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """The same sequences as a stream (as ``datasets`` streams them): accelerate then reads the batches
+    on rank 0 and sends each rank its part."""
+
+    def __init__(self, count: int = 64) -> None:
+        self.tokens = Tokens(count)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return (self.tokens[i] for i in range(len(self.tokens)))
+
+
+def tiny_llama() -> PreTrainedModel:
+    """As ``from_pretrained`` builds a model, without the download: under ZeRO-3 (a Trainer's
+    ``TrainingArguments(deepspeed=...)``, or accelerate's ``zero3_init_flag``) it is partitioned as it is built."""
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=36, intermediate_size=76, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=SEQ,
+        vocab_size=VOCAB, hidden_size=30, intermediate_size=74, num_hidden_layers=2,
+        num_attention_heads=3, num_key_value_heads=3, max_position_embeddings=SEQ,
         tie_word_embeddings=False,
     )
     torch.manual_seed(0)
-    return LlamaForCausalLM(config)
+    return AutoModelForCausalLM.from_config(config)
 
 
-def with_lora(model: LlamaForCausalLM) -> torch.nn.Module:
+def with_lora(model: PreTrainedModel) -> torch.nn.Module:
     """LoRA adapters (peft) on the attention's query and value projections; the rest frozen."""
     from peft import LoraConfig, get_peft_model
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-from hf_tiny import Tokens, tiny_llama, with_lora
+from hf_tiny import Tokens, TokenStream, tiny_llama, with_lora
 from transformers import Trainer, TrainingArguments
 
 
@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--deepspeed", default=None, help="a DeepSpeed config file (ZeRO-3: ds_zero3.json)")
     parser.add_argument("--fsdp", default="", help='FSDP options, e.g. "full_shard auto_wrap"')
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters (peft) instead of the whole model")
+    parser.add_argument("--stream", action="store_true", help="the data as a stream (an IterableDataset)")
     parser.add_argument("--cuda", action="store_true", help="NCCL on one GPU per rank instead of gloo on CPU")
     args = parser.parse_args()
     training = TrainingArguments(
@@ -45,7 +46,8 @@ def main() -> None:
         fsdp_config={"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]} if args.fsdp else None,
     )
     model = tiny_llama()
-    trainer = Trainer(model=with_lora(model) if args.lora else model, args=training, train_dataset=Tokens())
+    data = TokenStream() if args.stream else Tokens()
+    trainer = Trainer(model=with_lora(model) if args.lora else model, args=training, train_dataset=data)
     trainer.train()
     print(f"trained as {trainer.accelerator.distributed_type} ({type(trainer.model_wrapped).__name__}), "
           f"rank {training.process_index} of {training.world_size}", flush=True)
