@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_flatten
 from shardtop.plan.cards import CARDS, parse_gpu
 from shardtop.plan.command import read_request
 from shardtop.plan.describe import describe_model
-from shardtop.plan.memory import per_rank
+from shardtop.plan.memory import CUDA_WORKSPACES, per_rank
 from shardtop.plan.meta import build_on_meta
 from shardtop.plan.presets import plan_config
 from shardtop.plan.render import render_markdown, render_text, verdict_lines
@@ -85,7 +85,9 @@ def test_story2_fixed_holds_a_sixth_of_the_parameters_and_says_whether_the_rest_
     sixth = -(-STORY2_PARAMS // 6)
     # each rank: its sixth of every parameter, plus the biases DeepSpeed keeps whole (under 1e5 elements each)
     assert asked["per_rank"]["params"] == 4 * (sixth + STORY2_BIASES)
-    assert asked["per_rank"]["phases"]["setup"] < 16 * GiB * 0.6
+    # set-up holds four fp32 partitions: the flat parameters, the fp32 master copy, the optimizer's freed
+    # gradient buffer (cut for the reduce bucket, so the allocator keeps it) and the gradient partitions
+    assert asked["per_rank"]["phases"]["setup"] == 4 * (4 * sixth + STORY2_BIASES) < plan["gpu"]["usable_bytes"]
     # fp32 ZeRO-3 with AdamW: 4 bytes of gradient, 12 of master copy and state per element, plus the step's copies
     assert asked["per_rank"]["optimizer"] == 12 * sixth
     assert asked["fits"] is False and asked["runs_out_at"] == "optimizer step"
@@ -245,7 +247,7 @@ def test_planning_from_a_description_imports_no_torch() -> None:
 def test_the_plan_reproduces_story_2_at_4000_layers_as_measured_on_two_h200s() -> None:
     """DESIGN.md's measurements, 4000 layers on 2 H200s: fixed, capped at 15 GiB, the first Adam step ran
     out asking for 1.96 GiB with 12.55 GiB allocated; capped at 3.5 GB, set-up ran out in
-    ``_configure_zero_optimizer`` on a 1.96 GiB buffer (the partitions copied into one flat buffer)."""
+    ``_configure_zero_optimizer`` on a 1.96 GiB buffer (the fp32 master copy, beside the flat partitions)."""
     request = read_request(["zero3-linear-fixed", "model.n_layers=4000", "devices=2", "gpu_mem_limit=15GiB"],
                            detect_gpu=False)
     plan = plan_config(request.config, devices=2, accelerator="cuda", gpu=request.gpu)
@@ -261,4 +263,36 @@ def test_the_plan_reproduces_story_2_at_4000_layers_as_measured_on_two_h200s() -
     assert plan.asked.runs_out_at == "set-up"
     partitions = plan.asked.per_rank.params
     assert abs(partitions - 1.96 * GiB) <= 0.01 * partitions
-    assert small.gpu is not None and partitions < small.gpu.usable < 2 * partitions  # built, then the flat copy
+    assert small.gpu is not None and partitions < small.gpu.usable < 2 * partitions  # flat, then the fp32 copy
+    assert "the engine's set-up, up to the fp32 master copy" in plan.asked.note
+
+
+def _planned(*args: str) -> Any:
+    request = read_request(list(args), detect_gpu=False)
+    return plan_config(request.config, devices=request.devices, accelerator="cuda", gpu=request.gpu).asked
+
+
+def test_the_plan_puts_deepspeeds_set_up_and_first_step_where_the_h200_runs_ran_out() -> None:
+    """DESIGN.md, 15 GiB caps: on two H200s 8000 layers ran out in ``_configure_zero_optimizer`` and 2000
+    trained (peak 8,456,457,728 B); rehearsed as rank 0 of six, story 2 fixed ran out in the first Adam step
+    with 12.55 GiB allocated asking for 2.94 GiB, and as asked inside ``deepspeed.initialize``."""
+    at_8000 = _planned("zero3-linear-fixed", "model.n_layers=8000", "devices=2", "gpu_mem_limit=15GiB")
+    assert at_8000.runs_out_at == "set-up"
+    assert "the engine's set-up, up to the gradient partitions" in at_8000.note
+
+    at_2000 = _planned("zero3-linear-fixed", "model.n_layers=2000", "devices=2", "gpu_mem_limit=15GiB")
+    assert at_2000.fits is True
+    assert abs(at_2000.per_rank.peak - 8_456_457_728) <= 0.01 * 8_456_457_728
+
+    fixed = _planned("zero3-linear-fixed", "devices=6", "gpu_mem_limit=15GiB")
+    assert fixed.runs_out_at == "optimizer step"
+    p, partition = fixed.per_rank, -(-STORY2_PARAMS // 6) * 4
+    # what the first forward held (parameters, gradient partitions, reduce bucket, cuBLAS workspaces, fp32
+    # master), the step's fp32 copy of the gradient partition; then Adam asks for its first moment
+    before_adam = p.params + p.grads + p.buffers + CUDA_WORKSPACES + 2 * partition
+    assert abs(before_adam - 12.55 * GiB) <= 0.01 * before_adam
+    assert abs(partition - 2.94 * GiB) <= 0.01 * partition
+    assert p.setup < p.timeline[3]
+
+    as_asked = _planned("zero3-linear", "devices=6", "gpu_mem_limit=15GiB")
+    assert as_asked.runs_out_at == "set-up" and as_asked.per_rank.setup == 4 * STORY2_PARAMS

@@ -17,7 +17,9 @@ Two steps, so that a launch prompt can replan on every keystroke:
 ``presets.plan_config`` does both for a resolved preset config.  Modules:
 ``description`` (the struct), ``meta``/``profile``/``describe`` (torch side),
 ``recipes`` (how each preset builds and runs), ``strategies``, ``memory``
-(the one model of memory), ``options``, ``verdict``, ``cards``, ``compare``,
+(the one model of memory; ``held`` what an engine holds, ``zero`` DeepSpeed
+ZeRO's holdings and set-up, ``allocator`` what the caching allocator must
+hold for such a set-up), ``options``, ``verdict``, ``cards``, ``compare``,
 ``render``/``json_plan``, ``command`` (the CLI); ``script`` and ``asked``
 (``shardtop plan -- CMD``: the user's own command, traced in its ranks by
 ``shardtop.inject.plan_only``); ``record`` (the plan a run writes at set-up,

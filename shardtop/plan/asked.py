@@ -107,6 +107,9 @@ def _zero(a: Asked, optimizer: Optimizer, driver: str) -> tuple[Strategy, list[s
         prefetch_bucket_size=_number(zero.get("stage3_prefetch_bucket_size"), defaults.prefetch_bucket_size),
         param_persistence_threshold=_number(zero.get("stage3_param_persistence_threshold"),
                                             defaults.param_persistence_threshold),
+        max_live_parameters=_number(zero.get("stage3_max_live_parameters"), defaults.max_live_parameters),
+        sub_group_size=_number(zero.get("sub_group_size"), defaults.sub_group_size),
+        contiguous_gradients=zero.get("contiguous_gradients") is not False,
     )
     built_whole = stage == 3 and not a.partitioned
     note = BUILT_WHOLE_NOTE if built_whole else "built inside deepspeed.zero.Init" if stage == 3 else ""

@@ -7,18 +7,24 @@ engine gathers for a moment, which buffers it allocates for itself, and how
 the model reached the device.  A training step then peaks in one of four
 phases:
 
-- set-up: building the model and handing it to the engine;
+- set-up: building the model and handing it to the engine, which makes its
+  own buffers there (ZeRO: its fp32 master copy, gradient buffers and
+  reduce bucket); counted as the allocator must hold it (``allocator``), since
+  a buffer freed during set-up and cut for a smaller one stays reserved;
 - forward: what persists, plus the units gathered now, plus the activations
   saved so far (and last step's gradients, when the loop keeps them);
 - backward: activations are freed as gradients arrive, so it is the larger of
-  the two, plus the gradients of the unit being reduced;
+  the two, plus the gradients of the unit being reduced (and the buffers an
+  engine makes for backward alone);
 - optimizer step: gradients, state (created at the first step) and the step's
   own temporaries.
 
 The first forward and backward come before the optimizer has any state (a
-torch optimizer creates it at the first step; ZeRO has only its fp32 master
-copy by then), so a run can pass them and fail at the first step: ``timeline``
-keeps the phases in the order a run meets them, for "where does it run out".
+torch optimizer creates it at the first step; ZeRO has only what its set-up
+made by then: the fp32 master copy, and for ZeRO-3 the reduce bucket and the
+gradient partitions), so a run can pass them and fail at the first step:
+``timeline`` keeps the phases in the order a run meets them, for "where does
+it run out".  DeepSpeed ZeRO is in ``zero``.
 
 The numbers come from the engines' code (torch 2.4-2.14, DeepSpeed 0.15-0.19,
 Lightning 2.4-2.6); none is fitted to a measurement.  Torch-free.
@@ -29,7 +35,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from shardtop.plan.description import ModelDescription
+from shardtop.plan.held import Held, step_temporary
 from shardtop.plan.strategies import Strategy
+from shardtop.plan.zero import zero_held
 
 CUDA_WORKSPACES = 2 * 32 * 2**20
 """cuBLAS workspaces, allocated through PyTorch's allocator: one for the forward thread and one
@@ -65,7 +73,7 @@ class PerRank:
     gathered: int
     """Largest whole (unsharded) parameters held at one moment of forward or backward."""
     buffers: int
-    """The engine's own buffers: DDP gradient buckets, ZeRO reduce buckets."""
+    """The engine's own buffers at their most: DDP gradient buckets, ZeRO reduce buckets."""
     host: int
     """Moved to CPU memory by an offload policy (not counted in the peak)."""
     step_temporary: int
@@ -76,6 +84,9 @@ class PerRank:
     """Peak of set-up, forward, backward and optimizer step (forward and backward: from the second step on)."""
     timeline: tuple[int, int, int, int, int, int]
     """Peaks in the order a run meets them: ``TIMELINE``."""
+    setup_requests: tuple[tuple[str, int], ...] = ()
+    """Where the engine's own buffers decide set-up: its requests in order, named for the user, each with
+    what set-up needs from the device once it is served."""
 
     @property
     def peak(self) -> int:
@@ -89,26 +100,11 @@ class PerRank:
     def setup(self) -> int:
         return self.phases[0]
 
-
-@dataclass(frozen=True)
-class _Held:
-    """One engine's holdings before the phases are added up."""
-
-    params: int
-    grads: int
-    optimizer: int
-    optimizer_before_step: int = 0
-    """Optimizer memory that exists before the first step (ZeRO's fp32 master copy)."""
-    buffers: int = 0
-    host: int = 0
-    gathered_forward: int = 0
-    gathered_backward: int = 0
-    grads_persist: bool = False
-    """Gradients live in buffers the engine allocated once (ZeRO-2/3), not in ``param.grad``."""
-    backward_transient: int = 0
-    """The whole gradients of the unit being reduced."""
-    step_temporary: int = 0
-    setup: int = 0
+    def setup_request(self, usable: int | None = None) -> tuple[str, int] | None:
+        """The request of set-up at which it first needs more than ``usable``, else the one at its peak;
+        None where the engine's buffers do not decide set-up."""
+        over = next((r for r in self.setup_requests if usable is not None and r[1] > usable), None)
+        return over or next((r for r in self.setup_requests if r[1] == self.setup), None)
 
 
 def per_rank(desc: ModelDescription, s: Strategy, devices: int, *, gpu: bool, batch_scale: float = 1.0) -> PerRank:
@@ -146,111 +142,72 @@ def _transient(desc: ModelDescription, s: Strategy) -> int:
 
 
 def _phases(
-    desc: ModelDescription, s: Strategy, held: _Held, activations: int, *, gpu: bool, batch_scale: float = 1.0
+    desc: ModelDescription, s: Strategy, held: Held, activations: int, *, gpu: bool, batch_scale: float = 1.0
 ) -> PerRank:
     workspace = CUDA_WORKSPACES if gpu else 0
     transient = int(_transient(desc, s) * batch_scale)
     persistent_grads = held.grads if held.grads_persist else 0
     first = held.params + held.optimizer_before_step + held.buffers + workspace + persistent_grads
     base = held.params + held.optimizer + held.buffers + workspace + persistent_grads
-    grads_forward = held.grads if s.grads_kept_through_forward and not held.grads_persist else 0
+    kept = s.grads_kept_through_forward and not (held.grads_persist or held.grads_freed_by_step)
+    grads_forward = held.grads if kept else 0
     autocast_copies = held.params // desc.dtype_bytes * 2 if s.half and s.engine in ("single", "ddp") else 0
-    forward = held.gathered_forward + autocast_copies + activations + transient
     growing = 0 if held.grads_persist else held.grads
-    backward = held.gathered_backward + max(activations, growing) + held.backward_transient + 2 * transient
+    first_forward, first_backward = (
+        (held.gathered_forward, held.gathered_backward) if held.first_gathered is None
+        else (held.first_gathered, held.first_gathered))
+    first_transient = (
+        held.backward_transient if held.first_backward_transient is None else held.first_backward_transient)
+
+    def forward(gathered: int) -> int:
+        return gathered + autocast_copies + activations + transient
+
+    def backward(gathered: int, reduced: int) -> int:
+        return gathered + max(activations, growing) + reduced + held.backward_buffers + 2 * transient
+
     step = base + (0 if held.grads_persist else held.grads) + held.step_temporary
-    timeline = (held.setup, first + forward, first + backward, step, base + grads_forward + forward, base + backward)
+    timeline = (
+        held.setup,
+        first + forward(first_forward),
+        first + backward(first_backward, first_transient),
+        step,
+        base + grads_forward + forward(held.gathered_forward),
+        base + backward(held.gathered_backward, held.backward_transient),
+    )
     return PerRank(
         params=held.params,
         grads=held.grads,
         optimizer=held.optimizer,
         activations=activations,
-        gathered=max(held.gathered_forward, held.gathered_backward),
-        buffers=held.buffers,
+        gathered=max(held.gathered_forward, held.gathered_backward, held.first_gathered or 0),
+        buffers=held.buffers + held.backward_buffers,
         host=held.host,
         step_temporary=held.step_temporary,
         unit_grads=held.backward_transient,
         phases=(held.setup, timeline[4], timeline[5], step),
         timeline=timeline,
+        setup_requests=held.setup_requests,
     )
 
 
-def _step_temporary(s: Strategy, local_numel: int, largest: int, gpu: bool) -> int:
-    """fp32 bytes a torch optimizer step allocates: foreach (GPU default) over all, a loop (CPU) per tensor."""
-    return int(s.optimizer.step_temporary * (local_numel if gpu else largest) * 4)
-
-
-def _single(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> _Held:
+def _single(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> Held:
     b, psi = desc.dtype_bytes, desc.params
-    return _Held(
+    return Held(
         params=psi * b,
         grads=psi * b,
         optimizer=psi * s.optimizer.state_bytes,
-        step_temporary=_step_temporary(s, psi, desc.largest_param, gpu),
+        step_temporary=step_temporary(s, psi, desc.largest_param, gpu),
         setup=psi * b,
     )
 
 
-def _ddp(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> _Held:
+def _ddp(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> Held:
     """Whole everywhere, plus gradient buckets as large as the gradients (``gradient_as_bucket_view=False``)."""
     one = _single(desc, s, n, gpu)
     return replace(one, buffers=one.grads, setup=one.setup + one.grads)
 
 
-def _zero(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> _Held:
-    """DeepSpeed ZeRO 1, 2 and 3.
-
-    Parameters are stored in the compute dtype (DeepSpeed casts the model for
-    fp16/bf16); the optimizer keeps an fp32 master copy of its partition even
-    in fp32 (a clone), plus its state.  Gradients: ZeRO-1 whole, ZeRO-2/3 a
-    partition in a buffer allocated once.  Reduce buckets of
-    ``reduce_bucket_size`` elements (two with ``overlap_comm`` in ZeRO-1/2).
-    ZeRO-3 keeps parameters under the persistence threshold whole, gathers up
-    to ``prefetch_bucket_size`` elements ahead, and at set-up copies the
-    partitions into one flat buffer (twice the partitions for a moment).
-    """
-    stage = int(s.engine[-1])
-    psi = desc.params
-    pb = 2 if s.half else desc.dtype_bytes
-    part = -(-psi // n)
-    small = desc.small_upto[-1] if stage == 3 else 0
-    states = part * (4 + s.optimizer.state_bytes)
-    overlap = s.zero.overlap_comm if s.zero.overlap_comm is not None else stage == 3
-    buckets = s.zero.reduce_bucket_size * pb * (2 if overlap and stage < 3 else 1)
-    if stage == 3:
-        params = (0 if s.offload_params else part * pb) + small * pb
-    else:
-        params = psi * pb
-    grads = psi * pb if stage == 1 else part * pb
-    if s.offload_optimizer and stage > 1:
-        grads = 0
-    optimizer = 0 if s.offload_optimizer else states
-    host = (states if s.offload_optimizer else 0) + (part * pb if s.offload_params and stage == 3 else 0)
-    gathered = min(psi, s.zero.prefetch_bucket_size + desc.largest_param) * pb if stage == 3 else 0
-    step_temporary = 0 if s.offload_optimizer else part * 4 + _step_temporary(s, part, part, gpu)
-    if stage == 3:
-        building = psi * pb if s.built_whole else part * pb + desc.largest_param * pb
-        lp = 0 if s.offload_params else part * pb
-        engine_setup = max(2 * lp, lp + small * pb + (0 if s.offload_optimizer else 2 * part * 4))
-    else:
-        building = psi * pb
-        engine_setup = 2 * psi * pb
-    return _Held(
-        params=params,
-        grads=grads,
-        optimizer=optimizer,
-        optimizer_before_step=0 if s.offload_optimizer else part * 4,
-        buffers=buckets,
-        host=host,
-        gathered_forward=gathered,
-        gathered_backward=gathered,
-        grads_persist=stage > 1,
-        step_temporary=step_temporary,
-        setup=max(building, engine_setup),
-    )
-
-
-def _fsdp(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> _Held:
+def _fsdp(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> Held:
     """FSDP1 (flat parameters per unit) and FSDP2 (per-parameter shards), one model.
 
     Each unit is sharded over ``S`` ranks (all of them, a node for
@@ -288,7 +245,7 @@ def _fsdp(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> _Held:
         unit_grads = 2 * biggest * h
     else:
         unit_grads = biggest * h + (-(-biggest // shard) * b if s.half else 0)
-    return _Held(
+    return Held(
         params=(on_device + unmanaged) * b,
         grads=(on_device + unmanaged) * b,
         optimizer=(on_device + unmanaged) * k,
@@ -296,7 +253,7 @@ def _fsdp(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> _Held:
         gathered_forward=gathered_forward,
         gathered_backward=gathered_backward,
         backward_transient=unit_grads,
-        step_temporary=_step_temporary(s, on_device + unmanaged, desc.largest_param, gpu),
+        step_temporary=step_temporary(s, on_device + unmanaged, desc.largest_param, gpu),
         setup=desc.params * b if s.built_whole else (on_device + unmanaged) * b + 2 * biggest * b,
     )
 
@@ -312,11 +269,11 @@ def _manual(desc: ModelDescription, s: Strategy, *, gpu: bool, batch_scale: floa
     for rows in by_device.values():
         numel = sum(desc.subtree(desc.numel_upto, r) for r in rows)
         b = desc.dtype_bytes
-        held = _Held(
+        held = Held(
             params=numel * b,
             grads=numel * b,
             optimizer=numel * s.optimizer.state_bytes,
-            step_temporary=_step_temporary(s, numel, desc.largest_param, gpu),
+            step_temporary=step_temporary(s, numel, desc.largest_param, gpu),
             setup=numel * b,
         )
         activations = int(_activations(desc, s, rows) * batch_scale)
@@ -331,9 +288,9 @@ def _manual(desc: ModelDescription, s: Strategy, *, gpu: bool, batch_scale: floa
 _ENGINES = {
     "single": _single,
     "ddp": _ddp,
-    "zero1": _zero,
-    "zero2": _zero,
-    "zero3": _zero,
+    "zero1": zero_held,
+    "zero2": zero_held,
+    "zero3": zero_held,
     "fsdp1": _fsdp,
     "fsdp2": _fsdp,
 }

@@ -41,9 +41,15 @@ class ZeroSettings:
     """None: DeepSpeed's default, on for stage 3 only."""
     prefetch_bucket_size: int = 50_000_000
     param_persistence_threshold: int = 100_000
+    max_live_parameters: int = 1_000_000_000
+    """ZeRO-3 prefetches until this many elements are whole, and keeps them for their next use."""
+    sub_group_size: int = 1_000_000_000
+    """ZeRO-3 updates its partition in sub-groups of this many elements: the step's fp32 copies are one's size."""
+    contiguous_gradients: bool = True
+    """Gradients are copied into the reduce bucket, a buffer of ``reduce_bucket_size`` elements."""
 
 
-LIGHTNING_ZERO = ZeroSettings(reduce_bucket_size=200_000_000, overlap_comm=True)
+LIGHTNING_ZERO = ZeroSettings(reduce_bucket_size=200_000_000, overlap_comm=True, sub_group_size=1_000_000_000_000)
 """What Lightning's ``DeepSpeedStrategy`` passes to DeepSpeed."""
 
 

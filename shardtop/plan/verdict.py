@@ -56,11 +56,15 @@ def runs_out_at(per_rank: PerRank, gpu: Gpu | None) -> str | None:
     return next((phase for phase, size in zip(TIMELINE, per_rank.timeline, strict=True) if size > gpu.usable), None)
 
 
-def dominant(s: Strategy, p: PerRank, phase: str) -> tuple[str, int]:
-    """The largest part of a phase's peak, named for the user."""
+def dominant(s: Strategy, p: PerRank, phase: str, gpu: Gpu | None = None) -> tuple[str, int]:
+    """The largest part of a phase's peak, named for the user; at set-up, the request that does not fit
+    ``gpu`` where the engine's own buffers decide it."""
     if phase == "set-up":
         if s.built_whole:
             return "the whole model as built, on every rank before the engine splits it", p.setup
+        request = p.setup_request(gpu.usable if gpu is not None else None)
+        if request is not None:
+            return f"the engine's set-up, up to {request[0]}", request[1]
         return "building the model and handing it to the engine", p.setup
     parts = {
         "parameters": p.params,
@@ -80,7 +84,7 @@ def dominant(s: Strategy, p: PerRank, phase: str) -> tuple[str, int]:
 
 def option(s: Strategy, p: PerRank, gpu: Gpu | None) -> Option:
     out_at = runs_out_at(p, gpu)
-    words, size = dominant(s, p, out_at or p.peak_phase)
+    words, size = dominant(s, p, out_at or p.peak_phase, gpu)
     return Option(strategy=s, per_rank=p, fits=fits(p, gpu), runs_out_at=out_at, dominant=words, dominant_bytes=size)
 
 
