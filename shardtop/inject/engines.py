@@ -146,11 +146,13 @@ def _deepspeed_handover(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Handov
 
 @guarded("reading the DeepSpeed engine")
 def _after_deepspeed(result: Any) -> None:
-    from shardtop.inject.model_hooks import set_root
+    from shardtop.inject.model_hooks import read_after_engine_steps, set_root
 
     engine = result[0] if isinstance(result, tuple) and result else None
     if engine is not None and hasattr(engine, "parameters"):
         set_root(engine, stage="engine")
+        if callable(getattr(engine, "step", None)):
+            read_after_engine_steps(engine)
 
 
 def patch_deepspeed(module: ModuleType) -> None:

@@ -13,7 +13,10 @@
   DeepSpeed steps the engine's optimizer twice a step (accelerate's wrapper,
   then the engine), and that is one step.  After the first, the shards are read
   again with the optimizer (gradients and its state exist only then) and the
-  global forward hook goes.
+  global forward hook goes.  A DeepSpeed engine steps its inner optimizer once
+  per parameter group (a ``Trainer`` makes two: with and without weight
+  decay), so there the shards are read when the engine's own ``step`` returns,
+  once every group has its optimizer state.
 
 Per step that is three Python calls and one event each.
 """
@@ -176,10 +179,39 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     seconds = time.perf_counter() - STATE.step_started if STATE.step_started is not None else None
     STATE.step_started = None
     p.step(STATE.steps, seconds=seconds)
+    if STATE.engine_steps is None or STATE.engine_steps is not STATE.root:
+        _stepped_snapshot(p, optimizer)
+
+
+def _stepped_snapshot(p: Any, optimizer: Any) -> None:
     if not STATE.stepped_snapshot and STATE.root is not None:
         STATE.stepped_snapshot = True
         _stop_looking_for_root()
         p.snapshot(STATE.root, stage="step", optimizer=_engine_optimizer(STATE.root) or optimizer)
+
+
+def read_after_engine_steps(engine: Any) -> None:
+    """The step's snapshot of a DeepSpeed engine once its ``step`` has returned: its optimizer has stepped
+    every parameter group by then."""
+    import functools
+
+    step = engine.step
+
+    @functools.wraps(step)
+    def engine_step(*args: Any, **kwargs: Any) -> Any:
+        result = step(*args, **kwargs)
+        _after_engine_step()
+        return result
+
+    engine.step = engine_step
+    STATE.engine_steps = engine
+
+
+@guarded("reading the shards after the engine's step")
+def _after_engine_step() -> None:
+    p = rank_probe()
+    if p is not None and STATE.steps and STATE.engine_steps is STATE.root:
+        _stepped_snapshot(p, None)
 
 
 def _engine_optimizer(root: Any) -> Any:

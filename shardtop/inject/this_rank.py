@@ -57,6 +57,8 @@ class InjectState:
         self.steps = 0
         self.step_started: float | None = None
         self.stepped_snapshot = False
+        self.engine_steps: Any = None
+        """A DeepSpeed engine whose ``step`` takes the step's snapshot once it returns (see ``model_hooks``)."""
 
 
 STATE = InjectState(pid=os.getpid())
