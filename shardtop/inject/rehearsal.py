@@ -17,6 +17,8 @@ module loads (``PATCHES``), and only in a process that rehearses
   this rank's own objects: through the fake group they would read lengths no peer
   ever sent, and unpickle garbage.
 - DeepSpeed's checks that every rank agrees with rank 0 on a list pass (no peer exists).
+- DTensor's ``distribute_tensor`` cuts each rank's shard from the rank's own
+  full tensor: its scatter from rank 0 brings nothing through the fake group.
 - ZeRO-3's partitions are zero past the parameter's last element.  DeepSpeed
   leaves the padding of the last ranks' partitions as ``torch.empty`` left it,
   which a real all-gather drops; the fake one copies this rank's partition,
@@ -40,6 +42,9 @@ module loads (``PATCHES``), and only in a process that rehearses
   ``ModelParallelStrategy`` left to size its mesh itself gets the sizes the job
   it rehearses would give it, ``(num_nodes, devices)`` as the script asked.
 
+What the Hugging Face clients (accelerate, the ``Trainer``) need besides is in
+``rehearsal_clients.py``.
+
 Everything here imports torch lazily: the patches run inside the modules'
 own imports.
 """
@@ -50,6 +55,7 @@ import functools
 import sys
 from typing import TYPE_CHECKING, Any
 
+from shardtop.inject.rehearsal_clients import CLIENT_PATCHES
 from shardtop.inject.rehearsal_env import Rehearsed, this_process
 
 if TYPE_CHECKING:
@@ -182,6 +188,22 @@ def patch_c10d(module: ModuleType) -> None:
         for name in C10D_FUNCTIONS:
             if hasattr(top, name):
                 setattr(top, name, getattr(module, name))
+
+
+def patch_distribute_tensor(module: ModuleType) -> None:
+    """``torch.distributed.tensor._api``: ``distribute_tensor`` cuts this rank's shard from its own full tensor
+    (``src_data_rank=None``) instead of receiving it by a scatter from rank 0, which the fake group never
+    delivers: rank 3 of 4 got uninitialised memory for its shard.  Tensor parallelism distributes every
+    weight this way, and accelerate's FSDP2 loading (``cpu_ram_efficient_loading``) every parameter."""
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def distribute_tensor(*args: Any, **kwargs: Any) -> Any:
+            kwargs["src_data_rank"] = None
+            return original(*args, **kwargs)
+
+        return distribute_tensor
+
+    _replace(module, "distribute_tensor", make)
 
 
 def patch_zero3_partitions(module: ModuleType) -> None:
@@ -337,11 +359,13 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "torch.distributed.distributed_c10d": patch_c10d,
     "torch.distributed.run": patch_torchrun,
     "torch.nn.parallel.distributed": patch_ddp,
+    "torch.distributed.tensor._api": patch_distribute_tensor,
     "deepspeed.launcher.runner": patch_deepspeed_runner,
     "deepspeed.runtime.zero.utils": patch_deepspeed_checks,
     "deepspeed.runtime.zero.partition_parameters": patch_zero3_partitions,
     "lightning.pytorch.trainer.trainer": patch_trainer,
     "lightning.fabric.fabric": patch_fabric,
+    **CLIENT_PATCHES,
 }
 """Module name -> what a rehearsal changes in it once it loaded."""
 

@@ -18,9 +18,10 @@ SEQ = 16
 
 
 class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    """Random token sequences, their own labels (next-token loss)."""
+    """Random token sequences, their own labels (next-token loss): enough for three batches of 4 on each of 8
+    ranks."""
 
-    def __init__(self, count: int = 64) -> None:
+    def __init__(self, count: int = 128) -> None:
         generator = torch.Generator().manual_seed(0)
         self.ids = torch.randint(0, VOCAB, (count, SEQ), generator=generator)
 
@@ -35,7 +36,7 @@ class TokenStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     """The same sequences as a stream (as ``datasets`` streams them): accelerate then reads the batches
     on rank 0 and sends each rank its part."""
 
-    def __init__(self, count: int = 64) -> None:
+    def __init__(self, count: int = 128) -> None:
         self.tokens = Tokens(count)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
