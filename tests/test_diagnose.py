@@ -128,11 +128,14 @@ GPU_ONLY = {
 
 
 def test_every_rule_is_covered_by_a_real_run() -> None:
+    from tests.test_memory_growth_runs import RULE_CASES as GROWTH_CASES
     from tests.test_rules_more import GPU_ONLY as MORE_GPU_ONLY
     from tests.test_rules_more import RULE_CASES as MORE_RULE_CASES
+    from tests.test_stalls import RULE_CASES as STALL_CASES
 
     covered = {"zero3-single-rank" if r.code == "single-rank" else r.code for r in RULES} | {"oom"}
-    assert covered - set(GPU_ONLY) - set(MORE_GPU_ONLY) == set(RULE_CASES) | set(MORE_RULE_CASES)
+    elsewhere = set(MORE_RULE_CASES) | set(GROWTH_CASES) | set(STALL_CASES)
+    assert covered - set(GPU_ONLY) - set(MORE_GPU_ONLY) == set(RULE_CASES) | elsewhere
 
 
 def test_story_1_hand_wrapped_layers_are_outside_every_unit(reports: Any) -> None:

@@ -16,6 +16,8 @@ from tests.own_job_runs import ROOT, cli, user_env
 
 SCRIPT = str(ROOT / "tests" / "over_time_scripts" / "skips_collective.py")
 STEP_S = 1.0
+RULE_CASES = {"rank-stalled": ("skips_collective.py", ["skips_collective.py --long-step"])}
+"""The rule this file covers with real runs: the run that shows it, and the one that comes close."""
 
 
 def start(runs: Path, *args: str) -> subprocess.Popen[str]:
