@@ -43,6 +43,7 @@ import pytest
 
 from shardtop.runs import list_runs
 from tests.conftest import ROOT, shardtop
+from tests.distributed import free_port
 from tests.own_job_runs import GLOO_TEARDOWN_ABORT, user_env
 
 for package in ("transformers", "accelerate", "peft", "deepspeed"):
@@ -62,7 +63,9 @@ RUN_TIMEOUT = 300
 
 
 def accelerate(config: str, processes: int, *script_args: str) -> tuple[str, ...]:
-    return ("accelerate", "launch", "--config_file", config, "--num_processes", str(processes), LOOP, *script_args)
+    """``accelerate launch`` of the loop; on a port of its own (accelerate's default, 29500, may be another job's)."""
+    return ("accelerate", "launch", "--config_file", config, "--num_processes", str(processes),
+            "--main_process_port", str(free_port()), LOOP, *script_args)
 
 
 @dataclass(frozen=True)

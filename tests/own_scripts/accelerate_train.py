@@ -47,6 +47,7 @@ def main() -> None:
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
+    print(f"rank {accelerator.process_index} ends at loss {loss.item():.4f}", flush=True)
     accelerator.print(f"trained as {accelerator.distributed_type} ({type(model).__name__}), "
                       f"{accelerator.num_processes} processes")
     accelerator.end_training()
