@@ -5,7 +5,8 @@ Runs are the real recordings committed under ``tests/fixtures/runs/``:
 ``cpu-6ranks/`` (story 2 on 6 gloo CPU processes), ``cpu-2hosts/`` (a user's
 own FSDP2 script on two hosts of two CPU ranks each), ``cpu-rehearsal/``
 (``fsdp2-mlp`` and story 2 rehearsed as ranks 0 and 3 of 4, one CPU process at a
-time), and under
+time), ``cpu-over-time/`` (a user's loop whose memory grows every step, and two gloo ranks, one of them
+stalled in a collective its peer skipped), and under
 ``tests/tui/fixtures/runs/`` (``fsdp2-mlp`` on 2 CPU processes), ``h200-split/`` (the
 presets on one H200 with each rank's memory split by kind).  They are
 named here ``machine/preset`` (or ``machine/program`` for a user's own job):
@@ -45,6 +46,7 @@ MACHINES = {
     "cpu": Path(__file__).resolve().parent / "fixtures" / "runs",
     "cpu-2hosts": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-2hosts",
     "cpu-rehearsal": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-rehearsal",
+    "cpu-over-time": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-over-time",
 }
 """Where each machine's recordings are."""
 STORY2_OOM = "h200/zero3-linear"
