@@ -7,6 +7,7 @@ feed reads incrementally and builds the same ``RunModel`` with ``RunModel.of``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from shardtop.events import read_all
 from shardtop.run_meta import RunMeta
@@ -22,7 +23,11 @@ LOG_TAIL_BYTES = 16 << 10
 
 def read_log_tail(run: RunDirectory, rank: int, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
     """The last ``lines`` non-empty lines of a rank's log (the runner's log stands in for rank -1)."""
-    path = run.runner_log if rank < 0 else run.rank_log(rank)
+    return read_file_tail(run.runner_log if rank < 0 else run.rank_log(rank), lines)
+
+
+def read_file_tail(path: Path, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
+    """The last ``lines`` non-empty lines of a log file (a host's command log, a rank's); none if unreadable."""
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)

@@ -41,6 +41,7 @@ __all__ = [
 
 STATUS_MARKS = {
     "running": "●",
+    "stalled": "‖",
     "finished": "✓",
     "failed": "✗",
     "stopped": "■",

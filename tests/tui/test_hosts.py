@@ -50,8 +50,9 @@ async def test_the_run_view_groups_a_two_host_run_by_host(tmp_path: Path) -> Non
         assert header.split()[-4:] == ["r2", "r3│", "r0", "r1"], f"host by host, a mark where node-b begins: {header!r}"
         model_row = tree.render_line(1).text
         assert model_row.rstrip().endswith("12.6K 12.6K│12.8K 12.6K"), model_row
-        memory = app.screen.query_one(RankMemory).render().plain.splitlines()
-        assert [line.split()[0] for line in memory] == ["node-a", "r2", "r3", "node-b", "r0", "r1"], memory
+        lines = app.screen.query_one(RankMemory).render().plain.splitlines()
+        memory = [line for line in lines if not line.startswith(" ")]  # under each bar: its memory per step
+        assert [line.split()[0] for line in memory] == ["node-a", "r2", "r3", "node-b", "r0", "r1"], lines
         assert memory[0].endswith("r2–3") and memory[3].endswith("r0–1")
         await pilot.press("slash", "f", "c")
         assert tree.border_subtitle == "3 matches", "blocks.0.fc, blocks.1.fc, blocks.2.fc: the subtitle counts them"
@@ -108,7 +109,7 @@ async def test_many_ranks_take_a_line_per_host(tmp_path: Path) -> None:
     async with app.run_test(size=(160, 48)) as pilot:
         ranks = app.screen.query_one(RankMemory)
         await wait_for(pilot, lambda: len(ranks.rows) == 24, what="24 ranks")
-        assert ranks.border_title == "Memory per host (24 ranks)"
+        assert ranks.border_title == "Memory per host (24 ranks), of 140 GiB GPU", "every bar against its GPU"
         lines = ranks.render().plain.splitlines()
         assert [line.split()[:3] for line in lines] == [["gpu-001", "8", "ranks"], ["gpu-002", "8", "ranks"],
                                                         ["gpu-003", "8", "ranks"]], lines

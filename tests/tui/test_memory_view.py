@@ -132,7 +132,8 @@ async def test_a_run_using_little_of_its_gpu_is_magnified_and_says_so(tmp_path: 
         at = bar.index(PEAK)
         assert at / len(bar) <= 3_175_195_648 * 36 / 150_754_820_096 < (at + 1) / len(bar), "2.96 GiB, ×36"
         assert lines[2].strip().startswith("█param 805M █grad 805M █optim 805M ▚outside 1.29G")
-        assert lines[3].strip().endswith(f"{PEAK}peak 2.96G of 140G")
+        assert lines[3].strip().endswith(" memory per step"), "under the bar: its memory at each step"
+        assert lines[4].strip().endswith(f"{PEAK}peak 2.96G of 140G")
 
 
 async def test_c_cycles_what_the_rank_columns_count(tmp_path: Path) -> None:

@@ -23,7 +23,8 @@ SYMBOLS = (
         "the allocator's cache, outside PyTorch, kinds too small for a cell; the rank's peak",
     ),
     ("zoom ×47", "the memory bars magnified 47 times: every rank uses under a quarter of its GPU"),
-    ("● ✓ ✗ ■ ?", "running, finished, failed, stopped, lost"),
+    ("● ‖ ✓ ✗ ■ ?", "running, stalled, finished, failed, stopped, lost"),
+    ("↗ grows", "a rank whose memory grows every step, and when it runs out"),
     ("✗ error  ! warning  i info", "how serious a finding is"),
 )
 

@@ -59,7 +59,10 @@ def empty_tree_words(snap: RunSnapshot) -> str:
             "No module tree: the run ended before the probe read the model (it reads it before the engine "
             "set-up if the model exists then, and once the engine has wrapped it)."
         )
-    return "No module tree yet: the ranks send it once the engine has wrapped the model."
+    waiting = "No module tree yet: the ranks send it once the engine has wrapped the model."
+    if not snap.activity:
+        return waiting
+    return "\n".join([waiting, "", "Meanwhile:", *(a.words for a in snap.activity)])
 
 
 def oom_module(snap: RunSnapshot) -> str | None:

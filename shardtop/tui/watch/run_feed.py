@@ -25,6 +25,7 @@ from shardtop.run_status import RunStatus
 from shardtop.runs import RunDirectory
 from shardtop.shard_model import ShardModel
 from shardtop.tui.watch.log_tail import LogTail
+from shardtop.tui.watch.rank_activity import RankActivity, rank_activity
 
 Diagnosis = Callable[[RunModel], Sequence[Finding]]
 """``diagnose``, or a stand-in where a test needs the diagnosis to fail."""
@@ -59,6 +60,8 @@ class RunSnapshot:
     """Log lines since the previous snapshot."""
     serial: int
     """1 for the first snapshot of a feed, then counting up."""
+    activity: tuple[RankActivity, ...] = ()
+    """While there is no tree: what each rank is doing (its phase, its last log line)."""
 
     @property
     def state(self) -> RunState:
@@ -134,6 +137,7 @@ class RunFeed:
         self._findings: tuple[Finding, ...] = ()
         self._posted: tuple[RunState, RunStatus | None] | None = None
         self._pending_log: list[str] = []
+        self._activity: tuple[RankActivity, ...] = ()
 
     @property
     def every(self) -> float:
@@ -152,10 +156,11 @@ class RunFeed:
         status_changed = self._check_status(now)
         self._pending_log.extend(self.logs.read_new())
         state = self.builder.snapshot()
-        changed = self._posted != (state, self._status) or bool(self._pending_log)
+        model = RunModel.of(state, self._meta, self._status)
+        activity = rank_activity(self.run, model) if state.tree is None else ()
+        changed = self._posted != (state, self._status) or bool(self._pending_log) or activity != self._activity
         if not changed:
             return None
-        model = RunModel.of(state, self._meta, self._status)
         held = model_key(state)
         if held != self._model_key:  # an OOM alone must not wait for a 100k-module rebuild
             self._model_key = held
@@ -170,10 +175,12 @@ class RunFeed:
         self._serial += 1
         self._last_post = now
         self._posted = (state, self._status)
+        self._activity = activity
         log = tuple(self._pending_log[-MAX_LOG_LINES:])
         self._pending_log.clear()
         return RunSnapshot(
-            run=self.run, model=model, tree=self._tree, findings=self._findings, new_log=log, serial=self._serial
+            run=self.run, model=model, tree=self._tree, findings=self._findings, new_log=log, serial=self._serial,
+            activity=activity,
         )
 
     def _check_status(self, now: float) -> bool:

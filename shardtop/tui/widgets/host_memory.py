@@ -115,8 +115,8 @@ def host_lines(
         label.append(f" {n} rank{'s' if n != 1 else ''}" if wide else f" ×{n}", muted)
         if wide:
             status(label, h.status)
-        elif h.status.ended:  # narrow: the mark, and OOM by name
-            word = " OOM" if h.status.state == "out of memory" else ""
+        elif h.status.ended or h.status.state == "stalled":  # narrow: the mark, and OOM or stalled by name
+            word = {"out of memory": " OOM", "stalled": " stalled"}.get(h.status.state, "")
             finished = h.status.state == "finished"
             label.append(f" {h.status.mark}{word}", muted if finished else style("rank-memory--oom"))
         labels.append(label)

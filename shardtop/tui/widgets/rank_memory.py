@@ -22,13 +22,16 @@ from textual.geometry import Size
 from textual.reactive import reactive
 
 from shardtop.events import GpuMemory
+from shardtop.memory_growth import Growth
 from shardtop.run_model import RankStatus, RunModel
 from shardtop.run_state import RankState
 from shardtop.tui.format import bar, fraction, short_bytes, sparkline, split_bar
 from shardtop.tui.host_groups import by_host, rank_spans
 from shardtop.tui.memory_bar import PEAK, BarPart, BarRun, LegendEntry, bar_parts, zoom_of
 from shardtop.tui.repaint import PaintsChanges
+from shardtop.tui.widgets.bar_scale import may_use_words, scale_title
 from shardtop.tui.widgets.host_memory import HOST_LINES_FROM, host_lines, host_memory_rows
+from shardtop.tui.widgets.over_time import GROWS, over_time_line, shows_over_time
 from shardtop.tui.widgets.stacked_memory import bar_legend, stacked_bar, zoom_words
 
 
@@ -52,11 +55,36 @@ class RankMemoryRow:
     parts: tuple[BarPart, ...] = ()
     """What fills the rank's memory now, by kind, then the cache and memory outside PyTorch
     (``memory_bar.bar_parts``); empty where the probe split nothing (the bar is not stacked then)."""
+    may_use: int | None = None
+    """What the rank may use before it runs out (``RunModel.memory_limit_of``): its cap, its GPU, or the
+    host's memory limit or memory."""
+    may_use_words: str = ""
+    """What ``may_use`` is: ``cap``, ``GPU``, ``host memory limit`` or ``host memory``."""
+    steps: tuple[int, ...] = ()
+    """The rank's memory at the start of each step's forward, in step order."""
+    growth: Growth | None = None
+    """Memory that grows every step, where the read model found it."""
 
     @property
     def whole(self) -> int | None:
-        """What the allocation is measured against: the limit, else the GPU, else the allocator's own peak."""
-        return self.limit or (self.gpu.total if self.gpu else None) or self.peak or self.reserved
+        """What the bar measures against: the limit, else the GPU, else what the rank may use (a CPU
+        rank: the host's memory), else the allocator's own peak."""
+        gpu = self.gpu.total if self.gpu else None
+        return self.limit or gpu or self.may_use or (self.peak or self.reserved if self.allocated is not None else None)
+
+    @property
+    def whole_words(self) -> str:
+        """What ``whole`` is, in the title's words; empty where the bar measures against its own peak."""
+        if self.limit:
+            return "cap"
+        if self.gpu is not None and self.gpu.total:
+            return "GPU"
+        return self.may_use_words if self.may_use else ""
+
+    @property
+    def over_time(self) -> bool:
+        """The rank has a line over time under its bar (``over_time.shows_over_time``)."""
+        return shows_over_time(self.steps, self.growth, self.status)
 
     @property
     def stacked(self) -> bool:
@@ -129,15 +157,22 @@ def rank_rows(model: RunModel) -> tuple[RankMemoryRow, ...]:
                 history=rs.allocated_history,
                 status=r.status,
                 parts=parts,
+                may_use=model.memory_limit_of(r),
+                may_use_words=may_use_words(r),
+                steps=tuple(s.bytes for s in rs.step_memory),
+                growth=model.growth.get(rs.rank),
             )
         )
     return tuple(rows)
 
 
-def line_shape(rows: tuple[RankMemoryRow, ...]) -> tuple[tuple[str, bool, bool, bool], ...]:
-    """What decides how many lines the bars take (at one width): the ranks' hosts, allocator, NVML figures
-    and splits (a stacked bar has a legend)."""
-    return tuple((r.host, r.allocated is None, r.gpu is None, r.stacked) for r in rows)
+Shape = tuple[tuple[str, bool, bool, bool, bool], ...]
+
+
+def line_shape(rows: tuple[RankMemoryRow, ...]) -> Shape:
+    """What decides how many lines the bars take (at one width): the ranks' hosts, allocator, NVML figures,
+    splits (a stacked bar has a legend) and lines over time."""
+    return tuple((r.host, r.allocated is None, r.gpu is None, r.stacked, r.over_time) for r in rows)
 
 
 LEGEND_LINES = {"wide": 1, "tall": 1}
@@ -184,6 +219,9 @@ class RankMemory(PaintsChanges):
         "rank-memory--outside",
         "rank-memory--small",
         "rank-memory--peak",
+        "rank-memory--steps",
+        "rank-memory--growth",
+        "rank-memory--stalled",
     }
 
     DEFAULT_CSS = """
@@ -201,8 +239,9 @@ class RankMemory(PaintsChanges):
         super().__init__(id=id, classes=classes)
         self.border_title = "Memory per rank"
         self._drawn: tuple[tuple[object, ...], Text] | None = None
-        self._shape: tuple[tuple[str, bool, bool, bool], ...] = ()
+        self._shape: Shape = ()
         self._zoom = 1
+        self._over_time = False
 
     def show(self, model: RunModel) -> None:
         """New figures repaint the bars; the screen is laid out again only when the bars need more or fewer lines."""
@@ -210,12 +249,23 @@ class RankMemory(PaintsChanges):
         shape = line_shape(rows)
         reshaped, self._shape = shape != self._shape, shape
         self.rows = rows
+        self._title()
         if reshaped:
-            per_host = self._per_host()
-            self.border_title = f"Memory per host ({len(rows)} ranks)" if per_host else "Memory per rank"
             self.refresh(layout=True)
         else:
             self.repaint_changes()
+
+    def on_resize(self) -> None:
+        self._title()
+
+    def _title(self) -> None:
+        """``Memory per rank, of 23.5 GiB host memory``: what the bars measure against, where all share it."""
+        scale = scale_title([(r.whole, r.whole_words) for r in self.rows])
+        title = f"Memory per host ({len(self.rows)} ranks)" if self._per_host() else "Memory per rank"
+        if scale:  # a narrow panel keeps what the bars measure against, not "per rank"
+            title = f"Memory {scale}" if 0 < self.size.width < 44 and not self._per_host() else f"{title}, {scale}"
+        if title != self.border_title:
+            self.border_title = title
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
@@ -250,6 +300,7 @@ class RankMemory(PaintsChanges):
         layout = memory_layout(width, len(self.rows) + headings)
         out = Text(no_wrap=True, overflow="ellipsis")
         top = max((r.peak or r.reserved or r.allocated or r.host_rss or 0) for r in self.rows) or 1
+        self._over_time = layout in ("wide", "tall") and len(self.rows) <= WIDE_LEGEND_RANKS
         labels = {row.rank: self._label(row, layout) for row in self.rows}
         self._zoom = zoom_of([(r.top, r.whole or 0) for r in self.rows if r.stacked])
         label_width = max(label.cell_len for label in labels.values())
@@ -273,20 +324,26 @@ class RankMemory(PaintsChanges):
         return out
 
     def _label(self, row: RankMemoryRow, layout: str) -> Text:
-        """``r0 cuda:0 pid 644 ✗ OOM`` (wide) or ``r0 ✗ OOM``: which rank, and how it ended, in words."""
+        """``r0 cuda:0 pid 644 ✗ OOM`` (wide) or ``r0 ✗ OOM``: which rank, and how it ended, in words; with no
+        line over time under the bar, ``↗ grows`` where its memory grows every step."""
         style = self.get_component_rich_style
         out = Text()
         out.append(f"r{row.rank}", style("rank-memory--label"))
         if layout == "wide":
             out.append(f" {row.device}" + (f" pid {row.pid}" if row.pid else ""), style("rank-memory--muted"))
         self._status(out, row.status)
+        if row.growth is not None and not self._over_time and not row.status.ended:
+            out.append(f" {GROWS} grows", style("rank-memory--growth"))
         return out
 
     def _status(self, out: Text, status: RankStatus) -> None:
-        """`` ✓`` once finished, `` ✗ OOM`` and the like once ended otherwise; nothing while running."""
+        """`` ✓`` once finished, `` ✗ OOM`` and the like once ended otherwise, `` ‖ stalled`` while it has
+        stopped moving; nothing while running."""
         style = self.get_component_rich_style
         if status.state == "finished":
             out.append(f" {status.mark}", style("rank-memory--muted"))
+        elif status.state == "stalled":
+            out.append(f" {status.mark} stalled", style("rank-memory--stalled"))
         elif status.ended:
             word = STATUS_WORDS.get(status.state, status.state)
             out.append(f" {status.mark} {word}", style("rank-memory--oom"))
@@ -302,13 +359,14 @@ class RankMemory(PaintsChanges):
             whole = row.whole or 1
             figures = f"{short_bytes(row.allocated)}/{short_bytes(whole)}"
         else:
-            whole, figures = top, f"rss {short_bytes(row.host_rss)}"
+            whole, figures = row.whole or top, f"rss {short_bytes(row.host_rss)}"
         legend = legend if row.stacked else 0
         if layout == "one-line" or (layout == "wide" and row.allocated is None):
             # a CPU rank has one figure (its RSS): label, history and figure fit one line even when wide
             out.append(" " * (label_width - label.cell_len + 1))
             self._bar(out, row, whole, top, max(4, min(40, width - label_width - len(figures) - 2)))
             out.append(" " + figures)
+            self._steps(out, row, width, "  ")
             return
         if layout in ("two-line", "tall"):
             out.append("  " + figures + "\n ")
@@ -318,6 +376,7 @@ class RankMemory(PaintsChanges):
                 bar_legend(out, row.parts, runs, max(4, width - 2), legend, " ", peak, self.get_component_rich_style)
             elif layout == "tall" and row.allocated is not None:
                 out.append(f"\n resv {short_bytes(row.reserved)} · peak {short_bytes(row.peak)}")
+            self._steps(out, row, width, " ")
             if layout == "tall" and row.gpu is not None:
                 self._nvml(out, row.gpu, max(4, width - 19), " ", "")
             return
@@ -326,6 +385,7 @@ class RankMemory(PaintsChanges):
         runs = self._bar(out, row, whole, top, max(6, min(longest, width - 4)))
         if legend:
             bar_legend(out, row.parts, runs, max(6, width - 2), legend, "  ", None, self.get_component_rich_style)
+        self._steps(out, row, width, "  ")
         of = f"{short_bytes(row.limit)} limit" if row.limit else short_bytes(whole)
         out.append(f"\n  alloc {short_bytes(row.allocated)} · resv {short_bytes(row.reserved)} · ")
         if row.stacked and row.peak:
@@ -333,6 +393,11 @@ class RankMemory(PaintsChanges):
         out.append(f"peak {short_bytes(row.peak)} of {of}")
         if row.gpu is not None:
             self._nvml(out, row.gpu, max(6, min(40, width - 26)), "  ", " NVML")
+
+    def _steps(self, out: Text, row: RankMemoryRow, width: int, indent: str) -> None:
+        """The line over time under the bar, where the layout has room for it."""
+        if self._over_time and row.over_time:
+            over_time_line(out, row.steps, row.growth, row.status, width, indent, self.get_component_rich_style)
 
     def _nvml(self, out: Text, g: GpuMemory, width: int, indent: str, suffix: str) -> None:
         """What NVML saw on the rank's GPU: the allocator's figures plus the CUDA context and everyone else."""
@@ -345,10 +410,10 @@ class RankMemory(PaintsChanges):
 
     def _bar(self, out: Text, row: RankMemoryRow, whole: int, top: int, width: int) -> tuple[BarRun, ...]:
         """Stacked by kind (``_stacked``: returns its runs); else allocated █ within reserved ▒ within
-        the limit ░; CPU ranks: their RSS history."""
+        the limit ░; CPU ranks: their RSS history, against what they may use (``whole``)."""
         style = self.get_component_rich_style
         if row.allocated is None:
-            out.append(sparkline(row.history, width, maximum=top), style("rank-memory--allocated"))
+            out.append(sparkline(row.history, width, maximum=whole), style("rank-memory--allocated"))
             return ()
         if row.stacked:
             zoom = zoom_words(self._zoom, words=width >= 30)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.reactive import reactive
 
+from shardtop.run_model import RANK_MARKS
 from shardtop.tui.format import STATUS_MARKS, display_path, duration
 from shardtop.tui.repaint import PaintsChanges
 from shardtop.tui.watch.run_feed import RunSnapshot
@@ -35,6 +36,8 @@ class HeaderInfo:
     started: float | None
     ended: float | None
     skipped: int
+    stalled: str = ""
+    """``‖ rank 0 stalled`` while ranks have stopped moving in a run that still runs; else empty."""
 
 
 def header_info(snap: RunSnapshot) -> HeaderInfo:
@@ -69,7 +72,18 @@ def header_info(snap: RunSnapshot) -> HeaderInfo:
         started=m.meta.created or m.state.first_t,
         ended=ended,
         skipped=m.state.skipped + m.state.inconsistent,
+        stalled=stalled_words(sorted(m.stalls)),
     )
+
+
+def stalled_words(ranks: list[int]) -> str:
+    """``‖ rank 0 stalled``, ``‖ ranks 0, 3 stalled``, ``‖ 12 ranks stalled``; empty for none."""
+    if not ranks:
+        return ""
+    mark = RANK_MARKS["stalled"]
+    if len(ranks) > 4:
+        return f"{mark} {len(ranks)} ranks stalled"
+    return f"{mark} rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} stalled"
 
 
 class RunHeader(PaintsChanges):
@@ -133,6 +147,7 @@ class RunHeader(PaintsChanges):
             (info.preset, self.get_component_rich_style("run-header--title")),
             "  ",
             (f"{mark} {info.status}", self.get_component_rich_style("run-header--status")),
+            (f"  {info.stalled}" if info.stalled else "", self.get_component_rich_style("run-header--status")),
             "  ",
             ("elapsed ", label),
             self.elapsed or "-",

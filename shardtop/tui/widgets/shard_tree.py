@@ -407,11 +407,15 @@ class ShardTree(ScrollView, can_focus=True):
 
     def _empty_line(self, y: int, width: int) -> Strip:
         """Without a model the lines under the header say why, wrapped; else they are blank."""
-        words = textwrap.wrap(self.empty_words, max(10, width - 2)) if self.model is None else []
+        words = self._empty_lines(width) if self.model is None else []
         if not 1 <= y <= len(words):
             return Strip.blank(width, self.rich_style)
         style = self.rich_style + self.get_component_rich_style("shard-tree--type")
         return Strip(fit([(f" {words[y - 1]}", style)], width, self.rich_style))
+
+    def _empty_lines(self, width: int) -> list[str]:
+        """``empty_words`` wrapped to the pane, each of its lines (a rank's doing) starting a line of its own."""
+        return [w for para in self.empty_words.splitlines() for w in textwrap.wrap(para, max(10, width - 2)) or [""]]
 
     def _row(self, line: Line, width: int, selected: bool) -> Strip:
         model = self.model

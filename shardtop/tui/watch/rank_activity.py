@@ -1,0 +1,52 @@
+"""What the ranks are doing before the run view has a module tree: each rank's phase and last log line.
+
+An engine's set-up can take a minute before the probe sends the tree (DeepSpeed building its CPU
+optimizer); the tree pane says meanwhile what each rank is doing.  Read by the run feed, in its
+thread: the logs are files, and only the feed touches the disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardtop.run_files import read_file_tail
+from shardtop.run_model import RunModel
+from shardtop.runs import RunDirectory
+
+SHOWN_RANKS = 8
+"""Ranks told at most; a pane of a few lines has no room for more."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankActivity:
+    """One rank's (or one host's command's) latest doing: ``who`` is ``r0`` or a host's name."""
+
+    who: str
+    doing: str
+    """Its phase or status (``setup``, ``starting``); empty for a host's command."""
+    last_line: str
+    """The last line its log has, empty where it has none yet."""
+
+    @property
+    def words(self) -> str:
+        said = ", ".join(p for p in (self.doing, f"last log line: {self.last_line}" if self.last_line else "") if p)
+        return f"{self.who}: {said or 'no log line yet'}"
+
+
+def rank_activity(run: RunDirectory, model: RunModel) -> tuple[RankActivity, ...]:
+    """Each rank's phase (else its status) and last log line; a run of ``shardtop run`` has one log per host,
+    its ranks' output together, whose last line stands for the host's ranks."""
+    out = []
+    for r in model.ranks[:SHOWN_RANKS]:
+        doing = r.state.phase or r.status.words
+        tail = read_file_tail(run.rank_log(r.rank), 1)
+        out.append(RankActivity(f"r{r.rank}", doing, tail[-1] if tail else ""))
+    if not model.ranks:
+        for path in sorted(run.logs_dir.glob("rank-*.log"))[:SHOWN_RANKS]:
+            tail = read_file_tail(path, 1)
+            out.append(RankActivity(path.stem.replace("rank-", "r"), "starting", tail[-1] if tail else ""))
+    for path in sorted(run.logs_dir.glob("command-*.log"))[:SHOWN_RANKS]:
+        tail = read_file_tail(path, 1)
+        if tail:
+            out.append(RankActivity(path.stem.removeprefix("command-"), "", tail[-1]))
+    return tuple(a for a in out if a.last_line or a.doing)
