@@ -142,7 +142,7 @@ def _default_group_rank_zero() -> Iterator[None]:
     import torch.distributed as dist
 
     real = dist.get_rank
-    if getattr(real, AS_RANK_ZERO, False) or real() == 0:
+    if getattr(real, AS_RANK_ZERO, False) or not dist.is_initialized() or real() == 0:
         yield
         return
 
