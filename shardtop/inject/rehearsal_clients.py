@@ -14,7 +14,6 @@ is installed only in a process that rehearses, the moment its module loads.
   `_gpu_broadcast_one`").  Such a rank now reads the batches itself, as
   process 0 would, and keeps them: it holds the same whole batch on its device
   as in the job, then takes its own slice of it.
-
 - accelerate's FSDP2 loading (``cpu_ram_efficient_loading``,
   ``fsdp2_load_full_state_dict``): rank 0 broadcasts every parameter and the
   other ranks receive it into ``torch.empty``; through the fake group they
