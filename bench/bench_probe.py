@@ -141,6 +141,32 @@ def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int)
 MiB = 1 << 20
 
 
+def bench_kept(device: str, blocks: int, width: int, batch: int) -> None:
+    """What tracing one step for tensors kept across steps costs, beside an untraced step, alternating."""
+    from shardtop.probe.kept import RETRACE_AFTER, KeptTracker, held_storages
+
+    torch.manual_seed(0)
+    model = model_of(300, width).to(device)
+    names = {id(m): n for n, m in model.named_modules()}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(batch, width, device=device)
+    step_times(model, opt, x, 3, probe=False)
+    tracker = KeptTracker(names, lambda: 0, lambda: held_storages(model))
+    plain: list[float] = []
+    traced: list[float] = []
+    for _ in range(blocks):
+        plain += step_times(model, opt, x, 1, probe=False)
+        tracker._start(0)  # the hook, as a traced step has it
+        traced += step_times(model, opt, x, 1, probe=False)
+        tracker.close()
+        tracker._traced_step = None
+    m_plain, m_traced = statistics.median(plain), statistics.median(traced)
+    print(f"growth tracking: a traced step {m_traced * 1e3:.3f} ms against {m_plain * 1e3:.3f} ms untraced "
+          f"(ratio {m_traced / m_plain:.4f}); one step in {RETRACE_AFTER} at most once memory climbs, so at most "
+          f"{(m_traced / m_plain - 1) / RETRACE_AFTER * 100:+.2f} % over those steps; between traces one reading of "
+          "memory per step")
+
+
 def describe_split(split: Any, peak: int | None) -> str:
     """One line: how much of the peak a split explains, and by what."""
     allocated = split.allocated or 0
@@ -215,6 +241,7 @@ def main() -> None:
     os.environ.pop("SHARDTOP_RUN_DIR", None)
     print(f"torch {torch.__version__}, {os.cpu_count()} cpus, device {args.device}")
     bench_overhead(args.device, args.blocks, args.steps, args.width, args.batch)
+    bench_kept(args.device, args.blocks, args.width, args.batch)
     bench_big_tree(args.modules)
 
 
