@@ -12,7 +12,7 @@ from collections.abc import Callable
 from rich.style import Style
 from rich.text import Text
 
-from shardtop.memory_growth import Growth
+from shardtop.memory_growth import MIN_RISE, Growth
 from shardtop.run_model import RANK_MARKS, RankStatus
 from shardtop.tui.format import sparkline
 from shardtop.units import format_bytes
@@ -82,6 +82,7 @@ def over_time_line(
     if len(steps) >= 2 and cells >= 2:
         tail = steps[-cells:]
         low = min(tail)  # from the lowest step shown: a climb of 8 MiB a step shows on a 20 GiB rank too
-        out.append(sparkline([b - low for b in tail], cells), style("rank-memory--steps"))
+        span = max(max(tail) - low, MIN_RISE)  # a few KB of allocator noise stays flat
+        out.append(sparkline([b - low for b in tail], cells, maximum=span), style("rank-memory--steps"))
         out.append(" " if words else " memory per step", style("rank-memory--muted"))
     out.append(words, style("rank-memory--stalled" if status.state == "stalled" else "rank-memory--growth"))
