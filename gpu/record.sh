@@ -76,11 +76,11 @@ rehearse_presets() {  # the two-GPU presets, both ranks, one after another on on
 
 rehearse_own() {  # users' own commands, unchanged, as rank 0 and the last rank of eight
   local s=tests/own_scripts
-  rehearse 60 devices=8 rank=0,last -- torchrun --standalone --nproc_per_node 8 $s/fsdp2_train.py --cuda
-  rehearse 90 devices=8 rank=0,last -- deepspeed --num_gpus 8 $s/zero3_train.py --cuda
-  rehearse 90 devices=8 rank=0,last -- python3 gpu/scenarios/lightning_deepspeed_user.py --devices 8
-  rehearse 120 devices=8 rank=0,last -- torchrun --standalone --nproc_per_node 8 $s/hf_trainer.py --cuda --deepspeed $s/ds_zero3.json
-  rehearse 120 devices=8 rank=0,last -- torchrun --standalone --nproc_per_node 8 $s/hf_trainer.py --cuda --fsdp "full_shard auto_wrap"
+  rehearse 70 devices=8 rank=0,last -- torchrun --standalone --nproc_per_node 8 $s/hf_trainer.py --cuda --deepspeed $s/ds_zero3.json
+  rehearse 50 devices=8 rank=0,last -- deepspeed --num_gpus 8 $s/zero3_train.py --cuda
+  rehearse 40 devices=8 rank=0,last -- torchrun --standalone --nproc_per_node 8 $s/fsdp2_train.py --cuda
+  rehearse 60 devices=8 rank=0,last -- accelerate launch --config_file $s/accelerate_zero3.yaml --num_processes 8 $s/accelerate_train.py --cuda
+  rehearse 60 devices=8 rank=0,last -- python3 gpu/scenarios/lightning_deepspeed_user.py --devices 8 --layers 4 --steps 3
 }
 
 scenarios1() {

@@ -106,3 +106,33 @@ def test_story_1_as_asked_rehearsed_on_two_shows_the_hand_wrapped_units_and_the_
     assert "fsdp-manual-wrap-ignored" not in [f["code"] for f in fixed["findings"]]
     ranks = sorted(fixed["ranks"], key=lambda k: k["rank"])
     assert abs(ranks[0]["param_bytes"] - ranks[1]["param_bytes"]) <= 64  # half each, up to FSDP's padding
+
+
+OWN = Path(__file__).resolve().parent / "fixtures" / "runs" / "h200-rehearsal-own"
+OWN_RUNS = {
+    # script: (engine, steps it takes)
+    "hf_trainer": ("zero3", 3),  # HF Trainer with a DeepSpeed ZeRO-3 config, under torchrun
+    "accelerate_train": ("zero3", 3),  # accelerate launch with its DeepSpeed plugin
+    "fsdp2_train": ("fsdp2", 2),  # fully_shard under torchrun
+    "lightning_deepspeed_user": ("zero3", 3),  # Lightning Trainer(devices=8, strategy="deepspeed_stage_3")
+    "zero3_train": ("zero3", 2),  # raw DeepSpeed under the deepspeed launcher
+}
+
+
+@pytest.mark.parametrize("script", list(OWN_RUNS))
+def test_a_users_own_command_rehearsed_as_first_and_last_of_eight_on_an_h200(script: str, tmp_path: Path) -> None:
+    run = next(p for p in OWN.iterdir() if p.is_dir() and p.name.split("-", 2)[2].rsplit("-", 1)[0] == script)
+    r = report(run, tmp_path)
+    engine, steps = OWN_RUNS[script]
+    assert (r["engine"], r["world_size"], r["rehearsal"]["ranks"]) == (engine, 8, [0, 7])
+    assert r["step"] == steps
+    ranks = {k["rank"]: k for k in r["ranks"]}
+    assert all(k["status"] == "finished" for k in ranks.values())
+    for module in r["modules"]:
+        held = [x for x in module["ranks"] if x["state"] == "sharded"]
+        if module["bytes"] and len(held) == 2:  # a sharded module: split, the last rank's share no larger
+            first, last = (x["bytes"] for x in held)
+            assert last <= first <= module["bytes"] and last < module["bytes"], module["path"]
+    if script != "zero3_train":  # its 256-wide layers are under ZeRO-3's persistence threshold: whole on every rank
+        whole = r["model"]["bytes"]
+        assert all(k["param_bytes"] < whole / 2 for k in ranks.values())  # each rank holds a part, not the model
