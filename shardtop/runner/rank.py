@@ -82,9 +82,11 @@ def run_rank(run_dir: Path, rank: int) -> int:
         code = e.code if isinstance(e.code, int) else 1
         error = e
     except BaseException as e:
-        traceback.print_exc()
-        code = 1
-        error = e
+        code, error = 1, e  # first: printing can fail too (a rank out of memory cannot always print)
+        try:
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001 - the failure is recorded below all the same
+            pass
     finally:
         from shardtop.probe.api import finish
 

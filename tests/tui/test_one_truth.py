@@ -167,10 +167,12 @@ async def test_every_view_tells_the_same_facts(run: Path, tmp_path: Path) -> Non
     text = render_report(RunDirectory(path), "text")
     tree = text[text.index("Shard tree\n") :]
     checked = 0
+    types = {m["path"]: m["type"] for m in data["modules"]}
     for path_, (state, device) in placed.items():
         label = path_.rsplit(".", 1)[-1] if path_ else "(root)"
-        line = re.search(rf"^[│├└─ ]*{re.escape(label)}\s.*$", tree, re.MULTILINE)
-        if line is not None and state:
-            assert f"  {state}  " in line.group(0) and device in line.group(0), (path_, line.group(0))
+        kind = types.get(path_, "")
+        lines = re.findall(rf"^[│├└─ ]*{re.escape(label)}\s+{re.escape(kind)}\s.*$", tree, re.MULTILINE)
+        if len(lines) == 1 and state:  # one row of that name and type (``0`` is blocks.0 and blocks.0.mlp.0)
+            assert f"  {state}  " in lines[0] and device in lines[0], (path_, lines[0])
             checked += 1
     assert checked or not any(state for state, _ in placed.values()), "the report's tree shows the TUI's placement"
