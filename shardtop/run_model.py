@@ -20,7 +20,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Literal
 
-from shardtop.events import Exit, Fault, Hello, Memory, MemorySplit, Oom, Scalar, Shards, Tree
+from shardtop.events import Exit, Fault, GpuMemory, Hello, Memory, MemorySplit, Oom, Scalar, Shards, Tree
 from shardtop.memory_growth import Growth, growth
 from shardtop.memory_kinds import total_of
 from shardtop.oom_story import OomStory, user_type
@@ -591,6 +591,16 @@ class RunModel:
                 found[r.rank] = g
         return MappingProxyType(found)
 
+    def gpu_of(self, r: RankFacts) -> GpuMemory | None:
+        """The NVML reading of the GPU a rank was given, from its node's latest sample."""
+        if not r.device.startswith("cuda:"):
+            return None
+        try:
+            index = int(r.device.split(":", 1)[1])
+        except ValueError:
+            return None
+        return next((g for g in self.state.gpus.get(r.host, ()) if g.index == index), None)
+
     def memory_limit_of(self, r: RankFacts) -> int | None:
         """What the rank may use before it runs out: its cap, else its GPU's memory (NVML), else, on CPU,
         the host's memory limit or memory."""
@@ -598,11 +608,7 @@ class RunModel:
         if m is not None and m.limit:
             return m.limit
         if r.device.startswith("cuda:"):
-            try:
-                index = int(r.device.split(":", 1)[1])
-            except ValueError:
-                return None
-            gpu = next((g for g in self.state.gpus.get(r.host, ()) if g.index == index), None)
+            gpu = self.gpu_of(r)
             return gpu.total if gpu is not None and gpu.total else None
         hello = r.hello
         if hello is None:

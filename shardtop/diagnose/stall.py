@@ -27,13 +27,7 @@ class Stalled(Evidence):
 
 def _gpu_util(m: RunModel, rank: int) -> int | None:
     r = m.rank(rank)
-    if r is None or not r.device.startswith("cuda:"):
-        return None
-    try:
-        index = int(r.device.split(":", 1)[1])
-    except ValueError:
-        return None
-    gpu = next((g for g in m.state.gpus.get(r.host, ()) if g.index == index), None)
+    gpu = m.gpu_of(r) if r is not None else None
     return gpu.util if gpu is not None else None
 
 

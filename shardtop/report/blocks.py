@@ -22,7 +22,7 @@ from shardtop.report.document import (
     Para,
     Table,
 )
-from shardtop.report.gather import ReportData, rank_gpu, rank_of_pid
+from shardtop.report.gather import ReportData, rank_of_pid
 from shardtop.report.tree_summary import summarize_tree
 from shardtop.units import count_words, format_bytes
 from shardtop.words import display_path
@@ -251,7 +251,7 @@ def ranks_section(data: ReportData) -> list[Block]:
         return []
     rows = []
     for r in m.ranks:
-        gpu = rank_gpu(m, r)
+        gpu = m.gpu_of(r)
         rows.append(
             (
                 str(r.rank),

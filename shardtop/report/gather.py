@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.diagnose import Finding, diagnose
-from shardtop.events import GpuMemory
 from shardtop.run_files import read_run
-from shardtop.run_model import RankFacts, RunModel
+from shardtop.run_model import RunModel
 from shardtop.runs import RunDirectory
 from shardtop.shard_model import ShardModel
 
@@ -29,17 +28,6 @@ class ReportData:
 def gather(run: RunDirectory) -> ReportData:
     model = read_run(run)
     return ReportData(run=run, model=model, findings=tuple(diagnose(model)), tree=ShardModel.of(model.state))
-
-
-def rank_gpu(model: RunModel, r: RankFacts) -> GpuMemory | None:
-    """The NVML reading of the GPU a rank was given, from its node's latest sample."""
-    if not r.device.startswith("cuda:"):
-        return None
-    try:
-        index = int(r.device.split(":", 1)[1])
-    except ValueError:
-        return None
-    return next((g for g in model.state.gpus.get(r.host, ()) if g.index == index), None)
 
 
 def rank_of_pid(model: RunModel) -> dict[int, int]:

@@ -17,7 +17,7 @@ from shardtop.memory_growth import Growth
 from shardtop.memory_kinds import split_dict
 from shardtop.oom_story import OomStory
 from shardtop.plan_check import MISS_MIN_BYTES, MISS_RATIO, PlanCheck, RankCheck
-from shardtop.report.gather import ReportData, rank_gpu
+from shardtop.report.gather import ReportData
 from shardtop.run_model import RankFacts, RunModel
 from shardtop.stalls import Stall
 
@@ -79,7 +79,7 @@ def _finding(f: Finding) -> dict[str, Any]:
 
 def _rank(m: RunModel, r: RankFacts) -> dict[str, Any]:
     mem = r.memory
-    gpu = rank_gpu(m, r)
+    gpu = m.gpu_of(r)
     held = r.holdings
     return {
         "rank": r.rank,
