@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
 from shardtop.config import ConfigError
 from shardtop.rehearse.spec import RehearsalSpec, parse_settings
+from shardtop.runs import RunDirectory
 
 if TYPE_CHECKING:
     from shardtop.plan.cards import Gpu
@@ -59,24 +62,17 @@ def _gpu_setting(rest: list[str]) -> tuple[Gpu | None, list[str]]:
     return gpu, kept
 
 
+@dataclass(frozen=True)
 class Started:
-    """A rehearsal's run, started: a preset's (launched) or a command's (its supervisor)."""
+    """A rehearsal's run, started: a preset's (launched) or a command's (its supervisor), and how to
+    follow it here to its end (returning the exit code)."""
 
-    def __init__(self, run: object, follow: object) -> None:
-        from shardtop.runs import RunDirectory
-
-        assert isinstance(run, RunDirectory)
-        self.run = run
-        self._follow = follow
+    run: RunDirectory
+    follow: Callable[[TextIO, int], int]
 
     @property
     def path(self) -> str:
         return str(self.run.path)
-
-    def follow(self, out: TextIO, every: int) -> int:
-        assert callable(self._follow)
-        code: int = self._follow(out, every)
-        return code
 
 
 def start_one(
@@ -84,9 +80,10 @@ def start_one(
     runs_dir: str | None, name: str | None,
 ) -> Started:
     """One job size rehearsed as one run: each asked rank of it, one after another."""
+    from shardtop.gpus import gpu_count
+
     ranks = spec.ranks_of(world)
     if command is not None:
-        from shardtop.gpus import gpu_count
         from shardtop.own_job.command import follow_command, start_command
         from shardtop.rehearse.start import device_words, first_gpu_name, rehearsal_section
 
@@ -95,11 +92,10 @@ def start_one(
         job = start_command(command, runs_dir=runs_dir, name=name,
                             rehearsal=rehearsal_section(world, ranks, on))
         return Started(job.run, lambda out, every: follow_command(job, out, every=every))
-    from shardtop.gpus import gpu_count
     from shardtop.headless import follow
     from shardtop.launch import start
     from shardtop.rehearse.start import preset_config
-    from shardtop.runs import RunDirectory, ensure_root, runs_root
+    from shardtop.runs import ensure_root, runs_root
 
     config = preset_config(settings, world, ranks, gpu_count)
     root = ensure_root(runs_root(runs_dir))

@@ -94,7 +94,7 @@ def sweep(
     rows: list[RankPeak] = []
     for world in spec.worlds:
         started = start_one(spec, world, settings, command, runs_dir=runs_dir, name=name)
-        started.follow(out, every=1_000_000)
+        started.follow(out, 1_000_000)
         rows.extend(peaks_of(read_run(started.run), world))
     print("", file=out)
     for line in table(rows, gpu):
