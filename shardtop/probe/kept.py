@@ -11,6 +11,11 @@ dtype, and written as one ``Kept`` event.  The step after next, not the next:
 a loop's own variable (``out = model(x)``) still holds the last step's output
 when the next forward begins, and lets go of it once that forward returns.
 
+Once a traced step found a module's outputs kept, that module's outputs are
+followed from then on (a hook on it alone, ``FOLLOW_AT_MOST`` modules): every
+census counts those still alive from an earlier step as "kept from earlier
+steps", so the memory split names what grows (``kept_storages``).
+
 A step is traced at ``FIRST_TRACE`` (warm-up over), and again whenever the
 rank's memory at the start of forward has risen ``RISES_TO_TRACE`` steps in a
 row by ``MIN_RISE`` or more in all, at most once every ``RETRACE_AFTER`` steps.
@@ -21,6 +26,7 @@ only; between traces the check is one reading of memory per step.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +42,10 @@ MIN_RISE = 8 * 2**20
 RETRACE_AFTER = 20
 MAX_KEPT_ROWS = 16
 """Rows of a ``Kept`` event, largest first; the rest are summed into the total only."""
+FOLLOW_AT_MOST = 8
+"""Modules whose kept outputs are followed, the largest first."""
+FOLLOW_FROM = 1 << 20
+"""A module's kept outputs are followed from this many bytes in the traced step."""
 
 
 @dataclass
@@ -46,6 +56,18 @@ class _Made:
     shape: tuple[int, ...]
     dtype: str
     nbytes: int
+    device: int = -1
+    module_ref: Any = None
+    """A weak reference to the module that returned it."""
+
+
+@dataclass(frozen=True)
+class _Followed:
+    ref: StorageWeakRef
+    nbytes: int
+    device: int
+    """``Tensor.get_device()``: -1 on the CPU."""
+    step: int
 
 
 def tensors_in(value: Any) -> Iterator[torch.Tensor]:
@@ -90,9 +112,16 @@ class KeptTracker:
         self._traced_step: int | None = None
         self._last_trace = -RETRACE_AFTER
         self._readings: list[int] = []
+        self._step = 0
+        self._follow_handles: dict[int, Any] = {}
+        """id(module) -> the hook that follows its outputs."""
+        self._followed: dict[int, _Followed] = {}
 
     def on_forward(self, step: int) -> Kept | None:
         self._stop_hook()  # the traced step's forward is over
+        self._step = step
+        if self._followed:
+            self._followed = {a: f for a, f in self._followed.items() if not f.ref.expired()}
         kept = None
         if self._traced_step is not None and step >= self._traced_step + 2:
             kept = self._finish()
@@ -101,9 +130,26 @@ class KeptTracker:
             self._start(step)
         return kept
 
+    @property
+    def following(self) -> bool:
+        """Are some modules' outputs followed (so that a census can count kept tensors)?"""
+        return bool(self._follow_handles)
+
+    def kept_storages(self) -> list[tuple[int, int, int]]:
+        """(address, bytes, device) of the followed outputs still alive that an earlier step made."""
+        return [
+            (address, f.nbytes, f.device)
+            for address, f in list(self._followed.items())
+            if f.step < self._step and not f.ref.expired()
+        ]
+
     def close(self) -> None:
         self._stop_hook()
         self._made.clear()
+        for handle in self._follow_handles.values():
+            handle.remove()
+        self._follow_handles.clear()
+        self._followed.clear()
 
     def _stop_hook(self) -> None:
         if self._handle is not None:
@@ -139,17 +185,46 @@ class KeptTracker:
                 shape=tuple(t.shape),
                 dtype=str(t.dtype).removeprefix("torch."),
                 nbytes=nbytes,
+                device=t.get_device(),
+                module_ref=weakref.ref(module),
             )
+
+    def _follow(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        for t in tensors_in(output):
+            try:
+                storage = t.untyped_storage()
+                address, nbytes = storage.data_ptr(), storage.nbytes()
+            except (RuntimeError, NotImplementedError):
+                continue
+            if nbytes and address not in self._followed:
+                self._followed[address] = _Followed(StorageWeakRef(storage), nbytes, t.get_device(), self._step)
+
+    def _follow_modules(self, made: Iterable[_Made]) -> None:
+        by_module: dict[int, list[Any]] = {}
+        for m in made:
+            module = m.module_ref() if m.module_ref is not None else None
+            if module is not None:
+                by_module.setdefault(id(module), [module, 0])[1] += m.nbytes
+        ranked = sorted(by_module.items(), key=lambda kv: -kv[1][1])
+        for key, (module, nbytes) in ranked:
+            if len(self._follow_handles) >= FOLLOW_AT_MOST or nbytes < FOLLOW_FROM:
+                break
+            if key not in self._follow_handles:
+                self._follow_handles[key] = module.register_forward_hook(self._follow)
 
     def _finish(self) -> Kept:
         held = set(self.held())
         rows: dict[tuple[str, str, tuple[int, ...], str], list[int]] = {}
+        kept: list[_Made] = []
         for address, made in self._made.items():
             if made.ref.expired() or address in held:
                 continue
+            kept.append(made)
+            self._followed.setdefault(address, _Followed(made.ref, made.nbytes, made.device, self._traced_step or 0))
             row = rows.setdefault((made.module, made.module_type, made.shape, made.dtype), [0, 0])
             row[0] += made.nbytes
             row[1] += 1
+        self._follow_modules(kept)
         self._made.clear()
         tensors = [
             KeptTensor(module=module, module_type=kind, shape=list(shape), dtype=dtype, bytes=b, count=n)
