@@ -10,6 +10,7 @@ from rich.text import Text
 from textual.reactive import reactive
 
 from shardtop.run_model import RANK_MARKS
+from shardtop.run_status import RunState
 from shardtop.tui.format import STATUS_MARKS, display_path, duration
 from shardtop.tui.repaint import PaintsChanges
 from shardtop.tui.watch.run_feed import RunSnapshot
@@ -31,7 +32,7 @@ class HeaderInfo:
     step: int
     phase: str
     status: str
-    state: str
+    state: RunState
     run_id: str
     path: str
     started: float | None
