@@ -21,7 +21,8 @@ SCRIPT = str(ROOT / "tests" / "own_scripts" / "stop_race.py")
 
 def _status(exit_t: float, stop_requested: float | None) -> str:
     state = RankState(rank=0, exit=Exit(rank=0, host="h", t=exit_t, code=1, status="error", error="Connection closed"))
-    run = RunStatus("stopped", RunExit(code=143, signal=15, reason="stopped", ending="stopped", stop_requested=stop_requested))
+    record = RunExit(code=143, signal=15, reason="stopped", ending="stopped", stop_requested=stop_requested)
+    run = RunStatus("stopped", record)
     return rank_status(state, run).state
 
 
