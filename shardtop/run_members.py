@@ -25,6 +25,7 @@ from typing import Any
 
 from shardtop.cluster import STALE_AFTER_S, host_name
 from shardtop.json_files import write_json_atomic
+from shardtop.run_status import ExitReason
 
 SUPERVISORS_DIR = "supervisors"
 RANK_RECORD_GLOB = ".rank-*.pid.json"
@@ -151,6 +152,8 @@ class SupervisedEnd:
     signal: int | None
     ended: float
     reason: str
+    """The ending in words (``command failed on node-2``)."""
+    ending: ExitReason
 
 
 def supervised_end(members: list[Member]) -> SupervisedEnd | None:
@@ -166,6 +169,7 @@ def supervised_end(members: list[Member]) -> SupervisedEnd | None:
     last = max(m.ended or 0.0 for m in supervisors)
     if failed:
         first = failed[0]
-        return SupervisedEnd(first.code or 1, first.signal, first.ended or last, f"command failed on {first.host}")
+        words = f"command failed on {first.host}"
+        return SupervisedEnd(first.code or 1, first.signal, first.ended or last, words, "failed")
     hosts = len({m.host for m in supervisors})
-    return SupervisedEnd(0, None, last, "finished" if hosts == 1 else f"finished on {hosts} hosts")
+    return SupervisedEnd(0, None, last, "finished" if hosts == 1 else f"finished on {hosts} hosts", "finished")

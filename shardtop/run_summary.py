@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from shardtop.run_files import read_run
 from shardtop.run_meta import Rehearsal
 from shardtop.run_model import RunModel
+from shardtop.run_status import RunState
 from shardtop.runs import RunDirectory
 
 
@@ -16,8 +17,8 @@ class RunSummary:
     id: str
     title: str
     """The preset, or what a script run is."""
-    state: str
-    """running, finished, failed, stopped or lost: the run's status word."""
+    state: RunState
+    """The run's status word."""
     status: str
     """The status in words, with the exit code or signal."""
     ranks: int

@@ -15,6 +15,7 @@ from shardtop.plan.memory import when
 from shardtop.plan.verdict import Option
 from shardtop.tui.format import short_bytes
 from shardtop.units import count_words, format_bytes
+from shardtop.words import plural
 
 COLUMNS = ("peak", "params", "grads", "optim", "activ")
 TEXT_WIDTH = 100
@@ -31,7 +32,7 @@ def _cells(o: Option) -> tuple[int, ...]:
 
 
 def _where(plan: Plan) -> str:
-    ranks = f"{plan.devices} rank{'s' if plan.devices != 1 else ''}"
+    ranks = plural(plan.devices, "rank")
     if plan.accelerator == "cpu" and plan.gpu is None:
         return f"{ranks} on CPU processes (no GPU to fit: add gpu_mem_limit= to judge)"
     if plan.gpu is None:

@@ -17,7 +17,7 @@ from shardtop.units import format_bytes
 
 if TYPE_CHECKING:
     from shardtop.plan.cards import Gpu
-    from shardtop.run_model import RunModel
+    from shardtop.run_model import RankStateName, RunModel
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class RankPeak:
 
     world: int
     rank: int
-    status: str
+    status: RankStateName
     peak: int | None
     """The allocator's peak (GPU), else the highest resident set seen (CPU); None if nothing was measured."""
     measured_by: str

@@ -11,10 +11,12 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shardtop.run_config import RunConfig
 from shardtop.runs import RunDirectory
 
 
@@ -27,7 +29,10 @@ class RankContext:
     world_size: int
     accelerator: str
     """cpu or cuda."""
-    config: dict[str, Any]
+    config: Mapping[str, Any]
+    """The run's configuration as written: the preset's own keys (``model``, ``batch_size``...)."""
+    gpu_mem_limit: int | None = None
+    """The per-process memory cap in bytes, if the run has one."""
 
     @property
     def local_rank(self) -> int:
@@ -46,17 +51,18 @@ def run_rank(run_dir: Path, rank: int) -> int:
     from shardtop.runner.programs import load_program
 
     run = RunDirectory(run_dir)
-    config = run.read_meta()["config"]
+    config = RunConfig.parse(run.read_meta().get("config"))
     ctx = RankContext(
         run_dir=run.path,
         rank=rank,
-        world_size=int(config["world_size"]),
-        accelerator=config["accelerator"],
-        config=config,
+        world_size=config.world_size,
+        accelerator=config.accelerator or "cpu",
+        config=config.settings,
+        gpu_mem_limit=config.gpu_mem_limit,
     )
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    rehearsal = config.get("rehearsal")
-    if rehearsal:  # before the program imports torch: the fake process group, Lightning on one device
+    if config.rehearsal is not None:
+        # before the program imports torch: the fake process group, Lightning on one device
         from shardtop.inject.rehearsal import install
 
         install()
@@ -66,11 +72,11 @@ def run_rank(run_dir: Path, rank: int) -> int:
         from shardtop.probe.api import prepare
         from shardtop.runner.limits import apply_memory_limit
 
-        program = load_program(config["program"])  # its imports are not the run's memory
+        program = load_program(config.program)  # its imports are not the run's memory
         # The probe's file, thread and OOM reserve exist before the cap: an OOM anywhere is recorded.
         probe = prepare(ctx.run_dir, rank=rank, world_size=ctx.world_size, local_rank=ctx.local_rank,
-                        device=ctx.device, program=config.get("preset", ""))
-        if rank == (int(rehearsal["ranks"][0]) if rehearsal else 0):  # the first rank this run starts
+                        device=ctx.device, program=config.preset)
+        if rank == config.first_rank:
             from shardtop.runner.plan_at_setup import plan_event
 
             planned = plan_event(config, ctx.accelerator)  # before the cap: the plan is not the run's memory

@@ -19,6 +19,7 @@ from rich.text import Text
 from shardtop.run_model import SEVERITY, RankStatus, worst_status
 from shardtop.tui.format import fraction, short_bytes, split_bar
 from shardtop.tui.host_groups import by_host
+from shardtop.words import plural
 
 if TYPE_CHECKING:
     from shardtop.tui.widgets.rank_memory import RankMemoryRow
@@ -112,7 +113,7 @@ def host_lines(
     for h in hosts:
         label = Text(h.host, label_style)
         n = len(h.ranks)
-        label.append(f" {n} rank{'s' if n != 1 else ''}" if wide else f" ×{n}", muted)
+        label.append(f" {plural(n, 'rank')}" if wide else f" ×{n}", muted)
         if wide:
             status(label, h.status)
         elif h.status.ended or h.status.state == "stalled":  # narrow: the mark, and OOM or stalled by name
