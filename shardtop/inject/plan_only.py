@@ -252,6 +252,15 @@ def _root_call(module: Any, args: Any, kwargs: Any) -> None:
 
 
 def _plan_and_leave(root: Any, called: Any, args: Any, kwargs: Any) -> None:
+    """Plan at this call and leave; eagerly, outside ``torch.compile``: under a compiled model the hooks
+    run while dynamo traces its forward, and the meta trace must not be compiled with it."""
+    import torch
+
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    (disable(_plan_now) if disable is not None else _plan_now)(root, called, args, kwargs)
+
+
+def _plan_now(root: Any, called: Any, args: Any, kwargs: Any) -> None:
     from shardtop.inject.plan_trace import describe_call, path_in
 
     STATE.planning = True
