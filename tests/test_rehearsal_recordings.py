@@ -136,3 +136,21 @@ def test_a_users_own_command_rehearsed_as_first_and_last_of_eight_on_an_h200(scr
     if script != "zero3_train":  # its 256-wide layers are under ZeRO-3's persistence threshold: whole on every rank
         whole = r["model"]["bytes"]
         assert all(k["param_bytes"] < whole / 2 for k in ranks.values())  # each rank holds a part, not the model
+
+
+def test_story_2_fixed_on_six_gpus_rehearsed_gets_through_set_up_and_runs_out_at_the_first_adam_step(
+    tmp_path: Path,
+) -> None:
+    """What the plan says of ``zero3-linear-fixed devices=6 gpu_mem_limit=15GiB``: partitioned as it is built,
+    set-up fits; the first optimizer step (Adam's moments beside the fp32 partition) does not."""
+    r = report(recording("zero3-linear-fixed", contains='"world_size": 6'), tmp_path)
+    assert r["rehearsal"]["world_size"] == 6 and r["rehearsal"]["ranks"] == [0]
+    oom = r["oom"]
+    assert (oom["phase"], oom["step"], oom["engine_step"]) == ("optimizer", 1, "DeepSpeedEngine.step")
+    width, layers = 512, 18000
+    per_layer = -(-(width * width) // 6) * 4 + width * 4  # a sixth of each weight, each bias whole
+    assert abs(r["ranks"][0]["param_bytes"] - per_layer * layers) <= 4 * 6 * layers
+    assert abs(oom["requested_bytes"] - per_layer * layers) <= 0.01 * per_layer * layers, "one fp32 partition more"
+    plan = r["plan"]
+    assert (plan["devices"], plan["fits"], plan["runs_out_at"]) == (6, False, "optimizer step")
+    assert plan["per_rank"][0]["reached"] == "optimizer step"
