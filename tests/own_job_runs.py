@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardtop.events import AnyEvent, read_all
-from shardtop.runs import RunDirectory, list_runs
+from shardtop.rundir.events import AnyEvent, read_all
+from shardtop.rundir.run_directory import RunDirectory, list_runs
 from tests.conftest import ROOT, shardtop
 
 SCRIPTS = ROOT / "tests" / "own_scripts"

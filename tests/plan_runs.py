@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shardtop.events import EventWriter, Memory, event_file, read_all
 from shardtop.plan.cards import card
+from shardtop.rundir.events import EventWriter, Memory, event_file, read_all
+from shardtop.rundir.run_directory import RunDirectory
 from shardtop.runner.plan_at_setup import plan_event
-from shardtop.runs import RunDirectory
 
 
 def with_plan(run_dir: Path) -> RunDirectory:

@@ -21,10 +21,10 @@ def raw_preset_grads(rank: int, world_size: int, out_dir: Path, presets: list[li
     import shardtop.probe as st
     from shardtop.config import resolve, split_overrides
     from shardtop.launch import resolve_devices
+    from shardtop.rundir.run_directory import RUN_DIR_ENV
     from shardtop.runner import raw_run
+    from shardtop.runner.context import RankContext
     from shardtop.runner.programs import load_program
-    from shardtop.runner.rank import RankContext
-    from shardtop.runs import RUN_DIR_ENV
 
     attached: list[Any] = []
     original_attach = st.attach

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from shardtop import cli
-from shardtop.runs import RunDirectory, list_runs
+from shardtop.rundir.run_directory import RunDirectory, list_runs
 from tests.conftest import ROOT, shardtop
 
 

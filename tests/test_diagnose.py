@@ -20,7 +20,11 @@ from shardtop.diagnose.placement import (
     MEMORY_IMBALANCE_MIN_BYTES,
     _uneven,
 )
-from shardtop.events import (
+from shardtop.read.run_model import RunModel
+from shardtop.read.run_state import RunState, fold
+from shardtop.read.shard_model import subtree_sums
+from shardtop.read.tree_facts import covering_rows, find_block
+from shardtop.rundir.events import (
     Event,
     Exit,
     GpuMemory,
@@ -34,10 +38,6 @@ from shardtop.events import (
     read_all,
     tree_paths,
 )
-from shardtop.run_model import RunModel
-from shardtop.run_state import RunState, fold
-from shardtop.shard_model import subtree_sums
-from shardtop.tree_facts import covering_rows, find_block
 from shardtop.words import list_names
 from tests.diagnose_scripts.real_runs import codes, report_json, runs_base, story
 from tests.tui.recorded import zero3_oom_run

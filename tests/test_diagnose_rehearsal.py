@@ -18,12 +18,12 @@ import msgspec
 import pytest
 
 from shardtop.diagnose import diagnose
-from shardtop.events import Event, Exit, GpuMemory, Hello, Memory, Phase, Shards, Tree
-from shardtop.run_files import read_run
-from shardtop.run_meta import Rehearsal, RunMeta
-from shardtop.run_model import RunModel
-from shardtop.run_state import fold
-from shardtop.runs import RunDirectory
+from shardtop.read.run_meta import Rehearsal, RunMeta
+from shardtop.read.run_model import RunModel
+from shardtop.read.run_state import fold
+from shardtop.read.whole_run import read_run
+from shardtop.rundir.events import Event, Exit, GpuMemory, Hello, Memory, Phase, Shards, Tree
+from shardtop.rundir.run_directory import RunDirectory
 from tests.tui.recorded import copy_runs, live_copy
 
 GiB = 1 << 30

@@ -8,7 +8,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from shardtop.events import (
+from shardtop.read.oom_story import OomStory
+from shardtop.rundir.events import (
     SCHEMA_VERSION,
     EventReader,
     EventWriter,
@@ -24,7 +25,6 @@ from shardtop.events import (
     read_all,
     tree_paths,
 )
-from shardtop.oom_story import OomStory
 
 
 def writer(tmp_path: Path, rank: int = 0) -> EventWriter:

@@ -16,7 +16,7 @@ import msgspec
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from shardtop.events import (
+from shardtop.rundir.events import (
     EVENT_TYPES,
     SCHEMA_VERSION,
     Event,

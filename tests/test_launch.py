@@ -11,8 +11,8 @@ from pathlib import Path
 
 import psutil
 
-from shardtop.events import Exit, Hello, Step, read_all
-from shardtop.runs import list_runs
+from shardtop.rundir.events import Exit, Hello, Step, read_all
+from shardtop.rundir.run_directory import list_runs
 from tests.conftest import shardtop
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardtop.memory_growth import StepMemory, growth
+from shardtop.read.memory_growth import StepMemory, growth
 
 MiB = 2**20
 

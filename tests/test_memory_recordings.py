@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from shardtop.memory_kinds import KINDS, explained_share
-from shardtop.run_files import read_run
-from shardtop.runs import RunDirectory
+from shardtop.read.memory_kinds import KINDS, explained_share
+from shardtop.read.whole_run import read_run
+from shardtop.rundir.run_directory import RunDirectory
 from tests.test_report import report
 
 RECORDINGS = Path(__file__).resolve().parent / "fixtures" / "runs" / "h200-split"

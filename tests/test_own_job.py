@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shardtop.events import Exit, Hello, Shards, Step
+from shardtop.rundir.events import Exit, Hello, Shards, Step
 from shardtop.tui.watch.log_tail import LogTail
 from tests.distributed import free_port
 from tests.own_job_runs import GLOO_TEARDOWN_ABORT, SCRIPTS, cli, command_pid, run_own

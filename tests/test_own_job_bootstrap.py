@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from shardtop.events import Hello, Step, read_all
 from shardtop.inject import command_env
-from shardtop.runs import RunDirectory
+from shardtop.rundir.events import Hello, Step, read_all
+from shardtop.rundir.run_directory import RunDirectory
 from tests.own_job_runs import SCRIPTS, run_own, user_env
 
 LOADED = (

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from shardtop.events import Hello, read_all
-from shardtop.run_members import read_members
-from shardtop.runs import RunDirectory
+from shardtop.rundir.events import Hello, read_all
+from shardtop.rundir.run_directory import RunDirectory
+from shardtop.rundir.run_members import read_members
 from tests.conftest import ROOT
 from tests.distributed import free_port
 from tests.own_job_runs import SCRIPTS, user_env

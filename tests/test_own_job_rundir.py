@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from shardtop.cluster import STALE_AFTER_S
-from shardtop.events import Hello, Step, read_all
-from shardtop.json_files import write_json_atomic
-from shardtop.run_members import end_supervisor, supervisor_record, write_supervisor
-from shardtop.runs import RunDirectory, process_start_time
+from shardtop.rundir.cluster import STALE_AFTER_S
+from shardtop.rundir.events import Hello, Step, read_all
+from shardtop.rundir.json_files import write_json_atomic
+from shardtop.rundir.liveness import process_start_time
+from shardtop.rundir.run_directory import RunDirectory
+from shardtop.rundir.run_members import end_supervisor, supervisor_record, write_supervisor
 from tests.conftest import ROOT
 from tests.own_job_runs import cli, user_env
 

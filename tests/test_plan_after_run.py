@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from shardtop.diagnose import diagnose
-from shardtop.events import Planned, read_all
-from shardtop.plan_check import MISS_RATIO
+from shardtop.read.plan_check import MISS_RATIO
+from shardtop.read.run_model import RunModel
+from shardtop.read.whole_run import read_run
 from shardtop.report import render_report
-from shardtop.run_files import read_run
-from shardtop.run_model import RunModel
-from shardtop.runs import RunDirectory
+from shardtop.rundir.events import Planned, read_all
+from shardtop.rundir.run_directory import RunDirectory
 from tests.diagnose_scripts.real_runs import report_json, runs_base, story
 from tests.plan_runs import with_plan
 from tests.tui.recorded import recorded_run

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from shardtop.events import Shards, read_all
 from shardtop.plan import recipes
 from shardtop.plan.presets import plan_config
+from shardtop.rundir.events import Shards, read_all
 from tests.diagnose_scripts.real_runs import runs_base, story
 from tests.distributed import run_ranks
 

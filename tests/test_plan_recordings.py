@@ -24,11 +24,10 @@ from typing import Any
 
 import pytest
 
-from shardtop.events import Event, Memory, Oom, Phase, read_all
 from shardtop.plan.cards import Gpu, card, limited
-from shardtop.plan.memory import TIMELINE
 from shardtop.plan.presets import plan_config
-from shardtop.runs import RunDirectory
+from shardtop.rundir.events import TIMELINE, Event, Memory, Oom, Phase, read_all
+from shardtop.rundir.run_directory import RunDirectory
 
 RUNS = Path(__file__).resolve().parent / "fixtures" / "runs"
 TOLERANCE = 0.10

@@ -41,7 +41,7 @@ from typing import Any
 
 import pytest
 
-from shardtop.runs import list_runs
+from shardtop.rundir.run_directory import list_runs
 from tests.conftest import ROOT, shardtop
 from tests.distributed import free_port
 from tests.own_job_runs import GLOO_TEARDOWN_ABORT, user_env

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 import torch
 
-from shardtop.runs import list_runs
+from shardtop.rundir.run_directory import list_runs
 from tests.conftest import shardtop
 from tests.own_job_runs import user_env
 from tests.own_scripts.rehearse_engines import Net

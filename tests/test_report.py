@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from shardtop.events import EventWriter, Exit, Hello, Tree, event_file, tree_paths
+from shardtop.read.shard_model import ShardModel
 from shardtop.report import render_report
 from shardtop.report.document import Details, Facts, Heading, Para, Table, to_markdown, to_text
 from shardtop.report.json_report import REPORT_SCHEMA_VERSION
 from shardtop.report.tree_summary import TREE_MAX_ROWS, summarize_tree
-from shardtop.runs import RunDirectory
-from shardtop.shard_model import ShardModel
+from shardtop.rundir.events import EventWriter, Exit, Hello, Tree, event_file, tree_paths
+from shardtop.rundir.run_directory import RunDirectory
 from shardtop.units import count_words as count
 from tests.conftest import shardtop
 from tests.diagnose_scripts.real_runs import RealRun, runs_base, story

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from shardtop.report import render_report
-from shardtop.runs import RunDirectory
+from shardtop.rundir.run_directory import RunDirectory
 from tests.conftest import shardtop
 from tests.tui.recorded import copy_runs
 

@@ -26,11 +26,11 @@ from shardtop.diagnose.allocator import (
     find_fragmented,
     outside_samples,
 )
-from shardtop.events import Event, GpuMemory, Hello, Memory, Oom, Phase, read_all
-from shardtop.run_files import read_run
-from shardtop.run_model import RunModel
-from shardtop.run_state import fold
-from shardtop.runs import RunDirectory
+from shardtop.read.run_model import RunModel
+from shardtop.read.run_state import fold
+from shardtop.read.whole_run import read_run
+from shardtop.rundir.events import Event, GpuMemory, Hello, Memory, Oom, Phase, read_all
+from shardtop.rundir.run_directory import RunDirectory
 from tests.diagnose_scripts.cgroup import entering, memory_cgroup, remove
 from tests.diagnose_scripts.real_runs import codes, report_json, runs_base, scenario_runs
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shardtop.run_status import PeersStopped, RankExit
-from shardtop.runs import RunDirectory, RunError, find_run, list_runs, runs_root
+from shardtop.rundir.run_directory import RunDirectory, RunError, find_run, list_runs, runs_root
+from shardtop.rundir.run_status import PeersStopped, RankExit
 
 
 def test_created_private_with_meta(tmp_path: Path) -> None:
@@ -42,7 +42,7 @@ def test_status_without_exit_record_or_process_is_lost(tmp_path: Path) -> None:
 
 
 def test_status_running_while_our_process_lives(tmp_path: Path) -> None:
-    from shardtop.runs import process_start_time
+    from shardtop.rundir.liveness import process_start_time
 
     run = RunDirectory.create(tmp_path, "p", {"pid": os.getpid(), "pid_started": process_start_time(os.getpid())})
     assert run.status().state == "running"

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from shardtop.diagnose import diagnose
-from shardtop.run_files import read_run
-from shardtop.runs import list_runs
+from shardtop.read.whole_run import read_run
+from shardtop.rundir.run_directory import list_runs
 from tests.own_job_runs import ROOT, cli, user_env
 
 SCRIPT = str(ROOT / "tests" / "over_time_scripts" / "skips_collective.py")

@@ -8,12 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-from shardtop.events import Exit
-from shardtop.run_files import read_run
-from shardtop.run_model import rank_status
-from shardtop.run_state import RankState
-from shardtop.run_status import ExitStatus, RunStatus
-from shardtop.runs import list_runs
+from shardtop.read.rank_facts import rank_status
+from shardtop.read.run_state import RankState
+from shardtop.read.whole_run import read_run
+from shardtop.rundir.events import Exit
+from shardtop.rundir.run_directory import list_runs
+from shardtop.rundir.run_status import ExitStatus, RunStatus
 from tests.own_job_runs import ROOT, cli, run_own, user_env
 
 SCRIPT = str(ROOT / "tests" / "own_scripts" / "stop_race.py")

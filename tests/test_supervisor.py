@@ -17,10 +17,10 @@ import psutil
 import pytest
 
 from shardtop.config import resolve
-from shardtop.events import Step, read_all
 from shardtop.launch import resolve_devices, start, stop
-from shardtop.run_files import read_run
-from shardtop.runs import RunDirectory, list_runs
+from shardtop.read.whole_run import read_run
+from shardtop.rundir.events import Step, read_all
+from shardtop.rundir.run_directory import RunDirectory, list_runs
 from tests.conftest import ROOT, shardtop
 
 pytestmark = pytest.mark.timeout(300)

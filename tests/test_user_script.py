@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shardtop.events import Exit, Hello, Shards, Step, read_all
-from shardtop.runs import list_runs
+from shardtop.rundir.events import Exit, Hello, Shards, Step, read_all
+from shardtop.rundir.run_directory import list_runs
 from tests.conftest import ROOT, shardtop
 
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any, Protocol
 
-from shardtop.events import ExitStatus
 from shardtop.probe.faults import describe
+from shardtop.rundir.events import ExitStatus
 
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 

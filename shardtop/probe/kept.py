@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from shardtop.events import Kept, KeptTensor
+from shardtop.rundir.events import Kept, KeptTensor
 
 FIRST_TRACE = 3
 """The first step traced: after the optimizer's state and the engines' buffers were made."""

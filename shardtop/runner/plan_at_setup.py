@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shardtop.events import Planned
     from shardtop.plan.cards import Gpu
+    from shardtop.rundir.events import Planned
 
 
 def plan_event(config: dict[str, Any], accelerator: str, card: Gpu | None = None) -> Planned | None:

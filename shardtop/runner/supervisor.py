@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from shardtop.inject.rehearsal_env import Rehearsed, first_gpu
-from shardtop.run_status import PeersStopped, RankExit
-from shardtop.runs import RUN_DIR_ENV, RunDirectory, process_start_time
+from shardtop.rundir.liveness import process_start_time
+from shardtop.rundir.run_directory import RUN_DIR_ENV, RunDirectory
+from shardtop.rundir.run_status import PeersStopped, RankExit
 
 PEER_GRACE_S = 15.0
 """How long surviving ranks get to finish on their own after one rank failed."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardtop.runs import RunDirectory, list_runs
+from shardtop.rundir.run_directory import RunDirectory, list_runs
 from tests.conftest import shardtop
 from tests.distributed import free_port
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardtop.events import tree_paths
+from shardtop.rundir.events import tree_paths
 from tests.probe.shard_workers import DIM, VOCAB
 
 TOKENS = 4 * 5

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardtop.events import AllocatorStats
 from shardtop.probe.allocator import allocator_stats
 from shardtop.probe.allocator_trace import (
     MARKER_FUNCTION,
@@ -23,6 +22,7 @@ from shardtop.probe.allocator_trace import (
     peak_split,
     timeline,
 )
+from shardtop.rundir.events import AllocatorStats
 
 MiB = 1 << 20
 

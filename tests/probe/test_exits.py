@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from shardtop.events import Fault
 from shardtop.probe.exits import ExitRecord, exit_record
 from shardtop.probe.faults import Faults
+from shardtop.rundir.events import Fault
 
 
 def raised(error: BaseException) -> BaseException:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from shardtop.events import EventWriter, Memory, read_all
 from shardtop.gpus import nvml_or_none
 from shardtop.probe.memory import MemorySampler, allocator_numbers, cuda_device_index
+from shardtop.rundir.events import EventWriter, Memory, read_all
 
 no_driver = pytest.mark.skipif(nvml_or_none() is not None, reason="an NVIDIA driver is present")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shardtop.events import Memory, MemorySplit, Oom, Shards, Tree, read_all, tree_paths
+from shardtop.rundir.events import Memory, MemorySplit, Oom, Shards, Tree, read_all, tree_paths
 from tests.distributed import run_ranks
 from tests.probe.memory_expect import saved_by_the_loss, saved_per_module
 

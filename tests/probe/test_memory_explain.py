@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from shardtop.events import Memory
 from shardtop.probe.allocator_trace import MARKER_FUNCTION
 from shardtop.probe.memory_explain import MemoryExplainer, MemoryOptions
+from shardtop.rundir.events import Memory
 
 MiB = 1 << 20
 SAVED_IN_FORWARD = [{"filename": "/x/torch/nn/modules/linear.py", "name": "forward", "line": 1}]

@@ -16,11 +16,11 @@ import pytest
 import torch
 from torch import nn
 
-from shardtop.events import Memory, MemoryKinds, MemorySplit, Oom, Shards, decode, encode, read_all, tree_paths
 from shardtop.probe.activations import SavedActivations
 from shardtop.probe.memory_explain import REQUEST_FILE, MemoryExplainer, MemoryOptions
 from shardtop.probe.memory_kinds import MemoryCensus
 from shardtop.probe.session import Probe
+from shardtop.rundir.events import Memory, MemoryKinds, MemorySplit, Oom, Shards, decode, encode, read_all, tree_paths
 from tests.probe.shard_workers import TinyNet
 
 B, F, H, OUT = 8, 16, 32, 4

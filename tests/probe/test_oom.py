@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch import nn
 
-from shardtop.events import Exit, MemoryKinds, Oom, Shards, Tree, read_all, tree_paths
 from shardtop.probe.names import module_names
 from shardtop.probe.oom import (
     ObservedOom,
@@ -27,6 +26,7 @@ from shardtop.probe.oom import (
     unique_paths,
 )
 from shardtop.probe.tracker import ModuleTracker, tracked_modules
+from shardtop.rundir.events import Exit, MemoryKinds, Oom, Shards, Tree, read_all, tree_paths
 from tests.distributed import run_ranks
 from tests.probe.oom_workers import BATCH, D, Net
 

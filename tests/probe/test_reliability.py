@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from shardtop.events import Exit, Fault, Memory, Oom, Step, read_all
 from shardtop.report import render_report
-from shardtop.run_status import ExitStatus
-from shardtop.runs import RunDirectory, list_runs
+from shardtop.rundir.events import Exit, Fault, Memory, Oom, Step, read_all
+from shardtop.rundir.run_directory import RunDirectory, list_runs
+from shardtop.rundir.run_status import ExitStatus
 from tests.conftest import ROOT, shardtop
 from tests.test_supervisor import wait
 
@@ -99,7 +99,7 @@ def test_a_disk_that_fills_up_stops_the_events_not_the_training(small_disk: Path
 
 
 def test_the_oom_and_exit_records_fit_on_a_full_disk(small_disk: Path) -> None:
-    from shardtop.events import EventWriter, event_file
+    from shardtop.rundir.events import EventWriter, event_file
 
     reasons: list[str] = []
     writer = EventWriter(event_file(small_disk / "events", 0), 0, host="box", on_stop=reasons.append)

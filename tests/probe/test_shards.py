@@ -18,11 +18,11 @@ import pytest
 import torch
 from torch import nn
 
-from shardtop.events import Shards, Tree, encode, tree_paths
 from shardtop.probe.names import module_names
 from shardtop.probe.shards import read_shards
 from shardtop.probe.shards.tree import walk
 from shardtop.probe.shards.zero_optim import partition_numel
+from shardtop.rundir.events import Shards, Tree, encode, tree_paths
 from tests.distributed import run_ranks
 from tests.probe.memory_expect import check_activations
 from tests.probe.shard_workers import TinyNet

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from shardtop.events import (
+from shardtop.rundir.events import (
     Event,
     Exit,
     GpuMemory,

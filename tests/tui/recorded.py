@@ -30,9 +30,9 @@ from pathlib import Path
 
 import msgspec
 
-from shardtop.events import GpuMemory, Memory, Oom, read_all
 from shardtop.gpus import GpuProcessInfo, GpuProcessUse, GpuUnavailable, HostSample
-from shardtop.runs import process_start_time
+from shardtop.rundir.events import GpuMemory, Memory, Oom, read_all
+from shardtop.rundir.liveness import process_start_time
 
 # built runs, importable from here for bench/, tests/test_report.py and tests/test_diagnose.py
 from tests.tui.built_runs import PIDS, T0, big_tree_run, fsdp2_cpu_run, zero3_oom_run  # noqa: F401

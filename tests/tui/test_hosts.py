@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from textual.widgets import Static
 
-from shardtop.events import Oom, encode, event_file
+from shardtop.rundir.events import Oom, encode, event_file
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.home import HomeScreen
 from shardtop.tui.widgets.gpu_panel import GpuPanel

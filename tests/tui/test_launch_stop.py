@@ -9,7 +9,7 @@ import pytest
 from textual.widgets import Input, Static
 
 from shardtop.launch import stop
-from shardtop.runs import RunDirectory, list_runs
+from shardtop.rundir.run_directory import RunDirectory, list_runs
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.confirm import ConfirmScreen
 from shardtop.tui.screens.launch_prompt import LaunchPrompt

@@ -20,7 +20,7 @@ import pytest
 
 from shardtop.cli import main
 from shardtop.report import render_report
-from shardtop.runs import RunDirectory
+from shardtop.rundir.run_directory import RunDirectory
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.run_view import RunScreen
 from shardtop.tui.widgets.oom_panel import OomPanel

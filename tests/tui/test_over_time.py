@@ -10,10 +10,10 @@ import pytest
 from rich.style import Style
 from rich.text import Text
 
-from shardtop.memory_growth import Growth
-from shardtop.run_model import RankStatus
+from shardtop.read.memory_growth import Growth
+from shardtop.read.rank_facts import RankStatus
+from shardtop.tui.over_time import about, growth_words, over_time_line
 from shardtop.tui.screens.run_view import RunScreen
-from shardtop.tui.widgets.over_time import about, growth_words, over_time_line
 from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.run_header import RunHeader
 from shardtop.tui.widgets.shard_tree import ShardTree

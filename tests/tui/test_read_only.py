@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shardtop.runs import list_runs
+from shardtop.rundir.run_directory import list_runs
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.home import ControlledHomeScreen, HomeScreen
 from shardtop.tui.screens.run_view import ControlledRunScreen, RunScreen

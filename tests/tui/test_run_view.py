@@ -11,8 +11,8 @@ import pytest
 from rich.console import Console
 from textual.widgets import Static, TabbedContent
 
-from shardtop.runs import RunDirectory
-from shardtop.shard_model import Fold
+from shardtop.read.shard_model import Fold
+from shardtop.rundir.run_directory import RunDirectory
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.help import HelpScreen
 from shardtop.tui.screens.report_view import ReportScreen

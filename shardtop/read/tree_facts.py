@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardtop.events import Tree
+from shardtop.rundir.events import Tree
 
 CONTAINER_TYPES = frozenset({"Sequential", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict"})
 """Modules that only hold others: never the block a wrap policy should name."""

@@ -6,7 +6,7 @@ Pure Python; ``run_state.RunStateBuilder`` counts what fails these checks as
 
 from __future__ import annotations
 
-from shardtop.events import Shards, Tree
+from shardtop.rundir.events import Shards, Tree
 
 
 def tree_problem(tree: Tree) -> str:

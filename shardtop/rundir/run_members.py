@@ -23,8 +23,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from shardtop.cluster import STALE_AFTER_S, host_name
-from shardtop.json_files import write_json_atomic
+from shardtop.rundir.cluster import STALE_AFTER_S, host_name
+from shardtop.rundir.json_files import write_json_atomic
+from shardtop.rundir.liveness import is_running
 
 SUPERVISORS_DIR = "supervisors"
 RANK_RECORD_GLOB = ".rank-*.pid.json"
@@ -56,8 +57,6 @@ class Member:
         if self.ended is not None:
             return False
         if self.is_local:
-            from shardtop.runs import is_running
-
             return is_running(self.pid, self.started)
         if self.heartbeat is None:
             return False

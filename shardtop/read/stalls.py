@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from shardtop.run_state import RankState
+from shardtop.read.run_state import RankState
 
 STALL_STEPS = 3
 """Usual steps without progress before a rank counts as stalled."""

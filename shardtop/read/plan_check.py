@@ -22,11 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shardtop.events import Planned, PlannedRank
-from shardtop.plan.memory import TIMELINE
+from shardtop.rundir.events import TIMELINE, Planned, PlannedRank
 
 if TYPE_CHECKING:
-    from shardtop.run_model import RankFacts
+    from shardtop.read.rank_facts import RankFacts
 
 MISS_RATIO = 0.10
 """A measured peak further than this from the plan's is a miss.  The plan met four of five finished

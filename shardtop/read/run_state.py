@@ -22,8 +22,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from shardtop.event_checks import fits, same_tree, shards_problem, tree_problem
-from shardtop.events import (
+from shardtop.read.event_checks import fits, same_tree, shards_problem, tree_problem
+from shardtop.read.memory_growth import StepMemory
+from shardtop.rundir.events import (
     AnyEvent,
     Exit,
     Fault,
@@ -41,7 +42,6 @@ from shardtop.events import (
     Tree,
     tree_paths,
 )
-from shardtop.memory_growth import StepMemory
 
 MEMORY_HISTORY = 120
 """Samples of allocator memory kept per rank for sparklines."""

@@ -37,7 +37,7 @@ from typing import Literal
 
 import msgspec
 
-from shardtop.reserved_file import ReservedAppendFile
+from shardtop.rundir.reserved_file import ReservedAppendFile
 
 SCHEMA_VERSION = 1
 """Bumped when a field changes meaning; new optional fields do not bump it."""
@@ -395,6 +395,23 @@ class Exit(Event, tag="exit", frozen=True):
     """The signal that ended the rank (SIGTERM, SIGINT, SIGHUP) when ``status`` is interrupted."""
 
 
+TIMELINE = ("set-up", "forward", "backward", "optimizer step", "next forward", "next backward")
+"""The phases of a plan's ``timeline`` (``PlannedRank.timeline``), in the order a run meets them."""
+_IN_WORDS = {
+    "set-up": "at set-up",
+    "forward": "in the first forward pass",
+    "backward": "in the first backward pass",
+    "optimizer step": "at the first optimizer step",
+    "next forward": "in the second step's forward pass",
+    "next backward": "in the second step's backward pass",
+}
+
+
+def when(phase: str) -> str:
+    """``at set-up``, ``in the first backward pass``...: a phase of ``TIMELINE`` in a sentence."""
+    return _IN_WORDS.get(phase, f"at {phase}")
+
+
 class PlannedRank(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """What ``shardtop plan`` predicts one rank holds on its device, in bytes (``plan.memory.PerRank``)."""
 
@@ -408,7 +425,7 @@ class PlannedRank(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     peak_phase: str
     timeline: list[int] = []
     """Peaks in the order a run meets them: set-up, forward, backward, optimizer step (the first),
-    next forward, next backward (``plan.memory.TIMELINE``)."""
+    next forward, next backward (``TIMELINE``)."""
 
 
 class Planned(Event, tag="plan", frozen=True):

@@ -18,7 +18,7 @@ filesystems) get no reserve; a full disk is then noticed at the first
 failed append.
 
 No torch and no textual: the probe uses it, and a TUI imports this module
-only through ``shardtop.events``.
+only through ``shardtop.rundir.events``.
 """
 
 from __future__ import annotations

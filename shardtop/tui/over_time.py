@@ -12,8 +12,8 @@ from collections.abc import Callable
 from rich.style import Style
 from rich.text import Text
 
-from shardtop.memory_growth import MIN_RISE, Growth
-from shardtop.run_model import RANK_MARKS, RankStatus
+from shardtop.read.memory_growth import MIN_RISE, Growth
+from shardtop.read.rank_facts import RANK_MARKS, RankStatus
 from shardtop.tui.format import sparkline
 from shardtop.units import format_bytes
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from shardtop.events import Shards
+from shardtop.rundir.events import Shards
 
 
 @dataclass(frozen=True)

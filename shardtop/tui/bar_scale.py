@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shardtop.run_model import RankFacts
+from shardtop.read.rank_facts import RankFacts
 from shardtop.units import format_bytes
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardtop.events import ATTRIBUTED_BY_WORDS, MemorySplit, Oom
-from shardtop.memory_kinds import split_sentence
+from shardtop.read.memory_kinds import split_sentence
+from shardtop.rundir.events import ATTRIBUTED_BY_WORDS, MemorySplit, Oom
 from shardtop.units import format_bytes
-from shardtop.words import display_path
+from shardtop.words import module_label
 
 STACK_SHOWN = 4
 """Innermost module frames shown; the outer ones are summarised as ``…``."""
@@ -76,7 +76,7 @@ class OomStory:
         """``net.15330 (Linear)``, or what is known without a path: ``not known: a Linear being built …``."""
         if self.oom.module is not None:
             kind = f" ({self.module_type})" if self.module_type else ""
-            return f"{display_path(self.oom.module)}{kind}"
+            return f"{module_label(self.oom.module)}{kind}"
         known = self.unnamed
         return "not known" + (f": {known}" if known else "")
 
@@ -96,7 +96,7 @@ class OomStory:
     def short(self) -> str:
         """One line for lists: ``OOM on rank 1 during setup in net.15330 (2 MiB requested)``."""
         o = self.oom
-        where = f" in {display_path(o.module)}" if o.module is not None else ""
+        where = f" in {module_label(o.module)}" if o.module is not None else ""
         asked = f" ({format_bytes(o.requested_bytes)} requested)" if o.requested_bytes else ""
         return f"OOM on rank {o.rank} during {o.phase}{where}{asked}"
 
@@ -132,7 +132,7 @@ class OomStory:
     @property
     def stack_words(self) -> str:
         """``… → net → net.15330``."""
-        shown = " → ".join(display_path(p) for p in self.stack)
+        shown = " → ".join(module_label(p) for p in self.stack)
         return ("… → " if self.stack_cut else "") + shown
 
     @property

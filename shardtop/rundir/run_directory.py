@@ -28,10 +28,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from shardtop.cluster import SlurmIds, host_name
-from shardtop.json_files import write_json_atomic, write_json_once
-from shardtop.run_members import Member, iter_members, read_members, supervised_end
-from shardtop.run_status import (
+from shardtop.rundir.cluster import SlurmIds, host_name
+from shardtop.rundir.json_files import write_json_atomic, write_json_once
+from shardtop.rundir.liveness import is_running, process_start_time
+from shardtop.rundir.run_members import Member, iter_members, read_members, supervised_end
+from shardtop.rundir.run_status import (
     INTERRUPTING_SIGNALS,
     ExitStatus,
     PeersStopped,
@@ -342,30 +343,6 @@ def _run_processes(meta: dict[str, Any]) -> list[tuple[int, float | None]]:
     for entry in meta.get("rank_pids", []):
         procs.append((int(entry["pid"]), entry.get("started")))
     return procs
-
-
-def process_start_time(pid: int) -> float | None:
-    import psutil
-
-    try:
-        started: float = psutil.Process(pid).create_time()
-        return started
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return None
-
-
-def is_running(pid: int, started: float | None) -> bool:
-    """Is this still the process we recorded: alive, not a zombie, same start time (no pid reuse)?"""
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        actual = proc.create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return False
-    return started is None or abs(actual - float(started)) < 1.0
 
 
 def _program_name(argv: list[str]) -> str:

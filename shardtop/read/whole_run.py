@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from shardtop.events import read_all
-from shardtop.run_meta import RunMeta
-from shardtop.run_model import RunModel
-from shardtop.run_state import fold
-from shardtop.runs import RunDirectory
+from shardtop.read.run_meta import RunMeta
+from shardtop.read.run_model import RunModel
+from shardtop.read.run_state import fold
+from shardtop.rundir.events import read_all
+from shardtop.rundir.run_directory import RunDirectory
 
 LOG_TAIL_LINES = 12
 """Lines of a rank's log kept to say why a run recorded nothing."""

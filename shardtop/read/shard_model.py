@@ -14,9 +14,9 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Literal
 
-from shardtop.events import Shards, Tree, Unit, tree_paths
-from shardtop.run_state import RunState
-from shardtop.shard_placement import Placement, PlacementMasks, placement_masks
+from shardtop.read.run_state import RunState
+from shardtop.read.shard_placement import Placement, PlacementMasks, placement_masks
+from shardtop.rundir.events import Shards, Tree, Unit, tree_paths
 
 FOLD_MIN = 5
 """Fewer consecutive look-alike siblings than this stay separate rows (so q, k, v, o projections keep their names)."""

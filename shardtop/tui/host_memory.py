@@ -11,17 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from rich.style import Style
 from rich.text import Text
 
-from shardtop.run_model import SEVERITY, RankStatus, worst_status
-from shardtop.tui.format import fraction, short_bytes, split_bar
+from shardtop.read.rank_facts import SEVERITY, RankStatus, worst_status
+from shardtop.tui.format import fraction, split_bar
 from shardtop.tui.host_groups import by_host
-
-if TYPE_CHECKING:
-    from shardtop.tui.widgets.rank_memory import RankMemoryRow
+from shardtop.tui.rank_memory_rows import RankMemoryRow
+from shardtop.units import short_bytes
 
 HOST_LINES_FROM = 17
 """From this many ranks over several hosts, one line per host instead of a bar per rank."""
