@@ -44,7 +44,7 @@ from shardtop.rundir.events import Oom, encode, event_file  # noqa: E402
 from shardtop.tui.app import ShardtopApp  # noqa: E402
 from shardtop.tui.screens.run_view import ControlledRunScreen  # noqa: E402
 from shardtop.tui.widgets.shard_tree import ShardTree  # noqa: E402
-from tests.tui.recorded import big_tree_run, fsdp2_cpu_run  # noqa: E402
+from tests.support.recorded import big_tree_run, fsdp2_cpu_run  # noqa: E402
 
 _SCRIPT = Path(sys.executable).parent / "shardtop"
 _FOUND = str(_SCRIPT) if _SCRIPT.exists() else shutil.which("shardtop")

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 MISS_RATIO = 0.10
 """A measured peak further than this from the plan's is a miss.  The plan met four of five finished
-H200 recordings within 5 % (``tests/test_plan_recordings.py``): twice that agreement leaves room for
+H200 recordings within 5 % (``tests/unit/test_plan_recordings.py``): twice that agreement leaves room for
 the allocator's rounding and run-to-run noise, and a miss then means a part of memory the plan does
 not model (the fifth recording, 15 % low, is cuDNN's convolution workspace)."""
 MISS_MIN_BYTES = 64 * 2**20

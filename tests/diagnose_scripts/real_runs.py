@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from shardtop.rundir.run_directory import RunDirectory, list_runs
-from tests.conftest import shardtop
-from tests.distributed import free_port
+from tests.support.cli import shardtop
+from tests.support.distributed import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent

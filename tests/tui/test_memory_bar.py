@@ -26,7 +26,7 @@ from shardtop.tui.memory_bar import (
     stacked_runs,
     zoom_of,
 )
-from tests.tui.recorded import recorded_run
+from tests.support.recorded import recorded_run
 
 GIB = 1 << 30
 MIB = 1 << 20

@@ -30,7 +30,7 @@ from shardtop.tui.widgets.oom_panel import culprit_words, no_module_words, oom_r
 from shardtop.tui.widgets.process_table import process_cells
 from shardtop.tui.widgets.rank_memory import memory_layout
 from shardtop.tui.widgets.run_header import header_info
-from tests.tui.recorded import TRAINER_PIDS, copy_runs, eight_h200s
+from tests.support.recorded import TRAINER_PIDS, copy_runs, eight_h200s
 
 PIDS = TRAINER_PIDS[:2]
 

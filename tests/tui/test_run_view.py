@@ -23,8 +23,8 @@ from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.run_header import RunHeader
 from shardtop.tui.widgets.run_list import RunList
 from shardtop.tui.widgets.shard_tree import ShardTree
+from tests.support.recorded import recorded_run
 from tests.tui.conftest import H200_HOST, RecordedHost, recorded_h200, wait_for
-from tests.tui.recorded import recorded_run
 
 ZERO3 = recorded_run("h200/zero3-linear").name
 """Story 2 on the H200: 18 000 Linear, a real CUDA OOM in model.net.15330."""

@@ -20,7 +20,7 @@ from shardtop.read.shard_model import (
     visible_lines,
 )
 from shardtop.rundir.events import Shards, Tree, Unit, read_all
-from tests.tui.recorded import recorded_run
+from tests.support.recorded import recorded_run
 
 
 def recorded_model(name: str) -> ShardModel:

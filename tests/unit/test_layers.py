@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.cli import ROOT
 
 PACKAGE = ROOT / "shardtop"
 HELPERS = frozenset({"shardtop.units", "shardtop.words"})
