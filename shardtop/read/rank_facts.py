@@ -208,7 +208,7 @@ class RankFacts:
             values += [v for v in (self.oom.allocated, self.oom.peak) if v is not None]
         return max(values) if values else None
 
-    # -- what fills the memory (issue #10's kinds) ------------------------------------------
+    # -- what fills the memory, by kind ---------------------------------------------------
 
     @property
     def memory_now(self) -> MemorySplit | None:

@@ -39,7 +39,7 @@ class Member:
     """``supervisor`` (of ``shardtop run``) or ``rank`` (a rank that registered itself)."""
     pid: int
     host: str = ""
-    """Empty in records written before hosts were recorded: this host."""
+    """Empty in a record that names no host: this host."""
     started: float | None = None
     rank: int | None = None
     code: int | None = None
