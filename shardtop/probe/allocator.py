@@ -16,10 +16,11 @@ the program records history itself, the probe reads it and leaves it on.
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from typing import Any
 
-from shardtop.probe.allocator_trace import MARKER_FUNCTION
+from shardtop.probe.allocator_trace import MARKER_FUNCTION, block_bytes
 from shardtop.rundir.events import AllocatorStats
 
 DEFAULT_MAX_ENTRIES = 100_000
@@ -134,6 +135,50 @@ def _shardtop_trace_marker(torch: Any, index: int) -> bool:  # the name is MARKE
 
 
 assert _shardtop_trace_marker.__name__ == MARKER_FUNCTION
+
+
+def library_workspaces(index: int = 0) -> frozenset[int]:
+    """The block sizes of cuBLAS's and cuBLASLt's workspaces in this process, as the running torch sizes
+    them (``torch._C._cuda_getCublasWorkspaceSize`` and its cuBLASLt twin); empty off CUDA.
+
+    A torch without those getters sizes the cuBLAS workspace from ``CUBLAS_WORKSPACE_CONFIG``
+    (``:KiB:count`` pairs), else by its default: 32 MiB on compute capability 9 and later, 8.125 MiB
+    before.
+    """
+    torch = _torch()
+    if torch is None:
+        return frozenset()
+    sizes: set[int] = set()
+    for name in ("_cuda_getCublasWorkspaceSize", "_cuda_getCublasLtWorkspaceSize"):
+        getter = getattr(torch._C, name, None)
+        try:
+            size = int(getter()) if getter is not None else 0
+        except Exception:  # noqa: BLE001
+            size = 0
+        if size > 0:
+            sizes.add(block_bytes(size, cuda=True))
+    if not sizes:
+        try:
+            major = torch.cuda.get_device_capability(index)[0]
+        except Exception:  # noqa: BLE001
+            major = 0
+        size = cublas_workspace_size(os.environ.get("CUBLAS_WORKSPACE_CONFIG"), major)
+        if size:
+            sizes.add(block_bytes(size, cuda=True))
+    return frozenset(sizes)
+
+
+def cublas_workspace_size(config: str | None, major: int) -> int:
+    """cuBLAS's workspace bytes for ``CUBLAS_WORKSPACE_CONFIG`` (``:4096:8``: eight chunks of 4096 KiB)."""
+    if config:
+        parts = config.strip(":").split(":")
+        try:
+            pairs = [(int(parts[i]), int(parts[i + 1])) for i in range(0, len(parts) - 1, 2)]
+        except ValueError:
+            pairs = []
+        if pairs:
+            return sum(kib * 1024 * count for kib, count in pairs)
+    return 4096 * 1024 * 8 if major >= 9 else 4096 * 1024 * 2 + 16 * 1024 * 8
 
 
 def memory_snapshot() -> dict[str, Any] | None:

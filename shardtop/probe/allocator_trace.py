@@ -18,13 +18,21 @@ the trace saw, with the blocks alive then.
 
 1. a census (``memory_kinds.py``) taken while the block was alive saw a
    tensor's storage at its address: that tensor's kind;
-2. else the code that allocated it (``kind_of_frames``): an optimizer's state
+2. else the code that allocated it (``kind_of_frames``), where it names a
+   parameter, gradient, optimizer state or buffer: an optimizer's state
    initialisation, an engine's gather, bucket or gradient code, a module's
-   construction or move, a module's forward (an activation, unless saved
-   tensors were followed and this was not one of them);
-3. else, allocated without a Python frame during a backward: autograd's
-   engine made it on its own thread, a temporary of the backward (other);
-4. else it is ``unexplained``.
+   construction or move;
+3. else, a block of a library workspace's size (``workspaces``: cuBLAS's
+   and cuBLASLt's, as the running torch sizes them) that lives to the end of
+   the trace and was allocated before its first step ended: a workspace;
+4. else, allocated in an earlier step than the moment split (not in set-up)
+   and still alive, by code that makes no parameter, gradient, optimizer state
+   or buffer: kept from earlier steps (``kept``);
+5. else the code that allocated it: a module's forward (an activation,
+   unless saved tensors were followed and this was not one of them), the
+   optimizer's temporaries; or, allocated without a Python frame during a backward: autograd's engine made it on its own thread, a
+   temporary of the backward (other);
+6. else it is ``unexplained``.
 
 Censuses are tied to trace positions by markers: the probe allocates a tiny
 tensor from ``MARKER_FUNCTION`` whenever it takes one, so the n-th marker
@@ -40,9 +48,13 @@ from typing import Any
 
 from shardtop.rundir.events import MemoryKinds, MemorySplit
 
-KINDS = ("params", "grads", "optimizer", "comm", "other", "activations")
+KINDS = ("params", "grads", "optimizer", "comm", "other", "kept", "activations")
 """The kinds, in the order a census counts them: a storage held by two counts under the first
 (a BatchNorm's running statistics are saved for backward, yet they are module buffers)."""
+
+TRACE_KINDS = (*KINDS, "workspace")
+"""The kinds of the trace's blocks: a census's, and the library workspaces only a block's size and
+lifetime tell (no census sees them: no tensor stands behind them)."""
 
 BLOCK = 512
 """The CUDA caching allocator rounds every block up to a multiple of 512 bytes."""
@@ -300,7 +312,7 @@ class Census:
 class BlockSplit:
     """Bytes per kind of some blocks, and the bytes of those no source named."""
 
-    kinds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    kinds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TRACE_KINDS, 0))
     unexplained: int = 0
     total: int = 0
 
@@ -315,22 +327,34 @@ class BlockSplit:
         return MemoryKinds(**self.kinds)
 
 
+HELD_KINDS = frozenset({"params", "grads", "optimizer", "comm"})
+"""What a block from an earlier step may be and still not be kept: the model's own state."""
+
+
 def split_blocks(
     blocks: Iterable[TracedBlock],
     position: int,
     censuses: Sequence[Census],
     phase_at: Callable[[int], str] | None = None,
+    step_at: Callable[[int], int | None] | None = None,
+    workspaces: frozenset[int] = frozenset(),
+    end: int | None = None,
 ) -> BlockSplit:
     """Classify the blocks alive at ``position`` (see the module docstring).
 
-    ``phase_at`` (a trace position's phase, from the markers) names one more
-    kind of block: one allocated during a backward without a Python frame was
-    made by autograd's engine on its own thread, and if no census saw it as a
-    gradient it is a temporary of the backward (other).
+    ``phase_at`` and ``step_at`` (a trace position's phase and step, from the
+    markers) name two more kinds of block: one allocated during a backward
+    without a Python frame was made by autograd's engine on its own thread, and
+    if no census saw it as a gradient it is a temporary of the backward
+    (other); one allocated in an earlier step is kept from it.
+    ``workspaces``: the block sizes of the libraries' workspaces; ``end``: the
+    trace's length (a block alive there was never freed).
     """
     ordered = sorted(censuses, key=lambda c: abs(c.position - position))
     followed = any("activations" in census.addresses.values() for census in censuses)
     forward = "other" if followed else "activations"
+    now = step_at(position) if step_at is not None else None
+    first = min((s for c in censuses if (s := step_at(c.position)) is not None), default=None) if step_at else None
     split = BlockSplit()
     for block in blocks:
         if not block.alive_at(position):
@@ -341,12 +365,48 @@ def split_blocks(
                 kind = census.addresses.get(block.address)
                 if kind is not None:
                     break
-        if kind is None:
-            kind = kind_of_frames(block.frames, forward)
-        if kind is None and not block.frames and block.start >= 0 and phase_at is not None:
-            kind = "other" if phase_at(block.start) == "backward" else None
+        if kind is None or kind == "activations":
+            kind = _uncounted_kind(block, kind, forward, phase_at, step_at, now, first, workspaces, end)
         split.add(kind, block.size)
     return split
+
+
+def _uncounted_kind(
+    block: TracedBlock,
+    census_kind: str | None,
+    forward: str,
+    phase_at: Callable[[int], str] | None,
+    step_at: Callable[[int], int | None] | None,
+    now: int | None,
+    first: int | None,
+    workspaces: frozenset[int],
+    end: int | None,
+) -> str | None:
+    """The kind of a block no census named as the model's state (rules 3 to 6 of the module docstring)."""
+    made_step = step_at(block.start) if step_at is not None and block.start >= 0 else None
+    earlier = (
+        made_step is not None and now is not None and made_step < now
+        and phase_at is not None and phase_at(block.start) not in ("setup", "")
+    )
+    if census_kind is not None:  # a saved tensor: of this step's forward, or kept with an earlier step's graph
+        return "kept" if earlier else census_kind
+    if (
+        block.size in workspaces
+        and end is not None
+        and block.end >= end
+        and (block.start < 0 or made_step is None or first is None or made_step <= first)
+    ):
+        return "workspace"
+    framed = kind_of_frames(block.frames, forward)
+    if framed in HELD_KINDS:
+        return framed
+    if earlier:
+        return "kept"
+    if framed is not None:
+        return framed
+    if not block.frames and block.start >= 0 and phase_at is not None:
+        return "other" if phase_at(block.start) == "backward" else None
+    return None
 
 
 def align_censuses(markers: Sequence[int], censuses: Sequence[Mapping[int, str]]) -> list[Census]:
@@ -360,12 +420,13 @@ def peak_split(
     device: int,
     censuses: Sequence[Mapping[int, str]],
     labels: Sequence[tuple[str, int]] = (),
+    workspaces: frozenset[int] = frozenset(),
 ) -> tuple[MemorySplit, Timeline] | None:
     """The split at the peak a snapshot's trace recorded for ``device``; None without a trace.
 
     ``censuses`` and ``labels`` (phase, step) are one per marker the probe
     placed, oldest first; the phase of the peak is the label of the last
-    marker before it.
+    marker before it.  ``workspaces``: the libraries' workspace block sizes.
     """
     traces = snapshot.get("device_traces") or []
     if device >= len(traces) or not traces[device]:
@@ -379,7 +440,8 @@ def peak_split(
         return labels[index] if index >= offset and 0 <= index < len(labels) else ("", None)
 
     split = split_blocks(line.blocks, line.peak_position, align_censuses(line.markers, censuses),
-                         lambda position: label_at(position)[0])
+                         lambda position: label_at(position)[0], lambda position: label_at(position)[1],
+                         workspaces, line.length)
     phase, step = label_at(line.peak_position)
     result = MemorySplit(
         allocated=line.peak,
@@ -392,7 +454,9 @@ def peak_split(
     return result, line
 
 
-def current_split(snapshot: Mapping[str, Any], device: int, census: Mapping[int, str]) -> BlockSplit:
+def current_split(
+    snapshot: Mapping[str, Any], device: int, census: Mapping[int, str], workspaces: frozenset[int] = frozenset()
+) -> BlockSplit:
     """The blocks allocated at the snapshot, classified by a census taken now and their frames."""
     blocks = [TracedBlock(a, s, f, -1, 1) for a, s, f in live_blocks(snapshot.get("segments", ()), device)]
-    return split_blocks(blocks, 0, [Census(0, census)])
+    return split_blocks(blocks, 0, [Census(0, census)], workspaces=workspaces, end=1)

@@ -98,6 +98,8 @@ class MemorySampler:
         self._rss_value = 0
         self._rss_at = -1e9
         self._cuda = self._resolve_cuda(device)
+        self._total: int | None = None
+        """The GPU's memory in bytes, read once (for a cap given as a fraction of it)."""
         self._nvml: Nvml | None = None
         self._nvml_tried = False
         self._nvml_lock = threading.Lock()
@@ -182,12 +184,31 @@ class MemorySampler:
             allocated=allocated,
             reserved=reserved,
             peak=peak,
-            limit=self.limit,
+            limit=self.limit if self.limit is not None else self._fraction_cap(),
             host_rss=host_rss,
             host_heap=heap_in_use() if heap_in_use is not None and self._cuda is None else None,
             gpus=self._gpu_reading(fresh) if self.sample_gpus else None,
         )
         return self.detail(sample, stats, fresh) if self.detail is not None else sample
+
+    def _fraction_cap(self) -> int | None:
+        """The cap a script set itself (``torch.cuda.set_per_process_memory_fraction``), in bytes; None
+        without one.  The allocator refuses to reserve past it, so a rank runs out of memory there."""
+        if self._cuda is None:
+            return None
+        torch = sys.modules.get("torch")
+        get = getattr(getattr(torch, "cuda", None), "get_per_process_memory_fraction", None)
+        if get is None or not torch.cuda.is_initialized():
+            return None
+        try:
+            fraction = float(get(self._cuda))
+            if not 0 < fraction < 1:
+                return None
+            if self._total is None:
+                self._total = int(torch.cuda.get_device_properties(self._cuda).total_memory)
+        except Exception:  # noqa: BLE001 - a torch without it: no cap known
+            return None
+        return int(fraction * self._total)
 
     def _host_rss(self, fresh: bool) -> int:
         """The process's RSS; from the training thread, the thread's last reading unless it is stale.

@@ -36,8 +36,14 @@ import msgspec
 import torch
 
 from shardtop.probe.activations import SavedActivations
-from shardtop.probe.allocator import AllocatorHistory, ProcessMemory, allocator_stats, memory_snapshot
-from shardtop.probe.allocator_trace import KINDS, current_split, largest_free_block, peak_split
+from shardtop.probe.allocator import (
+    AllocatorHistory,
+    ProcessMemory,
+    allocator_stats,
+    library_workspaces,
+    memory_snapshot,
+)
+from shardtop.probe.allocator_trace import TRACE_KINDS, current_split, largest_free_block, peak_split
 from shardtop.probe.memory_kinds import KindCount, MemoryCensus
 from shardtop.probe.memory_options import REQUEST_FILE, MemoryOptions
 from shardtop.rundir.events import AllocatorStats, Memory, MemoryKinds, MemorySplit, Oom, Shards, Tree
@@ -55,7 +61,7 @@ MAX_REEXPLAINS = 2
 def unexplained(allocated: int | None, kinds: MemoryKinds) -> int | None:
     if allocated is None:
         return None
-    return allocated - sum(getattr(kinds, kind) or 0 for kind in KINDS)
+    return allocated - sum(getattr(kinds, kind) or 0 for kind in TRACE_KINDS)
 
 
 class MemoryExplainer:
@@ -103,10 +109,20 @@ class MemoryExplainer:
         """Splits of a trace that failed on the background thread (which no fault guard covers)."""
         self.on_failure = on_failure
         """Told the error of such a failure (the probe writes it as a fault)."""
+        self._workspaces: frozenset[int] | None = None
         self.trace_seconds: tuple[float, float] | None = None
         """(snapshot, split) seconds of the last trace read: the explained steps' one-off cost."""
 
     # -- set-up ---------------------------------------------------------------------------
+
+    @property
+    def workspaces(self) -> frozenset[int]:
+        """The libraries' workspace block sizes (read once CUDA is up: they depend on the GPU)."""
+        if self._workspaces is None and self.cuda:
+            found = library_workspaces(self.cuda_index)
+            if found:
+                self._workspaces = found
+        return self._workspaces or frozenset()
 
     def start(self) -> None:
         """At hello: on CUDA, record the allocator from here, so a set-up OOM is explained too."""
@@ -232,6 +248,7 @@ class MemoryExplainer:
         if snapshot is None:
             return
         censuses, labels = self._censuses, self._labels
+        _ = self.workspaces  # read here, on the training thread, for the thread that splits the trace
         taken = time.perf_counter() - started
         thread = threading.Thread(target=self._split_trace, args=(snapshot, censuses, labels, taken),
                                   name="shardtop-memory-trace", daemon=True)
@@ -242,7 +259,7 @@ class MemoryExplainer:
     ) -> None:
         started = time.perf_counter()
         try:
-            found = peak_split(snapshot, self.cuda_index, censuses, labels)
+            found = peak_split(snapshot, self.cuda_index, censuses, labels, self.workspaces)
         except Exception as e:  # noqa: BLE001 - told as a fault; the censuses' splits remain
             self.failures += 1
             if self.on_failure is not None:
@@ -356,7 +373,7 @@ class MemoryExplainer:
         allocated = stats.allocated if stats is not None else None
         memory: MemorySplit | None = None
         if snapshot is not None and count is not None:
-            blocks = current_split(snapshot, self.cuda_index, count.addresses)
+            blocks = current_split(snapshot, self.cuda_index, count.addresses, self.workspaces)
             kinds = blocks.memory_kinds()
             traced = self.history is not None and self.history.recording
             kinds = _only_measured(kinds, count.kinds)
@@ -370,7 +387,7 @@ class MemoryExplainer:
             # the trace since set-up: the split at the peak, which a set-up OOM often comes after
             try:
                 found = peak_split(snapshot, self.cuda_index, [*self._censuses, *( [count.addresses] if count else [])],
-                                   [*self._labels, (event.phase, event.step)])
+                                   [*self._labels, (event.phase, event.step)], self.workspaces)
             except Exception as e:  # noqa: BLE001 - told as a fault; the split at this moment remains
                 found = None
                 if self.on_failure is not None:
@@ -442,7 +459,7 @@ def objects_on_stack(error: BaseException | None) -> list[Any]:
 def _only_measured(blocks: MemoryKinds, census: MemoryKinds) -> MemoryKinds:
     """Block kinds, with a kind the census could not measure and no block named left None."""
     values = {}
-    for kind in KINDS:
+    for kind in TRACE_KINDS:
         value = getattr(blocks, kind)
         values[kind] = value if value or getattr(census, kind) is not None else None
     return MemoryKinds(**values)

@@ -23,6 +23,7 @@ the first count after it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +96,12 @@ class _Tally:
         for tensor in tensors_in(value):
             self.add(kind, tensor)
 
+    def add_address(self, kind: str, address: int, nbytes: int) -> None:
+        """A storage known by its address and size (a followed one, whose tensor the census cannot reach)."""
+        if address and nbytes and address not in self.addresses:
+            self.addresses[address] = kind
+            self.bytes[kind] += block_bytes(nbytes, self.cuda)
+
     def add_storage(self, kind: str, storage: Any) -> None:
         if storage.device != self.device:
             return
@@ -110,6 +117,8 @@ class MemoryCensus:
 
     def __init__(self, device: str | torch.device) -> None:
         self.device = resolve_device(device)
+        self.kept: Callable[[], list[tuple[int, int, int]]] | None = None
+        """(address, bytes, device) of tensors kept from earlier steps (``kept.py``), when followed."""
         self._target: Any = None
         self._optimizer: Any = None
         self._holders: EngineHolders | None = None
@@ -145,9 +154,15 @@ class MemoryCensus:
                 holders = holders.with_optimizers(also)
             tally = _Tally(self.device)
             _count(tally, holders, activations)
+            kept = self.kept() if self.kept is not None else None
         except RuntimeError:  # "dictionary changed size during iteration": the next census will do
             return None
         measured = {"params", "grads", "other"}
+        if kept is not None:
+            for address, nbytes, device in kept:
+                if device == tally.index:
+                    tally.add_address("kept", address, nbytes)
+            measured.add("kept")
         if holders.optimizers or holders.zero_optimizers:
             measured.add("optimizer")
         if holders.engine:

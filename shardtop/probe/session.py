@@ -235,7 +235,15 @@ class Probe:
                     explainer.close()
                 if self._last_target is not None:
                     self._explainer.set_target(self._last_target)
+                self._explainer.census.kept = self._kept_now
         return self._explainer if self.faults.working("split") else None
+
+    def _kept_now(self) -> list[tuple[int, int, int]] | None:
+        """For a census: the tensors kept from earlier steps, where their modules' outputs are followed."""
+        kept = self.kept
+        if kept is None or not kept.following or not self.faults.working("kept"):
+            return None
+        return kept.kept_storages()
 
     def _split_sample(self, sample: Memory, stats: dict[str, Any] | None, fresh: bool) -> Memory:
         """The sampler's ``detail``: ``sample`` with the split, the allocator's stats and NVML's

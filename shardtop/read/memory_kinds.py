@@ -15,9 +15,9 @@ from typing import Literal
 from shardtop.rundir.events import MemorySplit
 from shardtop.units import format_bytes
 
-Kind = Literal["params", "grads", "optimizer", "activations", "comm", "other"]
+Kind = Literal["params", "grads", "optimizer", "activations", "kept", "comm", "workspace", "other"]
 
-KINDS: tuple[Kind, ...] = ("params", "grads", "optimizer", "activations", "comm", "other")
+KINDS: tuple[Kind, ...] = ("params", "grads", "optimizer", "activations", "kept", "comm", "workspace", "other")
 """The kinds, in the order bars stack them and sentences list them (largest first there)."""
 
 KIND_WORDS: dict[str, str] = {
@@ -25,7 +25,9 @@ KIND_WORDS: dict[str, str] = {
     "grads": "gradients",
     "optimizer": "optimizer state",
     "activations": "activations",
+    "kept": "kept from earlier steps",
     "comm": "communication buffers",
+    "workspace": "library workspaces",
     "other": "other",
     "unexplained": "unexplained",
 }
@@ -35,7 +37,9 @@ KIND_SHORT: dict[str, str] = {
     "grads": "grad",
     "optimizer": "optim",
     "activations": "act",
+    "kept": "kept",
     "comm": "comm",
+    "workspace": "wksp",
     "other": "other",
     "unexplained": "?",
 }

@@ -208,7 +208,8 @@ class MemoryKinds(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
 
     Every kind is measured from its own source (tensors found, engine buffers read, allocator
     blocks traced); none is the remainder of the others.  A storage is counted once, under the
-    first kind that holds it in this order: params, grads, optimizer, comm, other, activations.
+    first kind that holds it in this order: params, grads, optimizer, comm, other, activations;
+    the trace's blocks no census saw as one of those are workspaces, or kept from earlier steps.
     On CUDA each storage counts as the allocator's block (rounded up to 512 bytes), as
     ``allocated`` does.
     """
@@ -230,6 +231,16 @@ class MemoryKinds(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     other: int | None = None
     """Module buffers (BatchNorm statistics...) and, from the allocator's trace, temporaries of
     the optimizer step and other blocks allocated by recognised code."""
+    kept: int | None = None
+    """Kept from earlier steps: tensors an earlier step made that are still alive, and no
+    parameter, gradient, optimizer state or buffer (a list of each step's logits, a hook's stored
+    activations).  From the allocator's trace (a block allocated in an earlier step), and from
+    the outputs of the modules whose outputs were seen kept (``Kept``), followed from then on."""
+    workspace: int | None = None
+    """Library workspaces: cuBLAS and cuBLASLt workspaces, blocks of the size the running torch
+    gives them (``torch._C._cuda_getCublasWorkspaceSize``), allocated with no tensor behind them
+    and kept for the process's life (one per thread and stream that ran a matmul).  From the
+    allocator's trace."""
 
 
 class MemorySplit(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):

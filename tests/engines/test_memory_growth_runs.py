@@ -45,6 +45,11 @@ def test_a_loop_that_keeps_tensors_grows_at_their_size_and_names_the_module_that
     assert rank["growth"]["out_of_memory_step"] > rank["growth"]["last_step"]
     steps = [s for s, _ in rank["memory_by_step"]]
     assert steps == sorted(steps) and steps[-1] == rank["growth"]["last_step"]
+    # From the first step on, the module's outputs are followed: the split names them as their own kind.
+    kept_now = rank["memory_now"]["by_kind"]["kept"]
+    assert kept_now is not None and kept_now % KEPT_PER_STEP == 0
+    last = rank["growth"]["last_step"]  # every earlier step's tensor, bar the last one or two still in flight
+    assert (last - 2) * KEPT_PER_STEP <= kept_now <= last * KEPT_PER_STEP, (kept_now / KEPT_PER_STEP, last)
 
 
 @pytest.mark.parametrize("plateau", ["adam", "cache", "batches"])

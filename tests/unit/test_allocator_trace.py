@@ -192,6 +192,82 @@ def test_a_forward_block_no_census_saw_saved_is_other_when_saved_tensors_were_fo
     assert unfollowed is not None and unfollowed[0].by_kind.activations == 5 * MiB  # frames alone: both
 
 
+WORKSPACE = 32 * MiB  # cuBLAS's on an H200 (torch._C._cuda_getCublasWorkspaceSize)
+
+
+def _steps_keeping_logits(trace: Trace, steps: int, logits: int) -> tuple[list[dict[int, str]], list[tuple[str, int]]]:
+    """A loop that appends each step's logits to a list: the first forward's matmul makes cuBLAS's
+    workspace (kept for the process's life, no tensor behind it) and the backward's its own."""
+    censuses: list[dict[int, str]] = []
+    labels: list[tuple[str, int]] = []
+    for step in range(steps):
+        trace.mark()
+        censuses.append({})
+        labels.append(("forward", step))
+        if step == 0:
+            trace.alloc(WORKSPACE, LINEAR_FORWARD)
+        trace.alloc(logits, LINEAR_FORWARD)  # appended to the list: never freed
+        trace.mark()
+        censuses.append({})
+        labels.append(("backward", step))
+        if step == 0:
+            trace.alloc(WORKSPACE, [])  # autograd's thread: its own handle, its own workspace
+        temp = trace.alloc(logits, [])
+        trace.free(temp)
+    return censuses, labels
+
+
+def test_library_workspaces_and_tensors_kept_from_earlier_steps_are_kinds_of_their_own() -> None:
+    trace = Trace()
+    logits = 244 * MiB
+    censuses, labels = _steps_keeping_logits(trace, 4, logits)
+    found = peak_split(trace.snapshot(), 0, censuses, labels, frozenset({WORKSPACE}))
+    assert found is not None
+    split, _ = found
+    assert split.phase == "backward" and split.step == 3
+    assert split.by_kind.workspace == 2 * WORKSPACE
+    assert split.by_kind.kept == 3 * logits  # steps 0 to 2; step 3's own logits are its activations
+    assert split.by_kind.activations == logits
+    assert split.by_kind.other == logits  # the backward's temporary, live at the peak
+    assert split.unexplained == 0
+
+
+def test_a_block_of_a_workspaces_size_is_no_workspace_if_freed_or_made_after_the_first_step() -> None:
+    trace = Trace()
+    trace.mark()
+    trace.alloc(WORKSPACE, LINEAR_FORWARD)  # the workspace
+    passing = trace.alloc(WORKSPACE, LINEAR_FORWARD)  # an activation of the same size, freed later
+    trace.mark()
+    trace.free(passing)
+    trace.mark()
+    trace.alloc(WORKSPACE, LINEAR_FORWARD)  # step 1: a kept output of that size, not a workspace
+    trace.mark()
+    labels = [("forward", 0), ("backward", 0), ("forward", 1), ("step", 1)]
+    found = peak_split(trace.snapshot(), 0, [{}, {}, {}, {}], labels, frozenset({WORKSPACE}))
+    assert found is not None
+    split, _ = found
+    assert split.by_kind.workspace == WORKSPACE
+    assert split.by_kind.activations == WORKSPACE  # step 1's, alive in step 1
+    assert split.by_kind.kept == 0
+    no_sizes = peak_split(trace.snapshot(), 0, [{}, {}, {}, {}], labels)
+    assert no_sizes is not None and no_sizes[0].by_kind.workspace == 0, "no size known, no workspace named"
+
+
+def test_state_made_in_an_earlier_step_is_not_kept() -> None:
+    trace = Trace()
+    trace.mark()
+    exp_avg = trace.alloc(8 * MiB, ADAM_STATE)  # Adam's moments at the first step
+    grad = trace.alloc(8 * MiB, [])  # a gradient, seen by the census
+    trace.mark()
+    trace.alloc(MiB, LINEAR_FORWARD)  # step 1's activation
+    trace.mark()
+    labels = [("optimizer", 0), ("forward", 1), ("backward", 1)]
+    found = peak_split(trace.snapshot(), 0, [{}, {grad: "grads"}, {grad: "grads", exp_avg: "optimizer"}], labels)
+    assert found is not None
+    split, _ = found
+    assert (split.by_kind.optimizer, split.by_kind.grads, split.by_kind.kept) == (8 * MiB, 8 * MiB, 0)
+
+
 def test_blocks_from_before_the_trace_and_a_trace_that_lost_its_start() -> None:
     """A ring buffer keeps the last entries: blocks freed without their alloc were allocated before;
     blocks alive at the end without one too; censuses pair with the markers from the end."""
