@@ -4,7 +4,7 @@
 # script under `shardtop run`, and the benchmarks' GPU figures.
 #
 #   gpu/record.sh PART...     PART: presets1 presets2 scenarios1 scenarios2 own benches (= probe_cost terminal)
-#                             rehearse_story2 rehearse_presets rehearse_own
+#                             rehearse_story2 rehearse_presets rehearse_own clients over_time
 #
 # presets1/scenarios1 and the rehearse_* parts need one GPU, presets2/scenarios2 two. Run from the project root with the
 # wheels of ../shared/gpu/wheels.sh in .whl/; everything lands under $OUT (or ./gpu-out):
@@ -24,6 +24,7 @@ if ! command -v deepspeed >/dev/null; then  # wheels carried with --target bring
 fi
 export PYTHONUNBUFFERED=1 SHARDTOP_RUNS_DIR=${SHARDTOP_RUNS_DIR:-/tmp/shardtop-gpu-runs} NCCL_NVLS_ENABLE=0
 CAP=${CAP:-15GiB}
+PLANS=${PLANS:-$SHARDTOP_RUNS_DIR-plans}
 DEADLINE=$((SECONDS + ${BUDGET_S:-540}))  # leave time to pack the results
 st() { python3 -m shardtop "$@"; }
 
@@ -100,6 +101,34 @@ own() {
   step 200 "a user's Lightning DeepSpeed script" python3 -m shardtop run --headless --name lightning-deepspeed -- python3 gpu/scenarios/lightning_deepspeed_user.py --devices "$n"
 }
 
+planned_run() {  # seconds, a name, then a user's command: `shardtop plan -- CMD` first, then `shardtop run`
+  local s=$1 name=$2; shift 2
+  mkdir -p "$PLANS"
+  step 90 "shardtop plan -- $name" sh -c 'python3 -m shardtop plan --format json -- "$@" > "$0" 2>"$0.err"' \
+    "$PLANS/$name.json" "$@"
+  step "$s" "shardtop run $name" python3 -m shardtop run --headless --name "$name" -- "$@"
+}
+
+clients() {  # the clients people use, a model of 167 M parameters, under `shardtop run` on one GPU
+  local s=tests/own_scripts
+  export HF_TINY_SIZE=gpu
+  planned_run 120 hf-trainer-zero3 torchrun --standalone --nproc_per_node 1 $s/hf_trainer.py --cuda --deepspeed $s/ds_zero3.json --steps 5
+  planned_run 120 hf-trainer-fsdp torchrun --standalone --nproc_per_node 1 $s/hf_trainer.py --cuda --fsdp "full_shard auto_wrap" --steps 5
+  planned_run 120 accelerate-fsdp2 accelerate launch --config_file $s/accelerate_fsdp2.yaml --num_processes 1 $s/accelerate_train.py --cuda --steps 5
+  planned_run 120 accelerate-zero3 accelerate launch --config_file $s/accelerate_zero3.yaml --num_processes 1 $s/accelerate_train.py --cuda --steps 5
+  planned_run 120 peft-lora-fsdp2 accelerate launch --config_file $s/accelerate_fsdp2.yaml --num_processes 1 $s/accelerate_train.py --cuda --lora --steps 5
+  planned_run 120 peft-lora-zero3 torchrun --standalone --nproc_per_node 1 $s/hf_trainer.py --cuda --deepspeed $s/ds_zero3.json --lora --steps 5
+  unset HF_TINY_SIZE
+  planned_run 120 compile-fsdp2 torchrun --standalone --nproc_per_node 1 $s/fsdp2_train.py --cuda --compile --dim 2048 --steps 5
+  planned_run 120 lightning-bf16-true python3 gpu/scenarios/lightning_deepspeed_user.py --strategy fsdp --precision bf16-true --steps 5
+}
+
+over_time() {  # memory that grows: a loop keeping its logits under a 24 GiB cap; the small recordings again
+  step 120 "kept logits" python3 -m shardtop run --headless --name kept-logits -- python3 gpu/scenarios/kept_logits.py --cap-gib 24
+  step 60 "outside pytorch" python3 gpu/scenarios/outside_pytorch.py --outside-gib 6
+  launch 60 manual-placement max_steps=5
+}
+
 probe_cost() { step 120 "probe cost" python3 bench/bench_probe.py --device cuda; }
 terminal() { step 150 "terminal traffic" python3 bench/bench_ssh.py --nvml real --seconds 15; }
 benches() { probe_cost; terminal; }
@@ -114,4 +143,5 @@ benches() { probe_cost; terminal; }
   done
   python3 -m shardtop runs --limit 0
 } 2>&1 | tee -a "$OUT/gpu.log"
-tar czf "$OUT/gpu-runs.tgz" -C "$(dirname "$SHARDTOP_RUNS_DIR")" "$(basename "$SHARDTOP_RUNS_DIR")"
+tar czf "$OUT/gpu-runs.tgz" -C "$(dirname "$SHARDTOP_RUNS_DIR")" "$(basename "$SHARDTOP_RUNS_DIR")" \
+  $( [ -d "$PLANS" ] && echo "$(basename "$PLANS")")

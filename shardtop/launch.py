@@ -223,7 +223,7 @@ def start(run: RunDirectory) -> Supervisor:
         line = intermediate.stdout.readline()
         code = intermediate.wait()
         if not line.strip().isdigit():
-            run.write_exit(1, reason="the supervisor did not start")
+            run.write_exit(1, reason="the supervisor did not start", ending="failed")
             raise RunError(
                 f"the run's supervisor did not start (exit {code}); its output is in {run.runner_log}"
             )
@@ -274,7 +274,9 @@ def stop(run: RunDirectory, grace: float = 10.0, out: Callable[[str], None] = pr
                 _kill(pid, signal.SIGKILL)
         out(f"run {run.id} did not stop within {grace:.0f}s; sent SIGKILL")
         time.sleep(0.2)
-    run.write_exit(128 + signal.SIGTERM, signal=signal.SIGTERM, reason="stopped", stop_requested=asked_at)
+    run.write_exit(
+        128 + signal.SIGTERM, signal=signal.SIGTERM, reason="stopped", stop_requested=asked_at, ending="stopped"
+    )
     return True
 
 

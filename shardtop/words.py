@@ -26,6 +26,11 @@ def list_names(names: Sequence[str], limit: int = 6) -> str:
     return ", ".join(shown[:-1]) + " and " + shown[-1]
 
 
+def noun(n: int, one: str, many: str | None = None) -> str:
+    """The word for ``n`` of a thing: ``rank`` for 1, ``ranks`` (or ``many``) for any other number."""
+    return one if n == 1 else many or one + "s"
+
+
 def plural(n: int, one: str, many: str | None = None) -> str:
-    """``1 rank``, ``2 ranks``."""
-    return f"{n} {one if n == 1 else many or one + 's'}"
+    """``1 rank``, ``2 ranks``; ``1 process``, ``3 processes`` with ``many``."""
+    return f"{n} {noun(n, one, many)}"

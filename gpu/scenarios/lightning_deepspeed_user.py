@@ -5,6 +5,7 @@ trained with ``strategy="deepspeed_stage_3"`` and bf16, the blocks built in
 ``configure_model()`` as Lightning recommends for ZeRO-3, on random tokens:
 
     shardtop run --headless -- python gpu/scenarios/lightning_deepspeed_user.py --devices 1
+    shardtop run --headless -- python gpu/scenarios/lightning_deepspeed_user.py --strategy fsdp --precision bf16-true
 
 shardtop injects its probe into the rank (Lightning's Trainer gets the callback),
 so the run has its shard tree, memory and findings without a line changed here.
@@ -71,12 +72,14 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--strategy", default="deepspeed_stage_3", help="any Lightning strategy: fsdp, ddp...")
+    parser.add_argument("--precision", default="bf16-mixed", help="bf16-true keeps the parameters in bf16")
     args = parser.parse_args()
     tokens = torch.randint(0, args.vocab, (args.batch * args.steps, args.seq + 1))
     data = TensorDataset(tokens[:, :-1], tokens[:, 1:])
     model = TinyGpt(args.vocab, args.width, args.layers, heads=16)
     trainer = L.Trainer(
-        accelerator="cuda", devices=args.devices, strategy="deepspeed_stage_3", precision="bf16-mixed",
+        accelerator="cuda", devices=args.devices, strategy=args.strategy, precision=args.precision,
         max_steps=args.steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False,
     )

@@ -18,6 +18,7 @@ from shardtop.diagnose.facts import KindsEvidence, fmt
 from shardtop.diagnose.finding import Evidence, Finding, Rule
 from shardtop.read.plan_check import MISS_MIN_BYTES, MISS_RATIO, RankCheck, relative_error
 from shardtop.read.run_model import RunModel
+from shardtop.words import noun
 
 
 def percent(ratio: float) -> str:
@@ -152,7 +153,7 @@ def explain_plan_missed(e: PlanMissed) -> Finding:
         f"{percent(e.threshold)} (and {fmt(e.min_bytes)}) a plan is held to."
     )
     if others:
-        detail += f" Also off: rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}."
+        detail += f" Also off: {noun(len(others), 'rank')} {', '.join(map(str, others))}."
     if e.out_of_memory and e.plan_fits:
         detail += f" The plan said it fits ({fmt(e.usable)} usable per rank), yet the rank ran out of memory."
     detail += (

@@ -125,32 +125,85 @@ def find_built_whole(m: RunModel) -> BuiltWhole | None:
     )
 
 
+LIGHTNING_INIT = "Lightning calls it inside deepspeed.zero.Init, so each rank only ever allocates its 1/N."
+RAW_INIT = (
+    "`with deepspeed.zero.Init(config_dict_or_path=ds_config):` before deepspeed.initialize, so each "
+    "parameter is partitioned as it is created."
+)
+NOT_PIPELINING = (
+    "It does not put different layers on different GPUs, and layers placed on GPUs by hand are moved to "
+    "the rank's own device anyway: that would be pipeline parallelism, which ZeRO-3 is not (and "
+    "Lightning's Trainer has no pipeline_parallel_size)."
+)
+
+
 def explain_built_whole(e: BuiltWhole) -> Finding:
+    """The finding, told in sentences: what the ranks held, why, the OOM it caused, what ZeRO-3 does."""
+    sentences = [
+        _what_was_held(e),
+        _why_whole(e),
+        _oom_there(e.oom),
+        _what_zero3_splits(e.world_size),
+        NOT_PIPELINING if e.placed_by_hand else "",
+    ]
+    held = e.whole_bytes or e.model_bytes
+    ranks = max(e.world_size, 2)  # on one GPU: what a second would save
+    return Finding(
+        code="zero3-not-partitioned-at-init",
+        title=_built_whole_title(e),
+        detail=" ".join(s for s in sentences if s),
+        fix=_built_whole_fix(e),
+        evidence=e,
+        severity="error" if e.oom is not None else "warning",
+        saving_bytes=held * (ranks - 1) // ranks,
+        modules=(e.oom.module,) if e.oom is not None and e.oom.module else e.whole_modules,
+    )
+
+
+def _built_whole_title(e: BuiltWhole) -> str:
+    if e.part:
+        return f"{fmt(e.whole_bytes)} of parameters were built outside deepspeed.zero.Init, whole on every rank"
+    if e.on_gpus:
+        return "DeepSpeed moved the whole model to every GPU before ZeRO-3 partitioned it"
+    return f"{'Each rehearsed' if e.rehearsed else 'Every'} rank held the whole model before ZeRO-3 partitioned it"
+
+
+def _holders(e: BuiltWhole) -> str:
+    """Who held the parameters whole: ``2 of 6 ranks``, ``each of the 2 rehearsed ranks (of 6)``."""
+    n = e.world_size
+    if e.rehearsed == 1:
+        return f"the rehearsed rank (of {n})"
+    if e.rehearsed:
+        each = "each of the" if e.whole_ranks == e.rehearsed else f"{e.whole_ranks} of the"
+        return f"{each} {e.rehearsed} rehearsed ranks (of {n})"
+    return f"{e.whole_ranks} of {n} ranks" if n > 1 else "the rank"
+
+
+def _what_was_held(e: BuiltWhole) -> str:
+    """What the set-up snapshots held whole, and where; empty where no snapshot shows it."""
+    if not e.whole_bytes:
+        return ""
+    what = "part of the model" if e.part else "the whole model"
+    share = (
+        f"{e.whole_bytes / e.model_bytes:.0%} of {fmt(e.model_bytes)}" if e.part else f"{e.model_params:,} values"
+    )
+    where = f", on {', '.join(e.devices)}" if e.devices else ""
+    modules = f", in {list_names(e.whole_modules)}" if e.part and e.whole_modules else ""
+    return (
+        f"Before DeepSpeed partitioned anything, {_holders(e)} held {what}: {fmt(e.whole_bytes)} of parameters "
+        f"({share}) unpartitioned{where}{modules}."
+    )
+
+
+def _why_whole(e: BuiltWhole) -> str:
+    """Why they were whole: built outside zero.Init, then moved or cast whole by the engine."""
     n = e.world_size
     held = e.whole_bytes or e.model_bytes
-    what_held = "part of the model" if e.part else "the whole model"
-    detail = ""
-    if e.whole_bytes:
-        if e.rehearsed == 1:
-            holders = f"the rehearsed rank (of {n})"
-        elif e.rehearsed:
-            each = "each of the" if e.whole_ranks == e.rehearsed else f"{e.whole_ranks} of the"
-            holders = f"{each} {e.rehearsed} rehearsed ranks (of {n})"
-        else:
-            holders = f"{e.whole_ranks} of {n} ranks" if n > 1 else "the rank"
-        detail = (
-            f"Before DeepSpeed partitioned anything, {holders} held {what_held}: {fmt(e.whole_bytes)} of parameters"
-            + (
-                f" ({e.whole_bytes / e.model_bytes:.0%} of {fmt(e.model_bytes)})"
-                if e.part
-                else f" ({e.model_params:,} values)"
-            )
-            + " unpartitioned"
-            + (f", on {', '.join(e.devices)}" if e.devices else "")
-            + (f", in {list_names(e.whole_modules)}" if e.part and e.whole_modules else "")
-            + ". "
-        )
-    device = "GPU" if e.on_gpus else "rank"
+    built = (
+        "Parameters created outside deepspeed.zero.Init exist"
+        if e.part
+        else "A model built outside deepspeed.zero.Init exists"
+    )
     how = (
         "moves it to the GPU (and casts it to fp16/bf16)"
         if e.on_gpus
@@ -162,67 +215,51 @@ def explain_built_whole(e: BuiltWhole) -> Finding:
         else "although on N GPUs each would only ever need 1/N of it (on this one GPU, 1/N is all of it: "
         "see zero3-single-rank)"
     )
-    built = (
-        "Parameters created outside deepspeed.zero.Init exist"
-        if e.part
-        else "A model built outside deepspeed.zero.Init exists"
-    )
-    detail += (
+    return (
         f"{built} whole on every rank, and DeepSpeedEngine._configure_distributed_model {how} whole, on every "
-        f"rank, before ZeRO-3 partitions it: set-up needs {fmt(held)} per {device} for them {needs}."
+        f"rank, before ZeRO-3 partitions it: set-up needs {fmt(held)} per {'GPU' if e.on_gpus else 'rank'} for "
+        f"them {needs}."
     )
-    oom = e.oom
-    if oom is not None:
-        what = f", converting `{oom.module}` ({oom.module_type or 'module'})" if oom.module else ""
-        detail += f" Rank {oom.rank} ran out of memory right there, in {oom.engine_step}{what}{oom.held_words()}" + (
-            f" ({oom.ranks_out_of_memory} ranks did)." if oom.ranks_out_of_memory > 1 else "."
-        )
+
+
+def _oom_there(oom: OomEvidence | None) -> str:
+    """The OOM that struck while the engine moved the model; empty where none did."""
+    if oom is None:
+        return ""
+    what = f", converting `{oom.module}` ({oom.module_type or 'module'})" if oom.module else ""
+    others = f" ({oom.ranks_out_of_memory} ranks did)" if oom.ranks_out_of_memory > 1 else ""
+    return f"Rank {oom.rank} ran out of memory right there, in {oom.engine_step}{what}{oom.held_words()}{others}."
+
+
+def _what_zero3_splits(n: int) -> str:
     split = f"{n} ranks: once partitioned, each rank holds 1/{n} of each layer" if n > 1 else "N ranks"
-    detail += f" ZeRO-3 splits every tensor of every layer across all {split}."
-    if e.placed_by_hand:
-        detail += (
-            " It does not put different layers on different GPUs, and layers placed on GPUs by hand are moved to "
-            "the rank's own device anyway: that would be pipeline parallelism, which ZeRO-3 is not (and "
-            "Lightning's Trainer has no pipeline_parallel_size)."
-        )
-    lightning_fix = (
-        "Build the layers in configure_model() instead of __init__: Lightning calls it inside "
-        "deepspeed.zero.Init, so each rank only ever allocates its 1/N."
-    )
-    raw_fix = (
-        "Build the model under `with deepspeed.zero.Init(config_dict_or_path=ds_config):` before "
-        "deepspeed.initialize, so each parameter is partitioned as it is created."
-    )
+    return f"ZeRO-3 splits every tensor of every layer across all {split}."
+
+
+def _built_whole_fix(e: BuiltWhole) -> str:
+    """Build under zero.Init: Lightning's way, the raw way, or both where the driver is not known."""
+    if e.driver == "lightning":
+        return _lightning_fix(e)
+    if e.driver == "raw":
+        return _raw_fix(e, "Build", "Create")
+    return f"{_lightning_fix(e)} Without Lightning: {_raw_fix(e, 'build', 'create')}"
+
+
+def _lightning_fix(e: BuiltWhole) -> str:
     if e.part:
-        where = f" ({list_names(e.whole_modules)})" if e.whole_modules else ""
-        lightning_fix = (
-            f"Create every layer{where} in configure_model(), not only some: "
-            + lightning_fix[len("Build the layers in configure_model() instead of __init__: "):]
-        )
-        raw_fix = (
-            f"Create every parameter{where} inside the `deepspeed.zero.Init` block: "
-            + raw_fix[len("Build the model under "):]
-        )
-    fix = {"lightning": lightning_fix, "raw": raw_fix}.get(
-        e.driver, f"{lightning_fix} Without Lightning: {raw_fix[0].lower()}{raw_fix[1:]}"
-    )
-    title = (
-        ("DeepSpeed moved the whole model to every GPU before ZeRO-3 partitioned it" if e.on_gpus
-         else f"{'Each rehearsed' if e.rehearsed else 'Every'} rank held the whole model before ZeRO-3 partitioned it")
-        if not e.part
-        else f"{fmt(e.whole_bytes)} of parameters were built outside deepspeed.zero.Init, whole on every rank"
-    )
-    ranks = max(n, 2)  # on one GPU: what a second would save
-    return Finding(
-        code="zero3-not-partitioned-at-init",
-        title=title,
-        detail=detail,
-        fix=fix,
-        evidence=e,
-        severity="error" if oom is not None else "warning",
-        saving_bytes=held * (ranks - 1) // ranks,
-        modules=(oom.module,) if oom is not None and oom.module else e.whole_modules,
-    )
+        return f"Create every layer{_named(e)} in configure_model(), not only some: {LIGHTNING_INIT}"
+    return f"Build the layers in configure_model() instead of __init__: {LIGHTNING_INIT}"
+
+
+def _raw_fix(e: BuiltWhole, build: str, create: str) -> str:
+    """The fix without Lightning, its first word ``build`` or ``create`` as the sentence needs it."""
+    if e.part:
+        return f"{create} every parameter{_named(e)} inside the `deepspeed.zero.Init` block: {RAW_INIT}"
+    return f"{build} the model under {RAW_INIT}"
+
+
+def _named(e: BuiltWhole) -> str:
+    return f" ({list_names(e.whole_modules)})" if e.whole_modules else ""
 
 
 BUILT_WHOLE = Rule("zero3-not-partitioned-at-init", find_built_whole, explain_built_whole)

@@ -54,6 +54,10 @@ class PlanState:
         self.momentum = 0.0
         self.trainer_precision = ""
         self.root_hook: Any = None
+        self.reshard: dict[int, bool] = {}
+        """id(module) -> whether ``fully_shard`` was asked to reshard it after forward."""
+        self.mesh_device = ""
+        """The device type of the mesh ``fully_shard`` was given ("" for its default mesh)."""
         self.planning = False
         self.seen: set[int] = set()
 
@@ -200,8 +204,6 @@ def _fully_shard(original: Callable[..., Any]) -> Callable[..., Any]:
     def fully_shard(module: Any, *args: Any, **kwargs: Any) -> Any:
         modules = list(module) if isinstance(module, (list, tuple)) else [module]
         facts: dict[str, Any] = {}
-        if kwargs.get("reshard_after_forward") is False:
-            facts["sharding"] = "SHARD_GRAD_OP"
         mp = kwargs.get("mp_policy")
         if mp is not None and getattr(mp, "param_dtype", None) is not None:
             facts["half"] = _dtype_words(mp.param_dtype)
@@ -210,8 +212,10 @@ def _fully_shard(original: Callable[..., Any]) -> Callable[..., Any]:
         mesh = kwargs.get("mesh")
         if mesh is not None:
             facts["mesh_dims"] = int(getattr(mesh, "ndim", 1))
+            STATE.mesh_device = str(getattr(mesh, "device_type", "") or "")
         for m in modules:
             STATE.units.append(m)
+            STATE.reshard[id(m)] = kwargs.get("reshard_after_forward", None) is not False
             _take(m, "fsdp2", "fully_shard", **facts)
         return module
 
@@ -248,6 +252,15 @@ def _root_call(module: Any, args: Any, kwargs: Any) -> None:
 
 
 def _plan_and_leave(root: Any, called: Any, args: Any, kwargs: Any) -> None:
+    """Plan at this call and leave; eagerly, outside ``torch.compile``: under a compiled model the hooks
+    run while dynamo traces its forward, and the meta trace must not be compiled with it."""
+    import torch
+
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    (disable(_plan_now) if disable is not None else _plan_now)(root, called, args, kwargs)
+
+
+def _plan_now(root: Any, called: Any, args: Any, kwargs: Any) -> None:
     from shardtop.inject.plan_trace import describe_call, path_in
 
     STATE.planning = True
@@ -258,8 +271,16 @@ def _plan_and_leave(root: Any, called: Any, args: Any, kwargs: Any) -> None:
             _say(f"planned at the first call of {type(called).__name__}"
                  + (f" ({path})" if path else "") + "; stopping before training")
     except Exception as e:  # noqa: BLE001 - said, and the plan made at the hand-over stands
-        _say(f"could not trace the first forward ({type(e).__name__}: {e})")
+        _say(f"could not trace the first forward ({type(e).__name__}: {e}{_where(e)})")
     _leave()
+
+
+def _where(error: BaseException) -> str:
+    """`` in FILE:LINE`` of the innermost frame outside torch: the code that asked for what meta tensors lack."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "/torch/" not in f.filename]
+    return f" in {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
 def _leave() -> None:
@@ -284,7 +305,22 @@ def _accelerator(root: Any) -> str:
         return "cuda"  # DeepSpeed moves the model to the GPU itself
     if STATE.engine == "fsdp1" and torch is not None and torch.cuda.is_available():
         return "cuda"
+    if STATE.engine == "fsdp2" and torch is not None and torch.cuda.is_available():
+        return "cpu" if STATE.mesh_device == "cpu" else "cuda"  # fully_shard moves each unit to its mesh's device
     return "cpu"
+
+
+def fsdp2_sharding(reshard: dict[int, bool], root: Any) -> str:
+    """``SHARD_GRAD_OP`` where the units that run in turn keep their parameters whole after forward, else "".
+
+    The root's own setting says nothing about the blocks: accelerate and torchtitan keep the root whole
+    (``reshard_after_forward=False``, it runs first in backward) and reshard every block.  The plan's
+    FULL_SHARD already keeps the root whole; only blocks that stay whole make it SHARD_GRAD_OP.
+    """
+    blocks = [keep for key, keep in reshard.items() if key != id(root)]
+    if blocks:
+        return "" if any(blocks) else "SHARD_GRAD_OP"
+    return "SHARD_GRAD_OP" if reshard.get(id(root)) is False else ""
 
 
 def _write(described: tuple[Any, list[str]], *, complete: bool) -> None:
@@ -298,6 +334,8 @@ def _write(described: tuple[Any, list[str]], *, complete: bool) -> None:
     if root is not None:
         rows = {id(m): i for i, m in enumerate(walk(root)[0])}
     facts = dict(STATE.facts)
+    if STATE.engine == "fsdp2" and fsdp2_sharding(STATE.reshard, root):
+        facts["sharding"] = fsdp2_sharding(STATE.reshard, root)
     classes = facts.pop("policy_classes", ())
     units = [rows[id(m)] for m in STATE.units if id(m) in rows]
     if classes and root is not None:

@@ -52,6 +52,34 @@ def on_meta(root: Any) -> Iterator[None]:
             table[name] = t
 
 
+@contextlib.contextmanager
+def meta_counts_as_tracing() -> Iterator[None]:
+    """transformers reads no tensor's values where it is traced (``is_tracing``: under compile, on fake
+    tensors) and checks values elsewhere (``(mask == 0).all()`` to tell packed sequences apart), which a
+    meta tensor cannot answer.  A meta tensor is as shapeless of values as a fake one: while inside,
+    ``is_tracing`` of every transformers module loaded says so for it."""
+    import sys
+
+    patched: list[tuple[Any, Any]] = []
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("transformers") or module is None:
+            continue
+        original = getattr(module, "__dict__", {}).get("is_tracing")
+        if not callable(original):
+            continue
+
+        def is_tracing(tensor: Any = None, _original: Any = original) -> bool:
+            return bool(getattr(tensor, "is_meta", False)) or bool(_original(tensor))
+
+        patched.append((module, original))
+        setattr(module, "is_tracing", is_tracing)  # noqa: B010 - a module attribute no stub declares
+    try:
+        yield
+    finally:
+        for module, original in patched:
+            module.is_tracing = original
+
+
 def describe_call(root: Any, called: Any, args: Any, kwargs: Any) -> tuple[Any, list[str]]:
     """The description of ``root`` on the meta device; with ``called`` and its arguments, its saved activations
     for that call (``called`` is ``root`` or inside it); without, none."""
@@ -87,6 +115,6 @@ def describe_call(root: Any, called: Any, args: Any, kwargs: Any) -> tuple[Any, 
     else:
         notes.append("no forward pass was traced (the script stopped before calling the model): activations "
                      "are not planned")
-    with on_meta(root), torch.enable_grad():
+    with on_meta(root), meta_counts_as_tracing(), torch.enable_grad():
         desc = describe_model(root, forward_loss, name=type(root).__name__, batch_size=batch, input_bytes=input_bytes)
     return desc, notes

@@ -27,6 +27,7 @@ from shardtop.inject import command_env
 from shardtop.inject.rehearsal_env import Rehearsed, first_gpu
 from shardtop.rundir.cluster import HEARTBEAT_S, host_name
 from shardtop.rundir.liveness import process_start_time
+from shardtop.rundir.run_config import RunConfig
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.rundir.run_members import (
     end_supervisor,
@@ -71,7 +72,7 @@ def supervise(run_dir: Path, command: list[str], cwd: str) -> int:
         except OSError as e:
             say(f"could not start {command[0]!r}: {e.strerror or e}")
             end_supervisor(record, 127, None)
-            run.write_exit(127, reason=f"command could not start on {host_name()}")
+            run.write_exit(127, reason=f"command could not start on {host_name()}", ending="failed")
             return 127
         say(f"started {subprocess.list2cmdline(command)} (pid {proc.pid}) on {host_name()}")
         code, sig, stop_signal = _follow(proc, record, signals)
@@ -88,28 +89,31 @@ def supervise(run_dir: Path, command: list[str], cwd: str) -> int:
     end_supervisor(record, code, sig or stopped_by)
     if stopped_by is None:
         if code != 0:
-            run.write_exit(code, signal=sig, reason=f"command failed on {host_name()}", ranks=tuple(rehearsed))
+            run.write_exit(code, signal=sig, reason=f"command failed on {host_name()}", ranks=tuple(rehearsed),
+                           ending="failed")
         else:
             end = supervised_end(run.members())
             if end is not None:
-                run.write_exit(end.code, signal=end.signal, reason=end.reason, ranks=tuple(rehearsed))
+                run.write_exit(
+                    end.code, signal=end.signal, reason=end.reason, ranks=tuple(rehearsed), ending=end.ending
+                )
     return code
 
 
 def _environments(run: RunDirectory) -> Iterator[tuple[int | None, dict[str, str]]]:
     """The command's environment for each time it runs: once, or once per rehearsed rank, in turn."""
     base = command_env(os.environ, run.path)
-    rehearsal = run.read_meta().get("config", {}).get("rehearsal")
-    if not rehearsal:
+    rehearsal = RunConfig.parse(run.read_meta().get("config")).rehearsal
+    if rehearsal is None:
         yield None, base
         return
-    for rank in rehearsal["ranks"]:
+    for rank in rehearsal.ranks:
         env = dict(base)
-        env.update(Rehearsed(int(rank), int(rehearsal["world_size"])).environment(free_port()))
-        if "CUDA_VISIBLE_DEVICES" in env or rehearsal.get("on") != "CPU":
+        env.update(Rehearsed(rank, rehearsal.world_size).environment(free_port()))
+        if "CUDA_VISIBLE_DEVICES" in env or rehearsal.on != "CPU":
             env["CUDA_VISIBLE_DEVICES"] = first_gpu(env)
-        say(f"rehearsing rank {rank} of {rehearsal['world_size']}")
-        yield int(rank), env
+        say(f"rehearsing rank {rank} of {rehearsal.world_size}")
+        yield rank, env
 
 
 def _follow(proc: subprocess.Popen[bytes], record: Path, signals: list[int]) -> tuple[int, int | None, int | None]:

@@ -14,6 +14,7 @@ from shardtop.plan.compare import Plan
 from shardtop.plan.verdict import Option
 from shardtop.rundir.events import when
 from shardtop.units import count_words, format_bytes, short_bytes
+from shardtop.words import plural
 
 COLUMNS = ("peak", "params", "grads", "optim", "activ")
 TEXT_WIDTH = 100
@@ -30,7 +31,7 @@ def _cells(o: Option) -> tuple[int, ...]:
 
 
 def _where(plan: Plan) -> str:
-    ranks = f"{plan.devices} rank{'s' if plan.devices != 1 else ''}"
+    ranks = plural(plan.devices, "rank")
     if plan.accelerator == "cpu" and plan.gpu is None:
         return f"{ranks} on CPU processes (no GPU to fit: add gpu_mem_limit= to judge)"
     if plan.gpu is None:

@@ -30,8 +30,9 @@ the trace saw, with the blocks alive then.
    or buffer: kept from earlier steps (``kept``);
 5. else the code that allocated it: a module's forward (an activation,
    unless saved tensors were followed and this was not one of them), the
-   optimizer's temporaries; or, allocated without a Python frame during a backward: autograd's engine made it on its own thread, a
-   temporary of the backward (other);
+   optimizer's temporaries; or, allocated without a Python frame during a
+   backward: autograd's engine made it on its own thread, a temporary of
+   the backward (other);
 6. else it is ``unexplained``.
 
 Censuses are tied to trace positions by markers: the probe allocates a tiny

@@ -29,13 +29,14 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import FrameType, TracebackType
+from types import FrameType, MappingProxyType, TracebackType
 from typing import Any, Protocol
 
 from shardtop.probe.faults import describe
 from shardtop.rundir.events import ExitStatus
+from shardtop.rundir.run_status import ExitReason
 
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -58,6 +59,12 @@ class ExitRecord:
     status: ExitStatus
     signal: int | None = None
     error: str | None = None
+
+
+RUN_ENDING: Mapping[ExitStatus, ExitReason] = MappingProxyType(
+    {"ok": "finished", "error": "failed", "oom": "failed", "interrupted": "interrupted"}
+)
+"""The run's ending when a rank of a script's own run records it (``exit.json`` has no supervisor there)."""
 
 
 def signal_name(signum: int) -> str:

@@ -27,8 +27,8 @@ step, and a followed module's hook one note per call.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
 import weakref
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,7 +127,10 @@ class KeptTracker:
         traced = self._traced_step
         if traced is not None and not traced <= step < traced + 2:
             self._stop_hook()  # the traced step's forward and the next one are over
-            kept = self._finish() if step >= traced + 2 else self._abandon()
+            if step >= traced + 2:
+                kept = self._finish()
+            else:
+                self._abandon()
         self._readings = (self._readings + [self.reading()])[-(RISES_TO_TRACE + 1):]
         if self._traced_step is None and self._due(step):
             self._start(step)

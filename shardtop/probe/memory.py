@@ -196,7 +196,7 @@ class MemorySampler:
         without one.  The allocator refuses to reserve past it, so a rank runs out of memory there."""
         if self._cuda is None:
             return None
-        torch = sys.modules.get("torch")
+        torch: Any = sys.modules.get("torch")
         get = getattr(getattr(torch, "cuda", None), "get_per_process_memory_fraction", None)
         if get is None or not torch.cuda.is_initialized():
             return None

@@ -117,7 +117,7 @@ class MemoryCensus:
 
     def __init__(self, device: str | torch.device) -> None:
         self.device = resolve_device(device)
-        self.kept: Callable[[], list[tuple[int, int, int]]] | None = None
+        self.kept: Callable[[], list[tuple[int, int, int]] | None] | None = None
         """(address, bytes, device) of tensors kept from earlier steps (``kept.py``), when followed."""
         self._target: Any = None
         self._optimizer: Any = None

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from shardtop.probe.cap import OOM_RESERVE, starved_of_memory
-from shardtop.probe.exits import ExitRecord, exit_record, received_signal
+from shardtop.probe.exits import RUN_ENDING, ExitRecord, exit_record, received_signal
 from shardtop.probe.exits import install as install_exit_hooks
 from shardtop.probe.faults import Faults, describe, say
 from shardtop.probe.host import host_facts
@@ -397,7 +397,8 @@ class Probe:
             return
         run = RunDirectory(self.run_dir)
         if (record.code != 0 or self.rank == 0) and run.read_meta().get("external"):
-            run.write_exit(record.code, signal=record.signal, reason=f"rank {self.rank}: {record.status}")
+            run.write_exit(record.code, signal=record.signal, reason=f"rank {self.rank}: {record.status}",
+                           ending=RUN_ENDING[record.status])
 
     def register(self) -> None:
         """Tell the run directory this process is one of its ranks (scripts' runs only)."""

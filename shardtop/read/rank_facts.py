@@ -132,9 +132,8 @@ def _exit_status(e: Exit) -> RankStatus:
         return RankStatus("finished")
     if e.status == "oom":
         return RankStatus("out of memory")
-    if e.status in ("interrupted", "killed"):
-        state: RankStateName = "killed" if e.status == "killed" else "interrupted"
-        return RankStatus(state, _signal_name(e.signal) if e.signal else _first_line(e.error))
+    if e.status == "interrupted":
+        return RankStatus("interrupted", _signal_name(e.signal) if e.signal else _first_line(e.error))
     # a SystemExit carrying a signal's exit status (128 + n) is a signal, not a failure
     if e.code > 128 and e.code - 128 in (signals.SIGTERM, signals.SIGINT, signals.SIGHUP):
         return RankStatus("interrupted", _signal_name(e.code - 128))

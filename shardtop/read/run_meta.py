@@ -11,12 +11,14 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
+from shardtop.rundir.run_config import RehearsalConfig, RunConfig
+from shardtop.rundir.run_config import text as _text
+from shardtop.words import noun
 
-@dataclass(frozen=True)
-class Rehearsal:
+
+class Rehearsal(RehearsalConfig):
     """A run that rehearses some ranks of a larger job, one process per rank on one device.
 
     What such a run shows is exactly what those ranks hold; nothing is known of
@@ -24,17 +26,10 @@ class Rehearsal:
     group moves no data, and NCCL's own buffers and communicators do not exist.
     """
 
-    world_size: int
-    """The job's ranks."""
-    ranks: tuple[int, ...]
-    """The ranks rehearsed, in the order they ran."""
-    on: str = ""
-    """What they ran on: ``1 × NVIDIA H200``, ``CPU``."""
-
     @property
     def ranks_words(self) -> str:
         shown = ", ".join(str(r) for r in self.ranks)
-        return f"rank{'s' if len(self.ranks) != 1 else ''} {shown} of {self.world_size}"
+        return f"{noun(len(self.ranks), 'rank')} {shown} of {self.world_size}"
 
     @property
     def headline(self) -> str:
@@ -51,17 +46,6 @@ class Rehearsal:
             "loss-scale skips and routing are each rank's own), NCCL's buffers and communicators were not made, "
             "and ranks not rehearsed were not run."
         )
-
-    @classmethod
-    def parse(cls, raw: object) -> Rehearsal | None:
-        if not isinstance(raw, Mapping):
-            return None
-        world = _count(raw.get("world_size"))
-        ranks = raw.get("ranks")
-        if not world or not isinstance(ranks, list):
-            return None
-        kept = tuple(r for r in ranks if isinstance(r, int) and not isinstance(r, bool) and 0 <= r < world)
-        return cls(world_size=world, ranks=kept, on=_text(raw.get("on"))) if kept else None
 
 
 @dataclass(frozen=True)
@@ -83,8 +67,8 @@ class RunMeta:
     """The per-process cap (``gpu_mem_limit``) the run was given."""
     external: bool = False
     """Created by the ranks of a script rather than by ``shardtop launch``."""
-    config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    """The resolved preset configuration, for the report's record."""
+    config: RunConfig = field(default_factory=RunConfig)
+    """The run's configuration, for the report's record."""
     slurm_job_id: str = ""
     """SLURM's job and step where ``shardtop run`` (or the first rank) made the run ("" outside SLURM)."""
     slurm_step_id: str = ""
@@ -102,8 +86,7 @@ class RunMeta:
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> RunMeta:
-        config = raw.get("config")
-        config = config if isinstance(config, Mapping) else {}
+        config = RunConfig.parse(raw.get("config"))
         slurm = raw.get("slurm")
         slurm = slurm if isinstance(slurm, Mapping) else {}
         command = raw.get("command")
@@ -116,24 +99,20 @@ class RunMeta:
         return cls(
             id=_text(raw.get("id")),
             preset=_text(raw.get("preset")) if raw.get("preset") not in (None, "?") else "",
-            program=_text(config.get("program")),
+            program=config.program,
             command=command_words,
             created=_number(raw.get("created")),
             host=_text(raw.get("host")),
             user=_text(raw.get("user")),
-            world_size=_count(config.get("world_size")),
-            accelerator=_text(config.get("accelerator")),
-            memory_limit=_count(config.get("gpu_mem_limit")) or None,
+            world_size=config.world_size,
+            accelerator=config.accelerator or "",
+            memory_limit=config.gpu_mem_limit,
             external=raw.get("external") is True,
-            config=MappingProxyType(dict(config)),
+            config=config,
             slurm_job_id=_text(slurm.get("job_id")),
             slurm_step_id=_text(slurm.get("step_id")),
-            rehearsal=Rehearsal.parse(config.get("rehearsal")),
+            rehearsal=Rehearsal(r.world_size, r.ranks, r.on) if (r := config.rehearsal) is not None else None,
         )
-
-
-def _text(value: object) -> str:
-    return value if isinstance(value, str) else ""
 
 
 def _number(value: object) -> float | None:
@@ -141,6 +120,3 @@ def _number(value: object) -> float | None:
         return None
     return float(value)
 
-
-def _count(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0

@@ -9,6 +9,7 @@ from shardtop.read.run_meta import Rehearsal
 from shardtop.read.run_model import RunModel
 from shardtop.read.whole_run import read_run
 from shardtop.rundir.run_directory import RunDirectory
+from shardtop.rundir.run_status import RunState
 
 
 @dataclass(frozen=True)
@@ -16,8 +17,8 @@ class RunSummary:
     id: str
     title: str
     """The preset, or what a script run is."""
-    state: str
-    """running, finished, failed, stopped or lost: the run's status word."""
+    state: RunState
+    """The run's status word."""
     status: str
     """The status in words, with the exit code or signal."""
     ranks: int

@@ -17,6 +17,7 @@ from shardtop.units import format_bytes
 
 if TYPE_CHECKING:
     from shardtop.plan.cards import Gpu
+    from shardtop.read.rank_facts import RankStateName
     from shardtop.read.run_model import RunModel
 
 
@@ -26,7 +27,7 @@ class RankPeak:
 
     world: int
     rank: int
-    status: str
+    status: RankStateName
     peak: int | None
     """The allocator's peak (GPU), else the highest resident set seen (CPU); None if nothing was measured."""
     measured_by: str

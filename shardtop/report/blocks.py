@@ -24,7 +24,7 @@ from shardtop.report.gather import ReportData, rank_of_pid
 from shardtop.report.tree_summary import summarize_tree
 from shardtop.rundir.events import GpuMemory, when
 from shardtop.units import count_words, format_bytes
-from shardtop.words import module_label
+from shardtop.words import module_label, noun
 
 MAX_RANK_COLUMNS = 8
 """Beyond this many ranks the tree shows one ``min … max`` column instead of one per rank."""
@@ -289,7 +289,7 @@ def plan_section(data: ReportData) -> list[Block]:
             f"out of memory {when(plan.runs_out_at or '')}"
         )
     who = {"preset": "rank 0 of the preset run", "shardtop run": "the injected rank 0"}.get(plan.made_by, "the run")
-    ranks = "rank" if plan.devices == 1 else "ranks"
+    ranks = noun(plan.devices, "rank")
     rows = []
     for c in check.ranks:
         p, m = c.predicted, c.measured

@@ -399,8 +399,8 @@ class Exit(Event, tag="exit", frozen=True):
     """The rank is leaving."""
 
     code: int
-    status: str
-    """An ``ExitStatus``: ok, error, oom or interrupted."""
+    status: ExitStatus
+    """ok, error, oom or interrupted."""
     error: str | None = None
     signal: int | None = None
     """The signal that ended the rank (SIGTERM, SIGINT, SIGHUP) when ``status`` is interrupted."""

@@ -32,13 +32,7 @@ from shardtop.rundir.cluster import SlurmIds, host_name
 from shardtop.rundir.json_files import write_json_atomic, write_json_once
 from shardtop.rundir.liveness import is_running, process_start_time
 from shardtop.rundir.run_members import Member, iter_members, read_members, supervised_end
-from shardtop.rundir.run_status import (
-    INTERRUPTING_SIGNALS,
-    ExitStatus,
-    PeersStopped,
-    RankExit,
-    RunStatus,
-)
+from shardtop.rundir.run_status import ExitReason, PeersStopped, RankExit, RunExit, RunStatus, ended_state
 
 RUNS_DIR_ENV = "SHARDTOP_RUNS_DIR"
 RUN_DIR_ENV = "SHARDTOP_RUN_DIR"
@@ -240,12 +234,12 @@ class RunDirectory:
     def update_meta(self, **fields: Any) -> None:
         self.write_meta({**self.read_meta(), **fields})
 
-    def read_exit(self) -> ExitStatus | None:
+    def read_exit(self) -> RunExit | None:
         try:
             data = json.loads(self.exit_path.read_text())
         except (OSError, ValueError):
             return None
-        return ExitStatus.from_json(data)
+        return RunExit.from_json(data)
 
     def write_exit(
         self,
@@ -255,12 +249,16 @@ class RunDirectory:
         ranks: tuple[RankExit, ...] = (),
         peers_stopped: PeersStopped | None = None,
         stop_requested: float | None = None,
+        *,
+        ending: ExitReason,
     ) -> bool:
-        """Record how the run ended; the first record wins (atomically). True if this one did."""
+        """Record how the run ended (``ending``, and in words ``reason``); the first record wins
+        (atomically). True if this one did."""
         record = {
             "code": code,
             "signal": signal,
             "ended": time.time(),
+            "ending": ending,
             "reason": reason,
             "ranks": [asdict(r) for r in ranks],
             "peers_stopped": asdict(peers_stopped) if peers_stopped is not None else None,
@@ -319,21 +317,15 @@ class RunDirectory:
         return procs
 
     def status(self) -> RunStatus:
-        exit_status = self.read_exit()
-        if exit_status is None:
+        record = self.read_exit()
+        if record is None:
             if self.is_alive():
                 return RunStatus("running")
             end = supervised_end(self.members())  # every host's `shardtop run` recorded its command's end
             if end is None:
                 return RunStatus("lost")
-            exit_status = ExitStatus(end.code, end.signal, end.ended, end.reason)
-        if exit_status.reason == "stopped":
-            return RunStatus("stopped", exit_status)
-        if exit_status.code == 0 and not exit_status.signal:
-            return RunStatus("finished", exit_status)
-        if exit_status.signal in INTERRUPTING_SIGNALS or exit_status.reason.endswith("interrupted"):
-            return RunStatus("interrupted", exit_status)
-        return RunStatus("failed", exit_status)
+            record = RunExit(end.code, end.signal, end.ended, end.reason, end.ending)
+        return RunStatus(ended_state(record), record)
 
 
 def _run_processes(meta: dict[str, Any]) -> list[tuple[int, float | None]]:

@@ -26,6 +26,7 @@ from typing import Any
 from shardtop.rundir.cluster import STALE_AFTER_S, host_name
 from shardtop.rundir.json_files import write_json_atomic
 from shardtop.rundir.liveness import is_running
+from shardtop.rundir.run_status import ExitReason
 
 SUPERVISORS_DIR = "supervisors"
 RANK_RECORD_GLOB = ".rank-*.pid.json"
@@ -150,6 +151,8 @@ class SupervisedEnd:
     signal: int | None
     ended: float
     reason: str
+    """The ending in words (``command failed on node-2``)."""
+    ending: ExitReason
 
 
 def supervised_end(members: list[Member]) -> SupervisedEnd | None:
@@ -165,6 +168,7 @@ def supervised_end(members: list[Member]) -> SupervisedEnd | None:
     last = max(m.ended or 0.0 for m in supervisors)
     if failed:
         first = failed[0]
-        return SupervisedEnd(first.code or 1, first.signal, first.ended or last, f"command failed on {first.host}")
+        words = f"command failed on {first.host}"
+        return SupervisedEnd(first.code or 1, first.signal, first.ended or last, words, "failed")
     hosts = len({m.host for m in supervisors})
-    return SupervisedEnd(0, None, last, "finished" if hosts == 1 else f"finished on {hosts} hosts")
+    return SupervisedEnd(0, None, last, "finished" if hosts == 1 else f"finished on {hosts} hosts", "finished")

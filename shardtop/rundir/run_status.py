@@ -6,7 +6,8 @@ the supervisor could not)::
     code            shell-style exit code of the run (0: finished; 128+N: signal N)
     signal          the signal behind ``code``, or null
     ended           Unix time the record was written
-    reason          "finished", "stopped", "rank N failed", ...
+    ending          how it ended, typed (``ExitReason``): finished, stopped, failed or interrupted
+    reason          the same in words for people: "finished", "stopped", "rank N failed", ...
     stop_requested  Unix time a stop was asked for (``shardtop stop``, a signal to the supervisor), or null
     ranks           [{rank, code, signal, stopped}], one per rank, by rank
     peers_stopped   {after_rank, at, killed} or null
@@ -17,7 +18,16 @@ No torch here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
+
+ExitReason = Literal["finished", "stopped", "failed", "interrupted"]
+"""How a run ended, as the writer of ``exit.json`` knew it (its ``ending``): every rank finished,
+shardtop stopped it (``shardtop stop``, a signal to the supervisor), a rank or the supervisor failed,
+or a signal from elsewhere ended a rank."""
+
+RunState = Literal["running", "finished", "failed", "interrupted", "stopped", "lost"]
+"""How a run stands (``RunStatus.state``): running, one of the ``ExitReason``s, or lost (no exit
+record and no process left)."""
 
 
 @dataclass(frozen=True)
@@ -50,11 +60,15 @@ class PeersStopped:
 
 
 @dataclass(frozen=True)
-class ExitStatus:
+class RunExit:
+    """How the run ended: ``exit.json``, parsed."""
+
     code: int | None
     signal: int | None = None
     ended: float | None = None
     reason: str = ""
+    """The ending in words for people: ``rank 1 failed``, ``command failed on node-2``."""
+    ending: ExitReason = "failed"
     ranks: tuple[RankExit, ...] = ()
     """Every rank's exit, by rank; empty when no supervisor wrote the record."""
     peers_stopped: PeersStopped | None = None
@@ -66,7 +80,7 @@ class ExitStatus:
         return self.code == 0
 
     @classmethod
-    def from_json(cls, data: Any) -> ExitStatus | None:
+    def from_json(cls, data: Any) -> RunExit | None:
         """Parse ``exit.json``; None if it is not an exit record. Unknown fields are ignored."""
         if not isinstance(data, dict):
             return None
@@ -92,15 +106,34 @@ class ExitStatus:
                 )
             except (KeyError, TypeError, ValueError):
                 pass
+        code, words = _int_or_none(data.get("code")), str(data.get("reason") or "")
         return cls(
-            code=_int_or_none(data.get("code")),
+            code=code,
             signal=_int_or_none(data.get("signal")),
             ended=data.get("ended") if isinstance(data.get("ended"), (int, float)) else None,
-            reason=str(data.get("reason") or ""),
+            reason=words,
+            ending=_exit_reason(data.get("ending"), words, code),
             ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
             peers_stopped=peers_stopped,
             stop_requested=_float_or_none(data.get("stop_requested")),
         )
+
+
+EXIT_REASONS: tuple[ExitReason, ...] = get_args(ExitReason)
+
+
+def _exit_reason(ending: object, words: str, code: int | None) -> ExitReason:
+    """The record's ``ending``; for a record without one, what its words and code say.
+
+    Of such a record's words only ``stopped`` decides: an interrupted rank's
+    record also carries its signal, which ``ended_state`` reads.
+    """
+    for reason in EXIT_REASONS:
+        if ending == reason:
+            return reason
+    if words == "stopped":
+        return "stopped"
+    return "finished" if code == 0 else "failed"
 
 
 def _float_or_none(value: Any) -> float | None:
@@ -115,12 +148,28 @@ INTERRUPTING_SIGNALS = frozenset({1, 2, 15})
 """SIGHUP, SIGINT, SIGTERM: someone ended the run (a closed terminal, Ctrl-C, a scheduler)."""
 
 
+def ended_state(record: RunExit) -> RunState:
+    """The state of a run that ended as ``record`` says.
+
+    Stopped wins (shardtop ended it on purpose); a code of 0 with no signal
+    finished, whatever the writer expected; a failure by a signal from
+    elsewhere (a closed terminal, Ctrl-C, a scheduler) was interrupted.
+    """
+    if record.ending == "stopped":
+        return "stopped"
+    if record.code == 0 and not record.signal:
+        return "finished"
+    if record.ending == "interrupted" or record.signal in INTERRUPTING_SIGNALS:
+        return "interrupted"
+    return "failed"
+
+
 @dataclass(frozen=True)
 class RunStatus:
-    state: str
+    state: RunState
     """running, finished, failed, interrupted (a signal or Ctrl-C ended it, not ``shardtop stop``),
     stopped (``shardtop stop``) or lost (no exit record and no process)."""
-    exit: ExitStatus | None = None
+    exit: RunExit | None = None
 
     def describe(self) -> str:
         if self.exit is None or self.state == "running":

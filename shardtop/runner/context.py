@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,10 @@ class RankContext:
     world_size: int
     accelerator: str
     """cpu or cuda."""
-    config: dict[str, Any]
+    config: Mapping[str, Any]
+    """The run's configuration as written: the preset's own keys (``model``, ``batch_size``...)."""
+    gpu_mem_limit: int | None = None
+    """The per-process memory cap in bytes, if the run has one."""
 
     @property
     def local_rank(self) -> int:

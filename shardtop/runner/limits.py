@@ -34,10 +34,9 @@ def apply_memory_limit(ctx: RankContext) -> int | None:
     A limit at or above the GPU's whole memory caps nothing (a fraction above
     1 is an error in torch): the rank runs uncapped and says so in its log.
     """
-    limit = ctx.config.get("gpu_mem_limit")
+    limit = ctx.gpu_mem_limit
     if limit is None:
         return None
-    limit = int(limit)
     if ctx.accelerator == "cuda":
         import torch
 

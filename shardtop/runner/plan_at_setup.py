@@ -12,14 +12,15 @@ run nothing but one line in rank 0's log.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from shardtop.plan.cards import Gpu
     from shardtop.rundir.events import Planned
+    from shardtop.rundir.run_config import RunConfig
 
 
-def plan_event(config: dict[str, Any], accelerator: str, card: Gpu | None = None) -> Planned | None:
+def plan_event(config: RunConfig, accelerator: str, card: Gpu | None = None) -> Planned | None:
     """The plan of ``config`` on its ``devices`` (one process may drive several: manual placement), as an event.
 
     ``card``: the GPU to judge against; by default this machine's first GPU (NVML), capped by ``gpu_mem_limit``.
@@ -32,8 +33,8 @@ def plan_event(config: dict[str, Any], accelerator: str, card: Gpu | None = None
 
         if card is None and accelerator == "cuda":
             card = local_gpu()
-        gpu = judged_against(card, config.get("gpu_mem_limit"))
-        plan = plan_config(config, devices=int(config["devices"]), accelerator=accelerator, gpu=gpu)
+        gpu = judged_against(card, config.gpu_mem_limit)
+        plan = plan_config(config.settings, devices=config.devices, accelerator=accelerator, gpu=gpu)
         return planned_event(plan, made_by="preset")
     except Exception as e:  # noqa: BLE001 - the run goes on without its plan
         print(f"shardtop: no plan for this run ({type(e).__name__}: {e})", flush=True)

@@ -13,6 +13,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from shardtop.rundir.run_config import RunConfig
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.runner.context import RankContext
 
@@ -25,17 +26,18 @@ def run_rank(run_dir: Path, rank: int) -> int:
     from shardtop.runner.programs import load_program
 
     run = RunDirectory(run_dir)
-    config = run.read_meta()["config"]
+    config = RunConfig.parse(run.read_meta().get("config"))
     ctx = RankContext(
         run_dir=run.path,
         rank=rank,
-        world_size=int(config["world_size"]),
-        accelerator=config["accelerator"],
-        config=config,
+        world_size=config.world_size,
+        accelerator=config.accelerator or "cpu",
+        config=config.settings,
+        gpu_mem_limit=config.gpu_mem_limit,
     )
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    rehearsal = config.get("rehearsal")
-    if rehearsal:  # before the program imports torch: the fake process group, Lightning on one device
+    if config.rehearsal is not None:
+        # before the program imports torch: the fake process group, Lightning on one device
         from shardtop.inject.rehearsal import install
 
         install()
@@ -45,11 +47,11 @@ def run_rank(run_dir: Path, rank: int) -> int:
         from shardtop.probe.api import prepare
         from shardtop.runner.limits import apply_memory_limit
 
-        program = load_program(config["program"])  # its imports are not the run's memory
+        program = load_program(config.program)  # its imports are not the run's memory
         # The probe's file, thread and OOM reserve exist before the cap: an OOM anywhere is recorded.
         probe = prepare(ctx.run_dir, rank=rank, world_size=ctx.world_size, local_rank=ctx.local_rank,
-                        device=ctx.device, program=config.get("preset", ""))
-        if rank == (int(rehearsal["ranks"][0]) if rehearsal else 0):  # the first rank this run starts
+                        device=ctx.device, program=config.preset)
+        if rank == config.first_rank:
             from shardtop.runner.plan_at_setup import plan_event
 
             planned = plan_event(config, ctx.accelerator)  # before the cap: the plan is not the run's memory

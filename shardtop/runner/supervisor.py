@@ -26,14 +26,15 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from shardtop.inject.rehearsal_env import Rehearsed, first_gpu
 from shardtop.rundir.liveness import process_start_time
+from shardtop.rundir.run_config import RunConfig
 from shardtop.rundir.run_directory import RUN_DIR_ENV, RunDirectory
 from shardtop.rundir.run_status import PeersStopped, RankExit
+from shardtop.words import plural
 
 PEER_GRACE_S = 15.0
 """How long surviving ranks get to finish on their own after one rank failed."""
@@ -88,7 +89,7 @@ def die_with_parent(parent: int) -> Callable[[], None] | None:
     return preexec
 
 
-def rank_env(config: dict[str, Any], run: RunDirectory, rank: int, world_size: int, port: int) -> dict[str, str]:
+def rank_env(config: RunConfig, run: RunDirectory, rank: int, world_size: int, port: int) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         {
@@ -105,15 +106,15 @@ def rank_env(config: dict[str, Any], run: RunDirectory, rank: int, world_size: i
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         }
     )
-    if config.get("rehearsal"):  # rank R of N as the only process of node R, on the first device
+    if config.rehearsal is not None:  # rank R of N as the only process of node R, on the first device
         env.update(Rehearsed(rank, world_size).environment(port))
-        if config.get("accelerator") == "cuda":
+        if config.accelerator == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = first_gpu(env)
-    if config.get("accelerator") == "cpu":
+    if config.accelerator == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         env["CUDA_VISIBLE_DEVICES"] = ""
         cores = os.cpu_count() or 1
-        sharing = 1 if config.get("rehearsal") else world_size  # rehearsed ranks run one at a time
+        sharing = 1 if config.rehearsal is not None else world_size  # rehearsed ranks run one at a time
         env.setdefault("OMP_NUM_THREADS", str(max(1, cores // max(1, sharing))))
     return env
 
@@ -136,51 +137,97 @@ def supervise(run_dir: Path) -> int:
         return _supervise(run)
     except Exception as e:
         traceback.print_exc()
-        run.write_exit(1, reason=f"the supervisor failed: {type(e).__name__}: {e}")
+        run.write_exit(1, reason=f"the supervisor failed: {type(e).__name__}: {e}", ending="failed")
         return 1
 
 
 def _supervise(run: RunDirectory) -> int:
-    meta = run.read_meta()
-    if meta.get("pid") != os.getpid():  # started by hand, or the launcher died before recording us
+    _own(run)
+    config = read_config(run)
+    stop = StopRequest.install()
+    return _record(run, _run_ranks(run, config, stop), stop)
+
+
+def _own(run: RunDirectory) -> None:
+    """Record this process as the run's supervisor where the launcher did not (started by hand, or
+    the launcher died before recording it)."""
+    if run.read_meta().get("pid") != os.getpid():
         run.update_meta(pid=os.getpid(), pgid=os.getpgid(0), pid_started=process_start_time(os.getpid()))
-    config = meta["config"]
-    stopping: list[int] = []
-    asked_at: list[float] = []
 
-    def on_signal(signum: int, _frame: object) -> None:
-        stopping.append(signum)
-        asked_at.append(time.time())
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, on_signal)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+class ConfigMissing(Exception):
+    """``run.json`` does not say what to start."""
 
-    exits: list[RankExit] = []
+
+def read_config(run: RunDirectory) -> RunConfig:
+    """The run's configuration, with the ranks to start; ``ConfigMissing`` where it names none."""
+    config = RunConfig.parse(run.read_meta().get("config"))
+    if not config.world_size:
+        raise ConfigMissing(f"{run.meta_path} gives no world_size: the number of ranks to start")
+    return config
+
+
+@dataclass
+class StopRequest:
+    """SIGTERM or SIGINT to the supervisor, noted by its handler: stop every rank, record ``stopped``."""
+
+    signals: list[int] = field(default_factory=list)
+    asked_at: list[float] = field(default_factory=list)
+
+    @classmethod
+    def install(cls) -> StopRequest:
+        """Note SIGTERM and SIGINT from now on; ignore SIGHUP (a closed terminal leaves the run going)."""
+        stop = cls()
+
+        def on_signal(signum: int, _frame: object) -> None:
+            stop.signals.append(signum)
+            stop.asked_at.append(time.time())
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        return stop
+
+    @property
+    def signal(self) -> int | None:
+        """The first signal that asked for the stop; None while none did."""
+        return self.signals[0] if self.signals else None
+
+    @property
+    def requested(self) -> float | None:
+        """When the stop was asked for."""
+        return self.asked_at[0] if self.asked_at else None
+
+
+@dataclass(frozen=True)
+class RanksEnded:
+    """How the run's ranks ended, batch after batch."""
+
+    exits: tuple[RankExit, ...] = ()
     first_failure: RankExit | None = None
     peers_stopped: PeersStopped | None = None
-    for batch in rank_batches(config):
+
+    def after(self, ranks: list[RankProcess], failed: RankProcess | None, stopped: PeersStopped | None) -> RanksEnded:
+        """These, and then a batch of ``ranks`` that ended; the run's first failure stays the first."""
+        exits = self.exits + tuple(r.exit() for r in ranks)
+        if self.first_failure is not None or failed is None:
+            return replace(self, exits=exits)
+        return RanksEnded(exits, failed.exit(), stopped)
+
+
+def _run_ranks(run: RunDirectory, config: RunConfig, stop: StopRequest) -> RanksEnded:
+    """Start each batch of ranks and watch it to its end; no batch starts after a stop."""
+    ended = RanksEnded()
+    for batch in config.rank_batches:
         ranks = _start(run, config, batch)
-        failed, stopped = _watch(ranks, stopping)
-        exits.extend(r.exit() for r in ranks)
-        if first_failure is None and failed is not None:
-            first_failure, peers_stopped = failed.exit(), stopped
-        if stopping:
+        failed, peers_stopped = _watch(ranks, stop.signals)
+        ended = ended.after(ranks, failed, peers_stopped)
+        if stop.signal is not None:
             break
-    return _record(run, tuple(exits), stopping, first_failure, peers_stopped, asked_at[0] if asked_at else None)
+    return ended
 
 
-def rank_batches(config: dict[str, Any]) -> list[list[int]]:
-    """The ranks to start together: every rank of the run at once, or, for a rehearsal, each
-    rehearsed rank alone, one after another (they share the one device)."""
-    rehearsal = config.get("rehearsal")
-    if rehearsal:
-        return [[int(rank)] for rank in rehearsal["ranks"]]
-    return [list(range(int(config["world_size"])))]
-
-
-def _start(run: RunDirectory, config: dict[str, Any], batch: list[int]) -> list[RankProcess]:
-    world_size = int(config["world_size"])
+def _start(run: RunDirectory, config: RunConfig, batch: list[int]) -> list[RankProcess]:
     port = free_port()
     preexec = die_with_parent(os.getpid())
     ranks: list[RankProcess] = []
@@ -188,7 +235,7 @@ def _start(run: RunDirectory, config: dict[str, Any], batch: list[int]) -> list[
         log = open(run.rank_log(rank), "ab", buffering=0)
         proc = subprocess.Popen(
             [sys.executable, "-m", "shardtop.runner", str(run.path), "--rank", str(rank)],
-            env=rank_env(config, run, rank, world_size, port),
+            env=rank_env(config, run, rank, config.world_size, port),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -201,7 +248,8 @@ def _start(run: RunDirectory, config: dict[str, Any], batch: list[int]) -> list[
             {"rank": r.rank, "pid": r.proc.pid, "started": process_start_time(r.proc.pid)} for r in ranks
         ]
     )
-    print(f"started {len(ranks)} rank(s): {', '.join(f'{r.rank} (pid {r.proc.pid})' for r in ranks)}", flush=True)
+    started = ", ".join(f"{r.rank} (pid {r.proc.pid})" for r in ranks)
+    print(f"started {plural(len(ranks), 'rank')}: {started}", flush=True)
     return ranks
 
 
@@ -214,16 +262,13 @@ def _watch(ranks: list[RankProcess], stopping: list[int]) -> tuple[RankProcess |
     failed_at = 0.0
     stop_sent_at = 0.0
     peers_stopped: PeersStopped | None = None
-    while True:
-        codes = [r.code for r in ranks]
-        if all(c is not None for c in codes):
-            break
+    while any(r.code is None for r in ranks):
         if first_failure is None:
-            for r in ranks:
-                if r.code not in (None, 0):
-                    first_failure, failed_at = r, time.monotonic()
-                    print(f"rank {r.rank} exited with {r.code}; giving the others {PEER_GRACE_S:.0f}s", flush=True)
-                    break
+            first_failure = _failed(ranks)
+            if first_failure is not None:
+                failed_at = time.monotonic()
+                print(f"rank {first_failure.rank} exited with {first_failure.code}; "
+                      f"giving the others {PEER_GRACE_S:.0f}s", flush=True)
         now = time.monotonic()
         if stopping and not stop_sent_at:
             _signal_all(ranks, signal.SIGTERM)
@@ -242,30 +287,30 @@ def _watch(ranks: list[RankProcess], stopping: list[int]) -> tuple[RankProcess |
     return first_failure, peers_stopped
 
 
-def _record(
-    run: RunDirectory,
-    exits: tuple[RankExit, ...],
-    stopping: list[int],
-    first_failure: RankExit | None,
-    peers_stopped: PeersStopped | None,
-    stop_requested: float | None = None,
-) -> int:
+def _failed(ranks: list[RankProcess]) -> RankProcess | None:
+    """The first rank, in rank order, that has ended with a failing code."""
+    return next((r for r in ranks if r.code not in (None, 0)), None)
+
+
+def _record(run: RunDirectory, ended: RanksEnded, stop: StopRequest) -> int:
     """Write ``exit.json`` for the run's ranks; returns the run's exit code."""
-    if stopping:
-        run.write_exit(128 + stopping[0], signal=stopping[0], reason="stopped", ranks=exits,
-                       stop_requested=stop_requested)
-        print(f"stopped by signal {stopping[0]}", flush=True)
-        return 128 + stopping[0]
-    if first_failure is None:
-        run.write_exit(0, reason="finished", ranks=exits)
+    if stop.signal is not None:
+        code = 128 + stop.signal
+        run.write_exit(code, signal=stop.signal, reason="stopped", ranks=ended.exits,
+                       stop_requested=stop.requested, ending="stopped")
+        print(f"stopped by signal {stop.signal}", flush=True)
+        return code
+    failure = ended.first_failure
+    if failure is None:
+        run.write_exit(0, reason="finished", ranks=ended.exits, ending="finished")
         print("all ranks finished", flush=True)
         return 0
     run.write_exit(
-        first_failure.code, signal=first_failure.signal, reason=f"rank {first_failure.rank} failed", ranks=exits,
-        peers_stopped=peers_stopped,
+        failure.code, signal=failure.signal, reason=f"rank {failure.rank} failed", ranks=ended.exits,
+        peers_stopped=ended.peers_stopped, ending="failed",
     )
-    print(f"run failed: rank {first_failure.rank} exit {first_failure.code}", flush=True)
-    return first_failure.code
+    print(f"run failed: rank {failure.rank} exit {failure.code}", flush=True)
+    return failure.code
 
 
 def _signal_all(ranks: list[RankProcess], sig: int) -> bool:

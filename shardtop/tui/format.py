@@ -16,6 +16,7 @@ from shardtop.units import GiB, format_bytes, short_bytes
 if TYPE_CHECKING:
     from shardtop.gpus import GpuProcessInfo
     from shardtop.rundir.events import GpuMemory
+    from shardtop.rundir.run_status import RunState
     from shardtop.tui.watch.run_catalog import RankOwner
 
 __all__ = [
@@ -38,16 +39,15 @@ __all__ = [
     "truncate",
 ]
 
-STATUS_MARKS = {
+STATUS_MARKS: dict[RunState, str] = {
     "running": "●",
-    "stalled": "‖",
     "finished": "✓",
     "failed": "✗",
     "stopped": "■",
     "interrupted": "■",
     "lost": "?",
 }
-"""A symbol in front of every status word, so status never rests on colour."""
+"""A symbol in front of every run's status word, so status never rests on colour."""
 
 BAR_FULL = "█"
 BAR_RESERVED = "▒"

@@ -20,6 +20,7 @@ from shardtop.tui.format import fraction, split_bar
 from shardtop.tui.host_groups import by_host
 from shardtop.tui.rank_memory_rows import RankMemoryRow
 from shardtop.units import short_bytes
+from shardtop.words import plural
 
 HOST_LINES_FROM = 17
 """From this many ranks over several hosts, one line per host instead of a bar per rank."""
@@ -110,7 +111,7 @@ def host_lines(
     for h in hosts:
         label = Text(h.host, label_style)
         n = len(h.ranks)
-        label.append(f" {n} rank{'s' if n != 1 else ''}" if wide else f" ×{n}", muted)
+        label.append(f" {plural(n, 'rank')}" if wide else f" ×{n}", muted)
         if wide:
             status(label, h.status)
         elif h.status.ended or h.status.state == "stalled":  # narrow: the mark, and OOM or stalled by name

@@ -22,7 +22,7 @@ from tests.support.cli import ROOT, shardtop
 
 def finished_run(root: Path, preset: str = "fsdp2-mlp") -> RunDirectory:
     run = RunDirectory.create(root, preset, {"config": {"world_size": 2}})
-    run.write_exit(0, reason="finished")
+    run.write_exit(0, reason="finished", ending="finished")
     return run
 
 

@@ -156,7 +156,7 @@ def test_bad_command_lines_are_refused_and_nothing_is_made(tmp_path: Path, args:
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     (tmp_path / "a-file").write_text("mine")
     ended, _ = RunDirectory.create_or_join(tmp_path / "ended", {"own_job": True})
-    ended.write_exit(0, reason="finished")
+    ended.write_exit(0, reason="finished", ending="finished")
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     done = cli("run", "--headless", *(a.format(tmp=tmp_path) for a in args), runs_dir=tmp_path / "runs")
     assert done.returncode == 2 and says in done.stderr, done.stderr

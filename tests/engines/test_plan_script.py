@@ -133,3 +133,36 @@ def test_what_a_script_hands_its_engine_is_planned_in_the_engines_terms() -> Non
 
     s, notes = strategy_of(Asked(engine="single"))
     assert s.label == "one device, fp32" and "no optimizer existed by the first forward" in notes[0]
+
+
+def test_the_roots_reshard_setting_is_not_taken_for_the_blocks() -> None:
+    """accelerate and torchtitan keep the root whole after forward and reshard every block: FULL_SHARD.
+    Only blocks that stay whole make the plan SHARD_GRAD_OP (the near miss)."""
+    planned = {}
+    for keep in ("root", "all"):
+        code, doc, err = plan(
+            "--", "torchrun", "--standalone", "--nproc_per_node", "2", str(SCRIPTS / "fsdp2_train.py"),
+            "--steps", MANY_STEPS, "--keep-whole", keep,
+        )
+        assert code == 0, err[-3000:]
+        planned[keep] = doc["options"][0]
+    assert planned["root"]["sharding"] == "FULL_SHARD"
+    assert planned["root"]["strategy"].startswith("FSDP2, fp32")
+    assert planned["all"]["sharding"] == "SHARD_GRAD_OP"
+    assert planned["all"]["strategy"].startswith("FSDP2 (no reshard after forward)")
+    assert planned["all"]["per_rank"]["peak"] > planned["root"]["per_rank"]["peak"]
+
+
+def test_an_hf_trainer_under_deepspeed_is_planned_at_the_batch_it_passes() -> None:
+    """The Trainer passes ``position_ids``, whose values transformers reads outside a trace: on meta tensors
+    the plan traces it as torch.compile would, and sees the batch of 4 sequences of 16 tokens."""
+    code, doc, err = plan(
+        "--", "torchrun", "--standalone", "--nproc_per_node", "2", str(SCRIPTS / "hf_trainer.py"),
+        "--deepspeed", str(SCRIPTS / "ds_zero3.json"), "--steps", MANY_STEPS,
+    )
+    assert code == 0, err[-3000:]
+    assert "planned at the first call of LlamaForCausalLM" in err
+    asked = doc["options"][0]
+    assert asked["engine"] == "zero3"
+    assert any("first dimension 4" in note for note in doc["notes"]), doc["notes"]
+    assert asked["per_rank"]["activations"] > 0

@@ -21,7 +21,7 @@ import pytest
 from shardtop.report import render_report
 from shardtop.rundir.events import Exit, Fault, Memory, Oom, Step, read_all
 from shardtop.rundir.run_directory import RunDirectory, list_runs
-from shardtop.rundir.run_status import ExitStatus
+from shardtop.rundir.run_status import RunExit
 from tests.engines.test_supervisor import wait
 from tests.support.cli import ROOT, shardtop
 
@@ -140,7 +140,7 @@ def test_an_oom_under_a_cpu_memory_cap_is_recorded(runs_dir: Path, cap: str) -> 
     events, _ = read_all(run.events_dir)
     recorded = {e.rank for e in events if isinstance(e, Oom)}
     exit_record = run.exit_path.read_text() if run.exit_path.exists() else "no exit.json"
-    by_signal = {x.rank for x in (run.read_exit() or ExitStatus(None)).ranks if x.signal is not None}
+    by_signal = {x.rank for x in (run.read_exit() or RunExit(None)).ranks if x.signal is not None}
     assert recorded and recorded | by_signal == {0, 1}, r.stdout + exit_record
     if cap == "1":
         assert recorded == {0, 1}, r.stdout + exit_record

@@ -13,7 +13,7 @@ from shardtop.read.run_state import RankState
 from shardtop.read.whole_run import read_run
 from shardtop.rundir.events import Exit
 from shardtop.rundir.run_directory import list_runs
-from shardtop.rundir.run_status import ExitStatus, RunStatus
+from shardtop.rundir.run_status import RunExit, RunStatus
 from tests.support.own_job_runs import ROOT, cli, run_own, user_env
 
 SCRIPT = str(ROOT / "tests" / "own_scripts" / "stop_race.py")
@@ -21,7 +21,8 @@ SCRIPT = str(ROOT / "tests" / "own_scripts" / "stop_race.py")
 
 def _status(exit_t: float, stop_requested: float | None) -> str:
     state = RankState(rank=0, exit=Exit(rank=0, host="h", t=exit_t, code=1, status="error", error="Connection closed"))
-    run = RunStatus("stopped", ExitStatus(code=143, signal=15, reason="stopped", stop_requested=stop_requested))
+    record = RunExit(code=143, signal=15, reason="stopped", ending="stopped", stop_requested=stop_requested)
+    run = RunStatus("stopped", record)
     return rank_status(state, run).state
 
 

@@ -230,7 +230,8 @@ def test_a_supervisor_that_fails_records_why(tmp_path: Path) -> None:
     wait(lambda: run.read_exit() is not None, 60, "the exit record")
     record = run.read_exit()
     assert record is not None and record.code == 1
-    assert record.reason == "the supervisor failed: KeyError: 'world_size'"
+    missing = f"{run.meta_path} gives no world_size: the number of ranks to start"
+    assert record.reason == f"the supervisor failed: ConfigMissing: {missing}"
     assert run.status().state == "failed"
-    assert "KeyError" in run.runner_log.read_text()
+    assert "ConfigMissing" in run.runner_log.read_text()
     wait(lambda: not alive(supervisor.pid), 10, "the supervisor to leave")

@@ -45,6 +45,9 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--os-exit", action="store_true")
     parser.add_argument("--cuda", action="store_true", help="NCCL on one GPU per rank instead of gloo on CPU")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model after fully_shard")
+    parser.add_argument("--keep-whole", choices=["root", "all"], default=None,
+                        help="reshard_after_forward=False for the root (as accelerate and torchtitan do), or for all")
     args = parser.parse_args()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if args.cuda else torch.device("cpu")
     if args.cuda:
@@ -54,8 +57,10 @@ def main() -> None:
     torch.manual_seed(0)
     model = Net(args.dim, depth=3).to(device)
     for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, reshard_after_forward=args.keep_whole != "all")
+    fully_shard(model, mesh=mesh, reshard_after_forward=args.keep_whole is None)
+    if args.compile:
+        model = torch.compile(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(args.steps):
         x, y = torch.randn(8, args.dim, device=device), torch.randn(8, 1, device=device)

@@ -8,13 +8,17 @@ last rank of an 8-rank job holds a smaller shard than the others, under FSDP
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel
 
-VOCAB = 250
-SEQ = 16
+GPU_SIZE = os.environ.get("HF_TINY_SIZE") == "gpu"
+"""``HF_TINY_SIZE=gpu``: a Llama of 167 M parameters (hidden 1024, 8 layers, vocabulary 32 000) on
+sequences of 512 tokens, for GPU runs whose memory is the model's rather than the libraries'."""
+VOCAB = 32000 if GPU_SIZE else 250
+SEQ = 512 if GPU_SIZE else 16
 
 
 class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -46,9 +50,10 @@ class TokenStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
 def tiny_llama() -> PreTrainedModel:
     """As ``from_pretrained`` builds a model, without the download: under ZeRO-3 (a Trainer's
     ``TrainingArguments(deepspeed=...)``, or accelerate's ``zero3_init_flag``) it is partitioned as it is built."""
+    hidden, mlp, layers, heads = (1024, 2816, 8, 16) if GPU_SIZE else (30, 74, 2, 3)
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=30, intermediate_size=74, num_hidden_layers=2,
-        num_attention_heads=3, num_key_value_heads=3, max_position_embeddings=SEQ,
+        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=SEQ,
         tie_word_embeddings=False,
     )
     torch.manual_seed(0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -37,7 +38,7 @@ def test_ids_sort_by_start_and_find_by_part(tmp_path: Path) -> None:
 def test_status_without_exit_record_or_process_is_lost(tmp_path: Path) -> None:
     run = RunDirectory.create(tmp_path, "p", {"pid": 2**22 - 7})
     assert run.status().state == "lost"
-    run.write_exit(0)
+    run.write_exit(0, ending="finished")
     assert run.status().state == "finished"
 
 
@@ -52,7 +53,7 @@ def test_status_running_while_our_process_lives(tmp_path: Path) -> None:
 
 def test_failed_status_names_code_and_signal(tmp_path: Path) -> None:
     run = RunDirectory.create(tmp_path, "p", {})
-    run.write_exit(134, signal=6)
+    run.write_exit(134, signal=6, ending="failed")
     assert run.status().describe() == "failed (SIGABRT)"
 
 
@@ -83,8 +84,11 @@ def test_find_by_any_unique_part_of_the_id(tmp_path: Path) -> None:
 def test_exit_record_keeps_every_rank_and_the_first_writer_wins(tmp_path: Path) -> None:
     run = RunDirectory.create(tmp_path, "p", {})
     ranks = (RankExit(0, 137, signal=9, stopped=True), RankExit(1, 137, signal=9))
-    assert run.write_exit(137, signal=9, reason="rank 1 failed", ranks=ranks, peers_stopped=PeersStopped(1, 5.0, True))
-    assert not run.write_exit(143, signal=15, reason="stopped"), "a later record never replaces the first"
+    assert run.write_exit(
+        137, signal=9, reason="rank 1 failed", ranks=ranks, peers_stopped=PeersStopped(1, 5.0, True), ending="failed"
+    )
+    later = run.write_exit(143, signal=15, reason="stopped", ending="stopped")
+    assert not later, "a later record never replaces the first"
     record = run.read_exit()
     assert record is not None and record.reason == "rank 1 failed"
     assert record.ranks == ranks and record.peers_stopped == PeersStopped(1, 5.0, killed=True)
@@ -99,3 +103,33 @@ def test_a_garbled_or_older_exit_record_is_read_as_far_as_it_goes(tmp_path: Path
     assert record is not None and record.code == 1 and record.ranks == () and record.peers_stopped is None
     run.exit_path.write_text("[1, 2")
     assert run.read_exit() is None and run.status().state == "lost"
+
+
+def test_the_state_is_read_from_the_ending_not_from_the_words(tmp_path: Path) -> None:
+    stopped = RunDirectory.create(tmp_path, "p", {})
+    stopped.write_exit(143, signal=15, reason="rank 3 ended", ending="stopped")
+    assert stopped.status().state == "stopped"
+    failed = RunDirectory.create(tmp_path, "p", {})
+    failed.write_exit(1, reason="stopped", ending="failed")
+    assert failed.status().state == "failed"
+    by_signal = RunDirectory.create(tmp_path, "p", {})
+    by_signal.write_exit(143, signal=15, reason="rank 0 failed", ending="failed")
+    assert by_signal.status().describe() == "interrupted (SIGTERM)"
+
+
+@pytest.mark.parametrize(
+    ("record", "state"),
+    [
+        ({"code": 143, "signal": 15, "reason": "stopped"}, "stopped"),
+        ({"code": 130, "signal": 2, "reason": "rank 0: interrupted"}, "interrupted"),
+        ({"code": 1, "signal": None, "reason": "rank 0 failed"}, "failed"),
+        ({"code": 0, "signal": None, "reason": "finished on 2 hosts"}, "finished"),
+        ({"code": 1, "signal": None, "reason": "rank 0: oom", "ending": ["stopped"]}, "failed"),
+    ],
+)
+def test_a_record_without_a_valid_ending_reads_by_its_code_and_signal(
+    tmp_path: Path, record: dict[str, object], state: str
+) -> None:
+    run = RunDirectory.create(tmp_path, "p", {})
+    run.exit_path.write_text(json.dumps(record))
+    assert run.status().state == state

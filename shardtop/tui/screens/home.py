@@ -24,6 +24,7 @@ from textual.worker import get_current_worker
 from shardtop.config import ConfigError, Preset, list_presets
 from shardtop.gpus import GpuSource, HostProbe, gpu_count
 from shardtop.rundir.run_directory import RunDirectory, RunError, ensure_root
+from shardtop.tui.screens.attached import while_attached
 from shardtop.tui.watch.gpu_feed import GpuFeed, GpuSnapshot
 from shardtop.tui.watch.run_catalog import RunCatalog, RunsSnapshot
 from shardtop.tui.widgets.gpu_panel import GpuPanel
@@ -173,23 +174,20 @@ class HomeScreen(Screen[None]):
 
         self._loop(poll, max(self.refresh_s, RUNS_EVERY))
 
+    @while_attached
     def on_home_screen_gpus_sampled(self, message: GpusSampled) -> None:
-        if not self.is_attached:
-            return  # the app is quitting: a feed's last message finds no screen to show it on
         self.gpus = message.snapshot
         self._show()
         if not self._gpus_shown.is_set():
             self.call_after_refresh(self._gpus_shown.set)
 
+    @while_attached
     def on_home_screen_presets_listed(self, message: PresetsListed) -> None:
-        if not self.is_attached:
-            return  # the app is quitting: a feed's last message finds no screen to show it on
         self.presets = message.presets
         self.query_one(PresetList).show(message.presets)
 
+    @while_attached
     def on_home_screen_runs_listed(self, message: RunsListed) -> None:
-        if not self.is_attached:
-            return  # the app is quitting: a feed's last message finds no screen to show it on
         self.runs = message.snapshot
         with self.app.batch_update():
             self.query_one(RunList).show(message.snapshot.rows)

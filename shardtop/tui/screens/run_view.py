@@ -25,6 +25,7 @@ from shardtop.diagnose import diagnose
 from shardtop.read.oom_story import under_zero_init
 from shardtop.read.shard_model import Node
 from shardtop.rundir.run_directory import RunDirectory
+from shardtop.tui.screens.attached import while_attached
 from shardtop.tui.screens.confirm import ConfirmScreen
 from shardtop.tui.screens.report_view import ReportScreen, render_markdown, save_report
 from shardtop.tui.watch.run_feed import Diagnosis, RunFeed, RunSnapshot
@@ -164,9 +165,8 @@ class RunScreen(Screen[None]):
                 self.post_message(self.Updated(snap))
             self._wake.wait(feed.every)
 
+    @while_attached
     def on_run_screen_updated(self, message: Updated) -> None:
-        if not self.is_attached:
-            return  # the app is quitting: the feed's last snapshot finds no screen to show it on
         snap = message.snapshot
         previous = self.snapshot
         self.snapshot = snap

@@ -16,6 +16,7 @@ from shardtop.tui.watch.gpu_feed import GpuSnapshot
 from shardtop.tui.watch.run_catalog import HostGpus, RankOwner
 from shardtop.tui.widgets.gpu_bar import GpuBar, memory_spark, owners_text
 from shardtop.tui.widgets.remote_gpus import RemoteGpus
+from shardtop.words import noun
 
 
 def panel_title(here: int, remote: tuple[HostGpus, ...]) -> str:
@@ -23,7 +24,7 @@ def panel_title(here: int, remote: tuple[HostGpus, ...]) -> str:
     there = sum(len(h.gpus) for h in remote)
     if not remote:
         return f"GPUs ({here})" if here else "GPUs"
-    hosts = f"{len(remote)} {'other ' if here else ''}host{'s' if len(remote) != 1 else ''}"
+    hosts = f"{len(remote)} {'other ' if here else ''}{noun(len(remote), 'host')}"
     return f"GPUs ({here} here · {there} on {hosts})" if here else f"GPUs ({there} on {hosts})"
 
 

@@ -20,6 +20,7 @@ from shardtop.tui.format import PROCESS_COLUMNS as COLUMNS
 from shardtop.tui.format import column_widths, process_cells
 from shardtop.tui.repaint import PiecedLine, set_border_text
 from shardtop.tui.watch.run_catalog import RankOwner
+from shardtop.words import plural
 
 __all__ = ["COLUMNS", "ProcessRow", "ProcessTable", "process_cells"]
 
@@ -124,5 +125,5 @@ class ProcessTable(VerticalScroll):
                 row.show(cells, widths)
             before = row
         count = len(processes)
-        set_border_text(self, subtitle=f"{count} process{'es' if count != 1 else ''}" if processes else "none")
+        set_border_text(self, subtitle=plural(count, "process", "processes") if processes else "none")
 

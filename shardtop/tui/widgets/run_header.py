@@ -10,9 +10,11 @@ from rich.text import Text
 from textual.reactive import reactive
 
 from shardtop.read.rank_facts import RANK_MARKS
+from shardtop.rundir.run_status import RunState
 from shardtop.tui.format import STATUS_MARKS, duration, short_path
 from shardtop.tui.repaint import PaintsChanges
 from shardtop.tui.watch.run_feed import RunSnapshot
+from shardtop.words import noun, plural
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class HeaderInfo:
     step: int
     phase: str
     status: str
-    state: str
+    state: RunState
     run_id: str
     path: str
     started: float | None
@@ -44,7 +46,7 @@ def header_info(snap: RunSnapshot) -> HeaderInfo:
     m = snap.model
     up = len(m.ranks)
     world = m.world_size
-    ranks = f"{up}/{world} ranks" if world and up != world else f"{up or world} rank{'s' if (up or world) != 1 else ''}"
+    ranks = f"{up}/{world} ranks" if world and up != world else plural(up or world, "rank")
     hosts = m.hosts
     if m.rehearsal is not None:
         ranks = m.rehearsal.headline
@@ -83,7 +85,7 @@ def stalled_words(ranks: list[int]) -> str:
     mark = RANK_MARKS["stalled"]
     if len(ranks) > 4:
         return f"{mark} {len(ranks)} ranks stalled"
-    return f"{mark} rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} stalled"
+    return f"{mark} {noun(len(ranks), 'rank')} {', '.join(map(str, ranks))} stalled"
 
 
 class RunHeader(PaintsChanges):

@@ -6,6 +6,7 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.widgets.data_table import RowDoesNotExist
 
+from shardtop.rundir.run_status import RunState
 from shardtop.tui.format import STATUS_MARKS, short_run_id, truncate
 from shardtop.tui.repaint import CellsTable
 from shardtop.tui.watch.run_catalog import RunRow
@@ -15,7 +16,7 @@ HOST_NAME_WIDTH = 12
 """A run on one host shows the host's name, cut to this many cells."""
 
 
-def status_text(state: str, status: str, rehearsal: bool = False) -> Text:
+def status_text(state: RunState, status: str, rehearsal: bool = False) -> Text:
     """``✗ failed (exit 1)`` styled by its state word (CSS-free: the table renders Rich text);
     ``✓ rehearsal finished`` for a rehearsal, said where a narrow terminal still shows it."""
     mark = STATUS_MARKS.get(state, "·")

@@ -48,6 +48,7 @@ from shardtop.tui.host_groups import RankColumn, hosts_caption, rank_columns
 from shardtop.tui.repaint import set_border_text
 from shardtop.tui.tree_columns import TreeColumns, cut, fit, module_heading, tree_columns
 from shardtop.units import short_bytes
+from shardtop.words import plural
 
 OOM_WORDS = "✗ OOM"
 TITLE = "Shard tree"
@@ -218,7 +219,7 @@ class ShardTree(ScrollView, can_focus=True):
         if self._matches:
             self.action_next_match(1)
         count = len(self._matches)
-        self._search_words = f"{count} match{'es' if count != 1 else ''}" if query else ""
+        self._search_words = plural(count, "match", "matches") if query else ""
         self._caption()
         return count
 
