@@ -4,7 +4,8 @@
 # script under `shardtop run`, and the benchmarks' GPU figures.
 #
 #   gpu/record.sh PART...     PART: presets1 presets2 scenarios1 scenarios2 own benches (= probe_cost terminal)
-#                             rehearse_story2 rehearse_presets rehearse_own clients over_time
+#                             rehearse_story2 rehearse_presets rehearse_own clients client_plans compiled
+#                             over_time story2_fixed_six
 #
 # presets1/scenarios1 and the rehearse_* parts need one GPU, presets2/scenarios2 two. Run from the project root with the
 # wheels of ../shared/gpu/wheels.sh in .whl/; everything lands under $OUT (or ./gpu-out):
@@ -122,6 +123,32 @@ clients() {  # the clients people use, a model of 167 M parameters, under `shard
   planned_run 120 compile-fsdp2 torchrun --standalone --nproc_per_node 1 $s/fsdp2_train.py --cuda --compile --dim 2048 --steps 5
   planned_run 120 lightning-bf16-true python3 gpu/scenarios/lightning_deepspeed_user.py --strategy fsdp --precision bf16-true --steps 5
 }
+
+plan_only() {  # seconds, a name, then a user's command: `shardtop plan -- CMD` alone
+  local s=$1 name=$2; shift 2
+  mkdir -p "$PLANS"
+  step "$s" "shardtop plan -- $name" sh -c 'python3 -m shardtop plan --format json -- "$@" > "$0" 2>"$0.err"' \
+    "$PLANS/$name.json" "$@"
+}
+
+client_plans() {  # the plans of the clients' runs alone (see clients)
+  local s=tests/own_scripts
+  export HF_TINY_SIZE=gpu
+  plan_only 60 hf-trainer-zero3 torchrun --standalone --nproc_per_node 1 $s/hf_trainer.py --cuda --deepspeed $s/ds_zero3.json --steps 5
+  plan_only 60 hf-trainer-fsdp torchrun --standalone --nproc_per_node 1 $s/hf_trainer.py --cuda --fsdp "full_shard auto_wrap" --steps 5
+  plan_only 60 accelerate-fsdp2 accelerate launch --config_file $s/accelerate_fsdp2.yaml --num_processes 1 $s/accelerate_train.py --cuda --steps 5
+  plan_only 60 accelerate-zero3 accelerate launch --config_file $s/accelerate_zero3.yaml --num_processes 1 $s/accelerate_train.py --cuda --steps 5
+  plan_only 60 peft-lora-fsdp2 accelerate launch --config_file $s/accelerate_fsdp2.yaml --num_processes 1 $s/accelerate_train.py --cuda --lora --steps 5
+  plan_only 60 peft-lora-zero3 torchrun --standalone --nproc_per_node 1 $s/hf_trainer.py --cuda --deepspeed $s/ds_zero3.json --lora --steps 5
+  unset HF_TINY_SIZE
+  plan_only 60 lightning-bf16-true python3 gpu/scenarios/lightning_deepspeed_user.py --strategy fsdp --precision bf16-true --steps 5
+}
+
+compiled() {
+  planned_run 120 compile-fsdp2 torchrun --standalone --nproc_per_node 1 tests/own_scripts/fsdp2_train.py --cuda --compile --dim 2048 --steps 5
+}
+
+story2_fixed_six() { rehearse 300 zero3-linear-fixed devices=6 gpu_mem_limit=$CAP max_steps=3; }
 
 over_time() {  # memory that grows: a loop keeping its logits under a 24 GiB cap; the small recordings again
   step 120 "kept logits" python3 -m shardtop run --headless --name kept-logits -- python3 gpu/scenarios/kept_logits.py --cap-gib 24

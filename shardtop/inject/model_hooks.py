@@ -27,6 +27,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from shardtop.inject.this_rank import STATE, guarded, is_rank, rank_probe
+from shardtop.probe.eager import compiling, eager
 
 if TYPE_CHECKING:
     from shardtop.rundir.events import PhaseName, SnapshotStage
@@ -71,7 +72,7 @@ def _is_engine_wrapper(module: Any) -> bool:
 
 
 def _on_module_call(module: Any, args: Any) -> None:
-    if id(module) in STATE.seen:
+    if compiling() or id(module) in STATE.seen:  # a compiled model's own modules: its wrapper was seen eagerly
         return
     STATE.seen.add(id(module))
     _consider(module)
@@ -103,8 +104,8 @@ def set_root(module: Any, count: int | None = None, *, stage: SnapshotStage) -> 
     STATE.root = module
     STATE.root_params = parameter_count(module) if count is None else count
     STATE.root_hooks = [
-        module.register_forward_pre_hook(_root_forward),
-        module.register_forward_hook(_root_output),
+        module.register_forward_pre_hook(eager(_root_forward)),
+        module.register_forward_hook(eager(_root_output)),
     ]
     attach(module, stage=stage, engine=STATE.engine, strategy=STATE.strategy)
 

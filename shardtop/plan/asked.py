@@ -72,10 +72,11 @@ def _optimizer(name: str, momentum: float) -> tuple[Optimizer, str]:
 
 def _precision(trainer: str) -> str:
     text = trainer.strip().lower()
+    true = text.endswith("-true")
     if text.startswith(("16", "fp16")):
-        return "fp16-mixed"
+        return "fp16-true" if true else "fp16-mixed"
     if text.startswith("bf16"):
-        return "bf16-mixed"
+        return "bf16-true" if true else "bf16-mixed"
     return "fp32"
 
 

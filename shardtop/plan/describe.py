@@ -44,6 +44,13 @@ def describe_model(
             signatures = module_signatures(modules, parents, names)
             saved = saved_activations(model, modules, end, signatures, forward_loss)
     params = next((p for m in modules for p in m._parameters.values() if p is not None), None)
+    seen: set[int] = set()
+    trainable = 0
+    for m in modules:
+        for p in m._parameters.values():
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                trainable += int(getattr(p, "ds_numel", 0) or p.numel()) if p.requires_grad else 0
     buffers = sum(b.numel() * b.element_size() for m in modules for b in m._buffers.values() if b is not None)
     return ModelDescription(
         name=name,
@@ -63,6 +70,7 @@ def describe_model(
         largest_output=saved.largest_output,
         input_bytes=input_bytes,
         batch_size=batch_size,
+        trainable=trainable,
     )
 
 

@@ -56,6 +56,18 @@ class ModelDescription(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     input_bytes: int
     """Bytes of one batch as it reaches the model."""
     batch_size: int
+    trainable: int | None = None
+    """Elements of the parameters that require gradients (LoRA: the adapters); None where not known
+    (every parameter is then taken as trained)."""
+
+    @property
+    def trained(self) -> int:
+        """Elements that get gradients and optimizer state: the trainable ones, else all."""
+        return self.params if self.trainable is None else min(self.trainable, self.params)
+
+    @property
+    def trained_share(self) -> float:
+        return self.trained / self.params if self.params else 1.0
 
     @property
     def rows(self) -> int:

@@ -176,13 +176,19 @@ def _phases(
     )
 
 
+def state_bytes(desc: ModelDescription, s: Strategy) -> int:
+    """A torch optimizer's state per element: in the parameters' dtype (``zeros_like``), so half of its
+    fp32 size for a model kept in bf16 (Lightning's ``bf16-true``)."""
+    return s.optimizer.state_bytes * desc.dtype_bytes // 4
+
+
 def _single(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> Held:
-    b, psi = desc.dtype_bytes, desc.params
+    b, psi, trained = desc.dtype_bytes, desc.params, desc.trained
     return Held(
         params=psi * b,
-        grads=psi * b,
-        optimizer=psi * s.optimizer.state_bytes,
-        step_temporary=step_temporary(s, psi, desc.largest_param, gpu),
+        grads=trained * b,
+        optimizer=trained * state_bytes(desc, s),
+        step_temporary=step_temporary(s, trained, desc.largest_param, gpu),
         setup=psi * b,
     )
 
@@ -217,7 +223,7 @@ def _fsdp(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> Held:
         shard = 1
     local = -(-sharded // shard)
     biggest = max(sizes.values(), default=0)
-    k = s.optimizer.state_bytes
+    k = state_bytes(desc, s)
     on_device = 0 if s.offload_params else local
     copies = s.engine == "fsdp2" or shard > 1 or s.half or s.offload_params
     if not copies:
@@ -231,10 +237,11 @@ def _fsdp(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> Held:
         unit_grads = 2 * biggest * h
     else:
         unit_grads = biggest * h + (-(-biggest // shard) * b if s.half else 0)
+    trained = int((on_device + unmanaged) * desc.trained_share)
     return Held(
         params=(on_device + unmanaged) * b,
-        grads=(on_device + unmanaged) * b,
-        optimizer=(on_device + unmanaged) * k,
+        grads=trained * b,
+        optimizer=trained * k,
         host=(local * (2 * b + k)) if s.offload_params else 0,
         gathered_forward=gathered_forward,
         gathered_backward=gathered_backward,
@@ -258,7 +265,7 @@ def _manual(desc: ModelDescription, s: Strategy, *, gpu: bool, batch_scale: floa
         held = Held(
             params=numel * b,
             grads=numel * b,
-            optimizer=numel * s.optimizer.state_bytes,
+            optimizer=numel * state_bytes(desc, s),
             step_temporary=step_temporary(s, numel, desc.largest_param, gpu),
             setup=numel * b,
         )

@@ -113,7 +113,13 @@ class Strategy:
 
     @property
     def half(self) -> bool:
-        return self.precision != "fp32"
+        """Half-precision copies of fp32 parameters (mixed precision); "-true" precisions have none: the
+        parameters themselves are half precision, and so is the optimizer's state."""
+        return self.precision not in ("fp32", "bf16-true", "fp16-true")
+
+    @property
+    def true_half(self) -> bool:
+        return self.precision in ("bf16-true", "fp16-true")
 
     def with_(self, **changes: object) -> Strategy:
         return replace(self, **changes)  # type: ignore[arg-type]

@@ -75,16 +75,19 @@ def _stage3(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> Held:
     bucket = z.reduce_bucket_size * pb if z.contiguous_gradients else 0
     reduced = min(psi, z.reduce_bucket_size) * pb * (1 if bucket else 2)
     on_device = not s.offload_optimizer
-    states = part * (4 + s.optimizer.state_bytes)
-    module = desc.largest_param * pb
+    trained = -(-desc.trained // n)  # ZeRO makes fp32 partitions and state for the optimizer's parameters only
+    states = trained * (4 + s.optimizer.state_bytes)
+    module = desc.largest_param * pb if n > 1 else 0
+    # At one rank DeepSpeed gathers nothing: the partition is the parameter (``_no_gather_coalesced``).
     gathered = (min(psi, z.max_live_parameters + desc.largest_param) + min(psi, z.prefetch_bucket_size)) * pb
+    gathered = gathered if n > 1 else 0
     fp32_gradient = sub * 4 + max(step_temporary(s, sub, sub, gpu), sub * pb if pb != 4 else 0)
     setup = need(_stage3_setup(s, psi * pb, part, pb, sub, small, module, bucket))
     return Held(
         params=(0 if s.offload_params else part * pb) + small,
-        grads=part * pb if on_device else 0,
+        grads=trained * pb if on_device else 0,
         optimizer=states if on_device else 0,
-        optimizer_before_step=part * 4 if on_device else 0,
+        optimizer_before_step=trained * 4 if on_device else 0,
         buffers=bucket,
         host=(0 if on_device else states) + (part * pb if s.offload_params else 0),
         gathered_forward=gathered,
@@ -131,11 +134,12 @@ def _stage1_2(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> Held:
     z, psi = s.zero, desc.params
     pb = 2 if s.half else desc.dtype_bytes
     part = -(-psi // n)
+    trained = -(-desc.trained // n)
     overlap = bool(z.overlap_comm)
     buckets = z.reduce_bucket_size * pb * (2 if overlap else 1) if z.contiguous_gradients else 0
-    states = part * (4 + s.optimizer.state_bytes)
+    states = trained * (4 + s.optimizer.state_bytes)
     staging = desc.largest_param * pb if s.offload_optimizer else 0
-    grads = psi * pb if stage == 1 else part * pb
+    grads = desc.trained * pb if stage == 1 else trained * pb
     setup = need(_stage1_2_setup(s, psi * pb, part, pb, staging))
     return Held(
         params=psi * pb,

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from shardtop.probe.allocator_trace import block_bytes
+from shardtop.probe.eager import compiling
 
 
 def is_parameter(tensor: torch.Tensor) -> bool:
@@ -113,9 +114,13 @@ class SavedActivations:
                 del self._live[key]
 
     def _enter(self, module: nn.Module, args: Any) -> None:
+        if compiling():  # inside a compiled graph: what it saves is told by the module called eagerly
+            return
         self._stack.append(id(module))
 
     def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
+        if compiling():
+            return
         if self._stack and self._stack[-1] == id(module):
             self._stack.pop()
 

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from shardtop.probe.eager import compiling
 from shardtop.rundir.events import Kept, KeptTensor
 
 RISES_TO_TRACE = 4
@@ -181,6 +182,8 @@ class KeptTracker:
         self._handle = torch.nn.modules.module.register_module_forward_hook(self._note)
 
     def _note(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        if compiling():  # inside a compiled graph: its outputs are seen where the compiled module returns
+            return
         for t in tensors_in(output):
             try:
                 storage = t.untyped_storage()
@@ -203,6 +206,8 @@ class KeptTracker:
             )
 
     def _follow(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        if compiling():
+            return
         for t in tensors_in(output):
             try:
                 storage = t.untyped_storage()

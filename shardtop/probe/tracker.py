@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from shardtop.probe.eager import compiling
 from shardtop.probe.names import clean_path, module_names, user_type_name
 
 _graph_task_id: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: -1)
@@ -164,7 +165,7 @@ class ModuleTracker:
             tracker._backward = entry
 
         def after_forward(module: nn.Module, args: Any, output: Any) -> None:
-            if tracker.failed is not None:
+            if tracker.failed is not None or compiling():
                 return
             try:
                 if tracker._backward is not None and _graph_task_id() < 0:
