@@ -135,7 +135,8 @@ def strategy_of(a: Asked) -> tuple[Strategy, list[str]]:
         return strategy, notes + more
     autocast = _precision(a.trainer_precision) if a.trainer_precision else "fp32"
     if a.engine in ("fsdp1", "fsdp2"):
-        precision = a.half or autocast
+        # Lightning's "-true" gives FSDP a MixedPrecision of the model's own dtype: no fp32 copies behind it
+        precision = autocast if autocast.endswith("-true") else a.half or autocast
         if a.policy_unknown:
             notes.append(f"the auto-wrap policy {a.policy_unknown} is not one shardtop reads: its units are taken "
                          "to be the model's repeated blocks")

@@ -237,6 +237,7 @@ def _fsdp(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> Held:
         unit_grads = 2 * biggest * h
     else:
         unit_grads = biggest * h + (-(-biggest // shard) * b if s.half else 0)
+    unit_grads = int(unit_grads * desc.trained_share)  # frozen parameters (LoRA's base) get no gradient
     trained = int((on_device + unmanaged) * desc.trained_share)
     return Held(
         params=(on_device + unmanaged) * b,

@@ -166,3 +166,16 @@ def test_an_hf_trainer_under_deepspeed_is_planned_at_the_batch_it_passes() -> No
     assert asked["engine"] == "zero3"
     assert any("first dimension 4" in note for note in doc["notes"]), doc["notes"]
     assert asked["per_rank"]["activations"] > 0
+
+
+def test_lightning_bf16_true_is_planned_at_two_bytes_a_parameter() -> None:
+    """``precision="bf16-true"`` keeps the model (and a torch optimizer's state) in bf16; "32-true" in fp32."""
+    planned = {}
+    for precision in ("bf16-true", "32-true"):
+        code, doc, err = plan("--", "python", str(SCRIPTS / "lightning_train.py"), precision)
+        assert code == 0, err[-3000:]
+        planned[precision] = doc
+    params = planned["bf16-true"]["model"]["params"]
+    bf16, fp32 = (planned[p]["options"][0] for p in ("bf16-true", "32-true"))
+    assert "bf16-true" in bf16["strategy"] and "bf16" not in fp32["strategy"]
+    assert (bf16["per_rank"]["params"], fp32["per_rank"]["params"]) == (2 * params, 4 * params)

@@ -2,10 +2,12 @@
 
 Lightning starts the second rank itself (DDP on two CPU processes):
 
-    python tests/own_scripts/lightning_train.py
+    python tests/own_scripts/lightning_train.py [PRECISION]    (bf16-true: the model kept in bf16)
 """
 
 from __future__ import annotations
+
+import sys
 
 import lightning as L
 import torch
@@ -30,6 +32,7 @@ if __name__ == "__main__":
     data = TensorDataset(torch.randn(64, 16), torch.randn(64, 1))
     trainer = L.Trainer(
         accelerator="cpu", devices=2, strategy="ddp", max_steps=2, logger=False,
+        precision=sys.argv[1] if len(sys.argv) > 1 else "32-true",
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )
     trainer.fit(Regressor(), DataLoader(data, batch_size=8))
