@@ -182,8 +182,8 @@ def describe_split(split: Any, peak: int | None) -> str:
 def explained_report(run_dirs: list[Path]) -> None:
     """Per rank of each recorded run, as every view reads it (the read model): the allocator's peak,
     the split at it, and the split at an OOM."""
-    from shardtop.run_files import read_run
-    from shardtop.runs import RunDirectory
+    from shardtop.read.whole_run import read_run
+    from shardtop.rundir.run_directory import RunDirectory
 
     for run_dir in run_dirs:
         model = read_run(RunDirectory(run_dir))
@@ -196,8 +196,8 @@ def explained_report(run_dirs: list[Path]) -> None:
 
 
 def bench_big_tree(n_modules: int) -> None:
-    from shardtop.events import EventWriter, event_file
     from shardtop.probe.shards import read_shards
+    from shardtop.rundir.events import EventWriter, event_file
 
     model = nn.Sequential(*(nn.Linear(4, 4) for _ in range(n_modules)))
     with tempfile.TemporaryDirectory() as tmp:

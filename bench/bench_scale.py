@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.terminal import Terminal  # noqa: E402
-from shardtop.events import (  # noqa: E402
+from shardtop.rundir.events import (  # noqa: E402
     Event,
     GpuMemory,
     Hello,

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.recorded_nvml import write_samples  # noqa: E402
 from bench.terminal import Terminal  # noqa: E402
-from tests.tui.recorded import copy_runs  # noqa: E402
+from tests.support.recorded import copy_runs  # noqa: E402
 
 RANK = """
 import time

@@ -40,11 +40,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.terminal import Terminal  # noqa: E402
-from shardtop.events import Oom, encode, event_file  # noqa: E402
+from shardtop.rundir.events import Oom, encode, event_file  # noqa: E402
 from shardtop.tui.app import ShardtopApp  # noqa: E402
 from shardtop.tui.screens.run_view import ControlledRunScreen  # noqa: E402
 from shardtop.tui.widgets.shard_tree import ShardTree  # noqa: E402
-from tests.tui.recorded import big_tree_run, fsdp2_cpu_run  # noqa: E402
+from tests.support.recorded import big_tree_run, fsdp2_cpu_run  # noqa: E402
 
 _SCRIPT = Path(sys.executable).parent / "shardtop"
 _FOUND = str(_SCRIPT) if _SCRIPT.exists() else shutil.which("shardtop")
@@ -76,7 +76,7 @@ def bench_first_frame(root: Path, run: Path) -> tuple[float, float]:
 
 STREAMER = r"""
 import os, sys, time
-from shardtop.events import EventWriter, Memory, Phase, Step, event_file
+from shardtop.rundir.events import EventWriter, Memory, Phase, Step, event_file
 from pathlib import Path
 run = Path(sys.argv[1])
 writers = [EventWriter(event_file(run / "events", r), r, host="bench") for r in (0, 1)]

@@ -41,7 +41,7 @@ def write_samples(path: Path, pids: list[int]) -> Path:
     sys.path.insert(0, str(ROOT))
     import msgspec
 
-    from tests.tui.recorded import nvml_samples
+    from tests.support.recorded import nvml_samples
 
     samples = nvml_samples(RECORDING)
     recorded = sorted({p for sample in samples for g in sample for p in g.pids})

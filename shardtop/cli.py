@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.whole_process = argv is None
     from shardtop.config import ConfigError
-    from shardtop.runs import RunError
+    from shardtop.rundir.run_directory import RunError
 
     try:
         handler = COMMANDS.get(args.command or "", cmd_monitor)
@@ -217,7 +217,7 @@ def _reader_went_away() -> int:
 
 
 def _root(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from shardtop.runs import runs_root
+    from shardtop.rundir.run_directory import runs_root
 
     return runs_root(args.runs_dir)
 
@@ -237,7 +237,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from shardtop.gpus import gpu_count
     from shardtop.headless import follow
     from shardtop.launch import TooManyDevices, resolve_devices, start
-    from shardtop.runs import RunDirectory, ensure_root
+    from shardtop.rundir.run_directory import RunDirectory, ensure_root
 
     if args.read_only:
         raise UsageError("--read-only forbids launching a run.")
@@ -284,7 +284,7 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    from shardtop.runs import find_run
+    from shardtop.rundir.run_directory import find_run
 
     run = find_run(_root(args), args.run)
     return _open_tui(args, run_id=str(run.path))
@@ -299,7 +299,7 @@ def _open_tui(args: argparse.Namespace, run_id: str | None) -> int:
         if run_id is None:
             raise UsageError("the monitor needs a terminal; try `shardtop runs` or `shardtop launch --headless`.")
         from shardtop.headless import follow
-        from shardtop.runs import find_run
+        from shardtop.rundir.run_directory import find_run
 
         run = find_run(_root(args), run_id)
         return follow(run, sys.stdout)
@@ -314,8 +314,8 @@ def _open_tui(args: argparse.Namespace, run_id: str | None) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from shardtop.run_summary import summarize
-    from shardtop.runs import list_runs
+    from shardtop.read.run_summary import summarize
+    from shardtop.rundir.run_directory import list_runs
 
     root = _root(args)
     runs = list_runs(root)
@@ -337,7 +337,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     from shardtop.launch import stop
-    from shardtop.runs import find_run
+    from shardtop.rundir.run_directory import find_run
 
     if args.read_only:
         raise UsageError("--read-only forbids stopping a run.")
@@ -351,7 +351,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from shardtop.report import render_report
-    from shardtop.runs import find_run
+    from shardtop.rundir.run_directory import find_run
 
     run = find_run(_root(args), args.run)
     print(render_report(run, args.format))

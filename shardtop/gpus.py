@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
-from shardtop.cluster import host_name
-from shardtop.events import GpuMemory
+from shardtop.rundir.cluster import host_name
+from shardtop.rundir.events import GpuMemory
 
 T = TypeVar("T")
 

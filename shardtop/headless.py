@@ -11,11 +11,11 @@ import time
 from typing import TextIO
 
 from shardtop.diagnose import diagnose
-from shardtop.events import EventReader
-from shardtop.run_meta import RunMeta
-from shardtop.run_model import RunModel
-from shardtop.run_state import RunStateBuilder
-from shardtop.runs import RunDirectory
+from shardtop.read.run_meta import RunMeta
+from shardtop.read.run_model import RunModel
+from shardtop.read.run_state import RunStateBuilder
+from shardtop.rundir.events import EventReader
+from shardtop.rundir.run_directory import RunDirectory
 from shardtop.units import format_bytes
 
 

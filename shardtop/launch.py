@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from shardtop.config import ConfigError, apply_cpu_defaults
-from shardtop.runs import RunDirectory, RunError, is_running, process_start_time
+from shardtop.rundir.liveness import is_running, process_start_time
+from shardtop.rundir.run_directory import RunDirectory, RunError
 from shardtop.units import format_bytes
 
 CPU_DEFAULT_DEVICES = 2

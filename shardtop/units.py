@@ -24,6 +24,28 @@ def format_bytes(n: int | float | None) -> str:
     return f"{size:.1f} TiB"  # pragma: no cover
 
 
+def short_bytes(n: int | float | None) -> str:
+    """At most 6 cells: ``1.96G``, ``512M``, ``3.0K``, ``17B``, ``0``; ``-`` for unknown."""
+    if n is None:
+        return "-"
+    if n == 0:
+        return "0"
+    size = float(n)
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(size) < 1000 or unit == "T":
+            if unit == "B":
+                return f"{int(size)}B"
+            return (
+                f"{size:.2f}{unit}"
+                if abs(size) < 10
+                else f"{size:.1f}{unit}"
+                if abs(size) < 100
+                else f"{size:.0f}{unit}"
+            )
+        size /= 1024
+    return f"{size:.0f}T"  # pragma: no cover
+
+
 def count_words(n: int) -> str:
     """Parameter counts in a few characters: ``262 K``, ``25.2 M``, ``1.3 B``."""
     value = float(n)

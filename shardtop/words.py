@@ -9,14 +9,14 @@ ROOT_LABEL = "(root)"
 name of many a LightningModule's attribute."""
 
 
-def display_path(path: str) -> str:
+def module_label(path: str) -> str:
     """A tree path for people: the root (``""``) is ``(root)``."""
     return path or ROOT_LABEL
 
 
 def list_names(names: Sequence[str], limit: int = 6) -> str:
     """``a, b, c and 4 more``: a list of names short enough for one sentence."""
-    shown = [display_path(n) for n in names[:limit]]
+    shown = [module_label(n) for n in names[:limit]]
     if not shown:
         return ""
     if len(names) > limit:

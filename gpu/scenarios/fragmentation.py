@@ -3,7 +3,8 @@
 The caching allocator packs tensors of 1-10 MiB into 20 MiB segments.  This script trains a
 small model under a per-process cap (``--cap-gib``), and in the forward of its first step fills
 the cap (to within two segments) with tensors of 2-9 MiB, frees every other one, and then asks
-for one tensor larger than any free block and than what is left under the cap (``--ask-mib``).  Half of the reserved memory is free by then, but in
+for one tensor larger than any free block and than what is left under the cap (``--ask-mib``).
+Half of the reserved memory is free by then, but in
 pieces between live tensors: no segment can be returned, no block is large enough, and the
 request fails.  ``shardtop report`` should explain it with ``allocator-fragmentation``
 (an error: the request was smaller than the free memory the allocator held).

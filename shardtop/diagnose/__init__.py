@@ -51,7 +51,7 @@ from shardtop.diagnose import (
     zero12,
 )
 from shardtop.diagnose.finding import SEVERITIES, Evidence, Finding, Rule, Severity, severity_key
-from shardtop.run_model import RunModel
+from shardtop.read.run_model import RunModel
 
 RULES: tuple[Rule[Any], ...] = (
     zero3.BUILT_WHOLE,

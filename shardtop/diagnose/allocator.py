@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from shardtop.diagnose.facts import OomEvidence, fmt
 from shardtop.diagnose.finding import Evidence, Finding, Rule
-from shardtop.events import GpuMemory
-from shardtop.run_model import RankFacts, RunModel
+from shardtop.read.rank_facts import RankFacts
+from shardtop.read.run_model import RunModel
+from shardtop.rundir.events import GpuMemory
 
 _CUDA_INDEX = re.compile(r"^cuda:(\d+)$")
 

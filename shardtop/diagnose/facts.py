@@ -1,7 +1,7 @@
 """Evidence pieces several rules share, read from the ``RunModel``.
 
 The facts themselves (engine, holdings, OOMs, the repeated block) are the
-read model's (``shardtop.run_model``); this module only packs the parts a
+read model's (``shardtop.read.run_model``); this module only packs the parts a
 finding's words need into small frozen records, so a rule's words depend on
 its evidence alone.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from shardtop.events import MemorySplit, PhaseName
-from shardtop.memory_kinds import bytes_by_kind, kinds_sentence
-from shardtop.oom_story import OomStory
-from shardtop.run_model import RunModel
+from shardtop.read.memory_kinds import bytes_by_kind, kinds_sentence
+from shardtop.read.oom_story import OomStory
+from shardtop.read.run_model import RunModel
+from shardtop.rundir.events import MemorySplit, PhaseName
 from shardtop.units import format_bytes
 
 SHARDED_ENGINES = frozenset({"fsdp1", "fsdp2", "zero3"})

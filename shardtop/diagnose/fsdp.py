@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 from shardtop.diagnose.facts import FSDP_ENGINES, Driver, OomEvidence, driver_of, first_oom_evidence, fmt
 from shardtop.diagnose.finding import Evidence, Finding, Rule
-from shardtop.events import Shards
-from shardtop.run_model import RankFacts, RunModel
-from shardtop.tree_facts import covering_rows
+from shardtop.read.rank_facts import RankFacts
+from shardtop.read.run_model import RunModel
+from shardtop.read.tree_facts import covering_rows
+from shardtop.rundir.events import Shards
 from shardtop.words import list_names
 
 SINGLE_UNIT_MIN_SHARE = 0.9

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.diagnose.finding import Evidence, Finding, Rule
-from shardtop.events import KeptTensor
-from shardtop.memory_growth import Growth
-from shardtop.run_model import RunModel
+from shardtop.read.memory_growth import Growth
+from shardtop.read.run_model import RunModel
+from shardtop.rundir.events import KeptTensor
 from shardtop.units import format_bytes
 from shardtop.words import plural
 

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 from shardtop.diagnose.facts import ENGINE_WORDS, Driver, OomEvidence, driver_of, fmt
 from shardtop.diagnose.finding import Evidence, Finding, Rule, Severity
-from shardtop.events import Shards
-from shardtop.oom_story import OomStory
-from shardtop.run_model import RankFacts, RunModel
+from shardtop.read.oom_story import OomStory
+from shardtop.read.rank_facts import RankFacts
+from shardtop.read.run_model import RunModel
+from shardtop.rundir.events import Shards
 
 WHOLE_SHARE = 0.9
 """A rank "holds the whole model" from 90 % of its parameter bytes up (a head built later, say)."""

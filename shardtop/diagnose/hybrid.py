@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from shardtop.diagnose.facts import ENGINE_WORDS, FSDP_ENGINES, Driver, driver_of, fmt
 from shardtop.diagnose.finding import Evidence, Finding, Rule
-from shardtop.run_model import RunModel
+from shardtop.read.run_model import RunModel
 
 
 @dataclass(frozen=True)

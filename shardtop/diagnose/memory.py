@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from shardtop.diagnose.facts import ENGINE_WORDS, OPTIMIZER_SHARDING_ENGINES, KindsEvidence, OomEvidence, fmt
 from shardtop.diagnose.finding import Evidence, Finding, Rule, Severity
-from shardtop.run_model import RunModel
-from shardtop.words import display_path
+from shardtop.read.run_model import RunModel
+from shardtop.words import module_label
 
 OPTIM_STATE_RATIO = 0.95
 """Optimizer state "dominates" when it is at least as large as parameters + gradients
@@ -153,7 +153,7 @@ def find_out_of_memory(m: RunModel) -> OutOfMemory | None:
         world_size=m.world_size,
         block_type=m.block.type_name if m.block else "",
         others=tuple(
-            f"rank {s.rank} during {s.oom.phase}" + (f" in {display_path(s.module)}" if s.module is not None else "")
+            f"rank {s.rank} during {s.oom.phase}" + (f" in {module_label(s.module)}" if s.module is not None else "")
             for s in m.ooms[1:]
         ),
         peak=KindsEvidence.of(rank.memory_peak) if (rank := m.rank(first.rank)) is not None else None,
@@ -212,7 +212,7 @@ def _oom_fix(e: OutOfMemory) -> str:
 
 def explain_out_of_memory(e: OutOfMemory) -> Finding:
     o = e.oom
-    where = f" in `{display_path(o.module)}`" if o.module is not None else ""
+    where = f" in `{module_label(o.module)}`" if o.module is not None else ""
     detail = f"Rank {o.rank} ran out of memory on {o.device} during {o.phase}" + (f" (step {o.step})" if o.step else "")
     detail += where + (f" ({o.module_type})" if o.module is not None and o.module_type else "")
     if o.module is not None:

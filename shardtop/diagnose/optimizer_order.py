@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from shardtop.diagnose.facts import ENGINE_WORDS, Driver, driver_of, fmt
 from shardtop.diagnose.finding import Evidence, Finding, Rule
-from shardtop.run_model import RunModel
+from shardtop.read.run_model import RunModel
 
 WRAPPING = {
     "fsdp1": "FSDP wrapped the model, which flattened its parameters into FlatParameters",

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from shardtop.diagnose.facts import Driver, driver_of, fmt
 from shardtop.diagnose.finding import Evidence, Finding, Rule
-from shardtop.events import Shards
-from shardtop.run_model import RunModel
-from shardtop.tree_facts import covering_rows
+from shardtop.read.run_model import RunModel
+from shardtop.read.tree_facts import covering_rows
+from shardtop.rundir.events import Shards
 from shardtop.words import list_names
 
 PERSISTENT_MIN_SHARE = 0.1

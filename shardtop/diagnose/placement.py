@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 from shardtop.diagnose.facts import OomEvidence, fmt
 from shardtop.diagnose.finding import Evidence, Finding, Rule
-from shardtop.run_model import RankFacts, RunModel
-from shardtop.tree_facts import covering_rows
+from shardtop.read.rank_facts import RankFacts
+from shardtop.read.run_model import RunModel
+from shardtop.read.tree_facts import covering_rows
 from shardtop.units import times
-from shardtop.words import display_path, list_names
+from shardtop.words import list_names, module_label
 
 IMBALANCE_RATIO = 2.0
 """Two devices (or ranks) are "very uneven" when one holds at least twice what the other
@@ -235,7 +236,7 @@ def explain_imbalance(e: Imbalance) -> Finding:
         detail += f" On {main.heavy}: {list_names(e.modules)}."
     if e.oom is not None:
         detail += f" Rank {e.oom.rank} ran out of memory on {e.oom.device}, the fuller side" + (
-            f", in {display_path(e.oom.module)}." if e.oom.module is not None else "."
+            f", in {module_label(e.oom.module)}." if e.oom.module is not None else "."
         )
     if e.manual:
         fix = (

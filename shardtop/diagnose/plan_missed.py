@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from shardtop.diagnose.facts import KindsEvidence, fmt
 from shardtop.diagnose.finding import Evidence, Finding, Rule
-from shardtop.plan_check import MISS_MIN_BYTES, MISS_RATIO, RankCheck, relative_error
-from shardtop.run_model import RunModel
+from shardtop.read.plan_check import MISS_MIN_BYTES, MISS_RATIO, RankCheck, relative_error
+from shardtop.read.run_model import RunModel
 from shardtop.words import noun
 
 

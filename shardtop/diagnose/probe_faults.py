@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.diagnose.finding import Evidence, Finding, Rule
-from shardtop.events import FAULT_PARTS
-from shardtop.run_model import RunModel
+from shardtop.read.run_model import RunModel
+from shardtop.rundir.events import FAULT_PARTS
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from shardtop.diagnose.facts import Driver, OomEvidence, driver_of, fmt, oom_avoided_by
 from shardtop.diagnose.finding import Evidence, Finding, Rule, Severity
 from shardtop.diagnose.fsdp import fsdp_rank, managed_bytes
-from shardtop.run_model import RunModel
+from shardtop.read.run_model import RunModel
 from shardtop.words import list_names
 
 KEPT_STRATEGIES = frozenset({"SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"})

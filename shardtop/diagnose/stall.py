@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.diagnose.finding import Evidence, Finding, Rule
-from shardtop.run_model import RunModel
-from shardtop.stalls import Peer, Stall
+from shardtop.read.run_model import RunModel
+from shardtop.read.stalls import Peer, Stall
 
 
 @dataclass(frozen=True)

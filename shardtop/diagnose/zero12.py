@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from shardtop.diagnose.facts import ENGINE_WORDS, Driver, driver_of, fmt
 from shardtop.diagnose.finding import Evidence, Finding, Rule
-from shardtop.run_model import RunModel
+from shardtop.read.run_model import RunModel
 
 REPLICATED_MIN_BYTES = 8 << 20
 """Sharding the parameters is worth a finding when it frees at least 8 MiB per rank."""

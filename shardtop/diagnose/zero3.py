@@ -14,9 +14,9 @@ from shardtop.diagnose.facts import (
     fmt,
 )
 from shardtop.diagnose.finding import Evidence, Finding, Rule
-from shardtop.events import Shards
-from shardtop.run_model import RunModel
-from shardtop.tree_facts import covering_rows
+from shardtop.read.run_model import RunModel
+from shardtop.read.tree_facts import covering_rows
+from shardtop.rundir.events import Shards
 from shardtop.words import list_names
 
 OUTSIDE_MIN_SHARE = 0.01

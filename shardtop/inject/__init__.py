@@ -65,7 +65,7 @@ def write_bootstrap(run_dir: Path) -> Path:
     """The run's ``bootstrap/sitecustomize.py`` (written whole, so hosts joining at once see one file)."""
     from pathlib import Path
 
-    from shardtop.runs import RUN_DIR_ENV
+    from shardtop.rundir.run_directory import RUN_DIR_ENV
 
     here = Path(__file__).resolve().parent
     text = SETTINGS.format(
@@ -88,7 +88,7 @@ def plan_env(base: Mapping[str, str], plan_dir: Path) -> dict[str, str]:
 
 def command_env(base: Mapping[str, str], run_dir: Path) -> dict[str, str]:
     """The environment of a command started by ``shardtop run``: its own, the bootstrap first on PYTHONPATH."""
-    from shardtop.runs import RUN_DIR_ENV
+    from shardtop.rundir.run_directory import RUN_DIR_ENV
 
     env = dict(base)
     path = [str(write_bootstrap(run_dir))] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

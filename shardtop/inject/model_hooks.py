@@ -30,7 +30,7 @@ from shardtop.inject.this_rank import STATE, guarded, is_rank, rank_probe
 from shardtop.probe.eager import compiling, eager
 
 if TYPE_CHECKING:
-    from shardtop.events import PhaseName, SnapshotStage
+    from shardtop.rundir.events import PhaseName, SnapshotStage
 
 
 def install_global_hooks() -> None:
@@ -46,12 +46,6 @@ def install_global_hooks() -> None:
         register_optimizer_step_pre_hook(_before_optimizer_step),
         register_optimizer_step_post_hook(_after_optimizer_step),
     ]
-
-
-def remove_all() -> None:
-    for handle in (*STATE.global_hooks, *STATE.root_hooks):
-        handle.remove()
-    STATE.global_hooks, STATE.root_hooks = [], []
 
 
 def _stop_looking_for_root() -> None:

@@ -59,6 +59,7 @@ import sys
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from shardtop.inject.patching import PATCHED, once, replace
 from shardtop.inject.rehearsal_clients import CLIENT_PATCHES
 from shardtop.inject.rehearsal_env import Rehearsed, this_process
 
@@ -66,26 +67,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType
 
-PATCHED = "__shardtop_rehearsal__"
-
-
 def _rehearsed() -> Rehearsed:
     rehearsed = this_process()
     if rehearsed is None:  # pragma: no cover - the patches are installed only in a rehearsal
         raise RuntimeError("shardtop's rehearsal patches run outside a rehearsal")
     return rehearsed
-
-
-def _once(fn: Callable[..., Any]) -> Callable[..., Any]:
-    setattr(fn, PATCHED, True)
-    return fn
-
-
-def _replace(owner: ModuleType | type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    original = getattr(owner, name, None)
-    if original is None or getattr(original, PATCHED, False):
-        return
-    setattr(owner, name, _once(functools.wraps(original)(make(original))))
 
 
 # -- torch.distributed ------------------------------------------------------------------------
@@ -186,7 +172,7 @@ C10D_FUNCTIONS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = 
 def patch_c10d(module: ModuleType) -> None:
     """``torch.distributed.distributed_c10d``, before ``torch.distributed`` re-exports its names."""
     for name, make in C10D_FUNCTIONS.items():
-        _replace(module, name, make)
+        replace(module, name, make)
     top = sys.modules.get("torch.distributed")
     if top is not None:  # already loaded (the patch came late): its copies of the names too
         for name in C10D_FUNCTIONS:
@@ -207,7 +193,7 @@ def patch_distribute_tensor(module: ModuleType) -> None:
 
         return distribute_tensor
 
-    _replace(module, "distribute_tensor", make)
+    replace(module, "distribute_tensor", make)
 
 
 def patch_zero3_partitions(module: ModuleType) -> None:
@@ -233,7 +219,7 @@ def patch_zero3_partitions(module: ModuleType) -> None:
 
         return _partition_param
 
-    _replace(init, "_partition_param", make)
+    replace(init, "_partition_param", make)
 
 
 # -- DDP ---------------------------------------------------------------------------------------
@@ -263,7 +249,7 @@ def patch_ddp(module: ModuleType) -> None:
 
         return _lazy_init
 
-    _replace(ddp, "_lazy_init", make)
+    replace(ddp, "_lazy_init", make)
 
 
 # -- launchers ---------------------------------------------------------------------------------
@@ -284,7 +270,7 @@ def patch_torchrun(module: ModuleType) -> None:
 
         return run
 
-    _replace(module, "run", make)
+    replace(module, "run", make)
 
 
 def patch_deepspeed_runner(module: ModuleType) -> None:
@@ -302,7 +288,7 @@ def patch_deepspeed_runner(module: ModuleType) -> None:
 
         return parse_args
 
-    _replace(module, "parse_args", make)
+    replace(module, "parse_args", make)
 
 
 def patch_deepspeed_checks(module: ModuleType) -> None:
@@ -316,8 +302,8 @@ def patch_deepspeed_checks(module: ModuleType) -> None:
 
         return agreed
 
-    _replace(module, "assert_ints_same_as_other_ranks", make)
-    _replace(module, "assert_lst_len_same_as_other_ranks", make)
+    replace(module, "assert_ints_same_as_other_ranks", make)
+    replace(module, "assert_lst_len_same_as_other_ranks", make)
 
 
 def patch_deepspeed_engine(module: ModuleType) -> None:
@@ -334,7 +320,7 @@ def patch_deepspeed_engine(module: ModuleType) -> None:
 
         return _check_for_duplicates
 
-    _replace(module.DeepSpeedEngine, "_check_for_duplicates", make)
+    replace(module.DeepSpeedEngine, "_check_for_duplicates", make)
 
 
 # -- Lightning ---------------------------------------------------------------------------------
@@ -365,7 +351,7 @@ def _one_device_init(cls: type) -> None:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **one_device_per_node(kwargs, _rehearsed().world_size))
 
-    cls.__init__ = _once(__init__)  # type: ignore[misc]
+    cls.__init__ = once(__init__)  # type: ignore[misc]
 
 
 def patch_trainer(module: ModuleType) -> None:

@@ -43,6 +43,8 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+from shardtop.inject.patching import replace
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from types import ModuleType
@@ -104,13 +106,11 @@ def _initialize_tensors(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def patch_accelerate_data_loader(module: ModuleType) -> None:
     """``accelerate.data_loader``: a dispatching loader's batches read on every rehearsed rank."""
-    from shardtop.inject.rehearsal import _replace
-
     dispatcher = getattr(module, "DataLoaderDispatcher", None)
     if dispatcher is None or not hasattr(module, "initialize_tensors"):
         return
-    _replace(dispatcher, "_fetch_batches", _fetch_batches)
-    _replace(module, "initialize_tensors", _initialize_tensors)
+    replace(dispatcher, "_fetch_batches", _fetch_batches)
+    replace(module, "initialize_tensors", _initialize_tensors)
 
 
 def _load_as_process_zero(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -127,9 +127,7 @@ def _load_as_process_zero(original: Callable[..., Any]) -> Callable[..., Any]:
 def patch_accelerate_fsdp(module: ModuleType) -> None:
     """``accelerate.utils.fsdp_utils``: FSDP2's full state dict distributed on every rehearsed rank, as process 0
     distributes it.  Patched before ``fsdp2_prepare_model`` (same module) and ``accelerate.utils`` call it."""
-    from shardtop.inject.rehearsal import _replace
-
-    _replace(module, "fsdp2_load_full_state_dict", _load_as_process_zero)
+    replace(module, "fsdp2_load_full_state_dict", _load_as_process_zero)
 
 
 # -- transformers -------------------------------------------------------------------------
@@ -167,10 +165,8 @@ def _as_rank_zero(original: Callable[..., Any]) -> Callable[..., Any]:
 def patch_transformers_deepspeed(module: ModuleType) -> None:
     """``transformers.integrations.deepspeed``: ZeRO-3 parameters filled on every rehearsed rank, as on rank 0.
     Patched before ``modeling_utils`` imports these names."""
-    from shardtop.inject.rehearsal import _replace
-
-    _replace(module, "initialize_weights_zero3", _as_rank_zero)
-    _replace(module, "_load_state_dict_into_zero3_model", _as_rank_zero)
+    replace(module, "initialize_weights_zero3", _as_rank_zero)
+    replace(module, "_load_state_dict_into_zero3_model", _as_rank_zero)
 
 
 CLIENT_PATCHES: dict[str, Callable[[ModuleType], None]] = {

@@ -60,6 +60,12 @@ class InjectState:
         self.engine_steps: Any = None
         """A DeepSpeed engine whose ``step`` takes the step's snapshot once it returns (see ``model_hooks``)."""
 
+    def remove_hooks(self) -> None:
+        """Take out every hook ``model_hooks`` put in (the global ones and the root model's)."""
+        for handle in (*self.global_hooks, *self.root_hooks):
+            handle.remove()
+        self.global_hooks, self.root_hooks = [], []
+
 
 STATE = InjectState(pid=os.getpid())
 DRIVER = "the script's own code, probed by shardtop run"
@@ -134,13 +140,10 @@ def give_up(what: str, error: BaseException) -> None:
         f"shardtop: the probe stopped in process {os.getpid()} after an error while {what} "
         f"({type(error).__name__}: {error}); training goes on without it.\n"
     )
-    if "shardtop.inject.model_hooks" in sys.modules:
-        from shardtop.inject.model_hooks import remove_all
-
-        try:
-            remove_all()
-        except Exception:  # noqa: BLE001, S110 - already giving up; the job goes on
-            pass
+    try:
+        STATE.remove_hooks()
+    except Exception:  # noqa: BLE001, S110 - already giving up; the job goes on
+        pass
 
 
 def guarded(what: str) -> Callable[[F], F]:

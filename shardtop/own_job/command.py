@@ -20,17 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from shardtop.cluster import host_name
 from shardtop.headless import HeadlessFollower
 from shardtop.own_job.supervisor import command_log
-from shardtop.runs import (
-    RUN_DIR_ENV,
-    RunDirectory,
-    RunError,
-    ensure_root,
-    process_start_time,
-    runs_root,
-)
+from shardtop.rundir.cluster import host_name
+from shardtop.rundir.liveness import process_start_time
+from shardtop.rundir.run_directory import RUN_DIR_ENV, RunDirectory, RunError, ensure_root, runs_root
 
 RUN_ENTRIES = re.compile(
     r"^(run\.json|exit\.json|events|logs|supervisors|bootstrap|runner\.log|\.rank-\d+\.pid\.json|\..*\.(tmp|new))$"

@@ -23,20 +23,21 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from shardtop.cluster import HEARTBEAT_S, host_name
 from shardtop.inject import command_env
 from shardtop.inject.rehearsal_env import Rehearsed, first_gpu
-from shardtop.run_config import RunConfig
-from shardtop.run_members import (
+from shardtop.rundir.cluster import HEARTBEAT_S, host_name
+from shardtop.rundir.liveness import process_start_time
+from shardtop.rundir.run_config import RunConfig
+from shardtop.rundir.run_directory import RunDirectory
+from shardtop.rundir.run_members import (
     end_supervisor,
     supervised_end,
     supervisor_record,
     touch,
     write_supervisor,
 )
-from shardtop.run_status import RankExit
+from shardtop.rundir.run_status import RankExit
 from shardtop.runner.supervisor import exit_code_of, free_port
-from shardtop.runs import RunDirectory, process_start_time
 
 STOP_GRACE_S = 8.0
 """After passing a stop on, how long the command gets before SIGKILL (``shardtop stop`` waits 10 s by default)."""

@@ -23,7 +23,7 @@ hold for such a set-up), ``options``, ``verdict``, ``cards``, ``compare``,
 ``render``/``json_plan``, ``command`` (the CLI); ``script`` and ``asked``
 (``shardtop plan -- CMD``: the user's own command, traced in its ranks by
 ``shardtop.inject.plan_only``); ``record`` (the plan a run writes at set-up,
-set against the run by ``shardtop.plan_check``); ``__main__`` (a preset's
+set against the run by ``shardtop.read.plan_check``); ``__main__`` (a preset's
 description for the TUI's launch prompt, from a process that may import
 torch).  Importing this package imports neither torch nor textual.
 """

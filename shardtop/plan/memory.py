@@ -44,20 +44,6 @@ CUDA_WORKSPACES = 2 * 32 * 2**20
 for autograd's backward thread, 32 MiB each (PyTorch's default on Hopper and newer; 8 MiB before)."""
 
 PHASES = ("set-up", "forward", "backward", "optimizer step")
-TIMELINE = ("set-up", "forward", "backward", "optimizer step", "next forward", "next backward")
-_IN_WORDS = {
-    "set-up": "at set-up",
-    "forward": "in the first forward pass",
-    "backward": "in the first backward pass",
-    "optimizer step": "at the first optimizer step",
-    "next forward": "in the second step's forward pass",
-    "next backward": "in the second step's backward pass",
-}
-
-
-def when(phase: str) -> str:
-    """``at set-up``, ``in the first backward pass``...: a phase of ``TIMELINE`` in a sentence."""
-    return _IN_WORDS.get(phase, f"at {phase}")
 
 
 @dataclass(frozen=True)
@@ -83,7 +69,7 @@ class PerRank:
     phases: tuple[int, int, int, int]
     """Peak of set-up, forward, backward and optimizer step (forward and backward: from the second step on)."""
     timeline: tuple[int, int, int, int, int, int]
-    """Peaks in the order a run meets them: ``TIMELINE``."""
+    """Peaks in the order a run meets them: ``events.TIMELINE``."""
     setup_requests: tuple[tuple[str, int], ...] = ()
     """Where the engine's own buffers decide set-up: its requests in order, named for the user, each with
     what set-up needs from the device once it is served."""

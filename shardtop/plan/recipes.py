@@ -5,7 +5,7 @@ device), one batch and the loss as the program computes them, and the
 ``Strategy`` the program really runs on GPUs and on CPU processes: engine,
 units, precision, offload, optimizer, and how the model reaches the engine.
 The programs themselves are not imported: they import Lightning (four
-seconds), and a plan must be quick.  ``tests/test_plan_presets.py`` checks
+seconds), and a plan must be quick.  ``tests/engines/test_plan_presets.py`` checks
 that the names copied here (wrapped stacks, halves) match the programs.
 """
 

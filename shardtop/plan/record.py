@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shardtop.events import Planned, PlannedRank
 from shardtop.plan.compare import Plan
+from shardtop.rundir.events import Planned, PlannedRank
 
 
 def planned_event(plan: Plan, made_by: str, notes: Sequence[str] = ()) -> Planned:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import textwrap
 
 from shardtop.plan.compare import Plan
-from shardtop.plan.memory import when
 from shardtop.plan.verdict import Option
-from shardtop.tui.format import short_bytes
-from shardtop.units import count_words, format_bytes
+from shardtop.rundir.events import when
+from shardtop.units import count_words, format_bytes, short_bytes
 from shardtop.words import plural
 
 COLUMNS = ("peak", "params", "grads", "optim", "activ")

@@ -6,9 +6,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shardtop.plan.cards import Gpu
-from shardtop.plan.memory import TIMELINE, PerRank, when
+from shardtop.plan.memory import PerRank
 from shardtop.plan.options import change_cost
 from shardtop.plan.strategies import Strategy
+from shardtop.rundir.events import TIMELINE, when
 from shardtop.units import format_bytes
 
 MAX_DEVICES = 4096

@@ -20,8 +20,8 @@ import os
 import sys
 from typing import Any
 
-from shardtop.events import AllocatorStats
 from shardtop.probe.allocator_trace import MARKER_FUNCTION, block_bytes
+from shardtop.rundir.events import AllocatorStats
 
 DEFAULT_MAX_ENTRIES = 100_000
 """Trace entries kept (each some hundred bytes of host memory plus its stack): set-up and about

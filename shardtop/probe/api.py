@@ -32,10 +32,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from shardtop.events import SnapshotStage
 from shardtop.probe.faults import describe
 from shardtop.probe.session import Probe, current, set_current, unavailable
-from shardtop.runs import RUN_DIR_ENV, RunDirectory, RunError, runs_root
+from shardtop.rundir.events import SnapshotStage
+from shardtop.rundir.run_directory import RUN_DIR_ENV, RunDirectory, RunError, runs_root
 
 
 def _rank_world() -> tuple[int, int, int]:

@@ -21,10 +21,10 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from shardtop.events import SnapshotStage
 from shardtop.probe.faults import describe
 from shardtop.probe.session import Probe, current, set_current, unavailable
-from shardtop.runs import RUN_DIR_ENV, RunDirectory, RunError, runs_root
+from shardtop.rundir.events import SnapshotStage
+from shardtop.rundir.run_directory import RUN_DIR_ENV, RunDirectory, RunError, runs_root
 
 STRATEGY_ENGINES = {
     "FSDPStrategy": "fsdp1",

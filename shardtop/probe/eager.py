@@ -20,7 +20,7 @@ def eager(fn: F) -> F:
     """``fn`` run eagerly even where dynamo traces the code that calls it (``torch.compiler.disable``)."""
     torch = sys.modules.get("torch")
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
-    return disable(fn) if disable is not None else fn  # type: ignore[no-any-return]
+    return disable(fn) if disable is not None else fn
 
 
 def compiling() -> bool:

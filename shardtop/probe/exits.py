@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from types import FrameType, MappingProxyType, TracebackType
 from typing import Any, Protocol
 
-from shardtop.events import ExitStatus
 from shardtop.probe.faults import describe
-from shardtop.run_status import ExitReason
+from shardtop.rundir.events import ExitStatus
+from shardtop.rundir.run_status import ExitReason
 
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 

@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable
 from types import TracebackType
 
-from shardtop.events import FAULT_PARTS, Fault
+from shardtop.rundir.events import FAULT_PARTS, Fault
 
 MAX_ERROR = 2000
 SWITCHED_OFF = "it is switched off"

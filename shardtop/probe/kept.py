@@ -35,8 +35,8 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from shardtop.events import Kept, KeptTensor
 from shardtop.probe.eager import compiling
+from shardtop.rundir.events import Kept, KeptTensor
 
 RISES_TO_TRACE = 4
 MIN_RISE = 8 * 2**20

@@ -28,9 +28,9 @@ from typing import Any
 
 import psutil
 
-from shardtop.events import GpuMemory, Memory
 from shardtop.gpus import Nvml, nvml_or_none
 from shardtop.probe.heap import heap_in_use
+from shardtop.rundir.events import GpuMemory, Memory
 
 JOIN_TIMEOUT_S = 5.0
 OBSERVATION_TTL_S = 60.0

@@ -35,7 +35,6 @@ from typing import Any
 import msgspec
 import torch
 
-from shardtop.events import AllocatorStats, Memory, MemoryKinds, MemorySplit, Oom, Shards, Tree
 from shardtop.probe.activations import SavedActivations
 from shardtop.probe.allocator import (
     AllocatorHistory,
@@ -47,6 +46,7 @@ from shardtop.probe.allocator import (
 from shardtop.probe.allocator_trace import TRACE_KINDS, current_split, largest_free_block, peak_split
 from shardtop.probe.memory_kinds import KindCount, MemoryCensus
 from shardtop.probe.memory_options import REQUEST_FILE, MemoryOptions
+from shardtop.rundir.events import AllocatorStats, Memory, MemoryKinds, MemorySplit, Oom, Shards, Tree
 
 __all__ = ["CENSUS_BUDGET", "REQUEST_FILE", "MemoryExplainer", "MemoryOptions"]
 

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from shardtop.events import MemoryKinds
 from shardtop.probe.activations import SavedActivations
 from shardtop.probe.allocator_trace import BLOCK, KINDS, block_bytes
 from shardtop.probe.engine_buffers import (
@@ -45,6 +44,7 @@ from shardtop.probe.engine_buffers import (
 )
 from shardtop.probe.shards import resolve_target
 from shardtop.probe.shards.table import local_tensor
+from shardtop.rundir.events import MemoryKinds
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 

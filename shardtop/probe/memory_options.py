@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardtop.events import MEMORY_REQUEST_FILE
 from shardtop.probe.allocator import DEFAULT_MAX_ENTRIES
+from shardtop.rundir.events import MEMORY_REQUEST_FILE
 
 REQUEST_FILE = Path(MEMORY_REQUEST_FILE)
 """Created in the run directory by a reader (the TUI's key) to have the next steps explained."""

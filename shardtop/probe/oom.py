@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from shardtop.events import AttributedBy, Oom
 from shardtop.probe.memory import (
     ObservedOom,
     allocator_state,
@@ -38,6 +37,7 @@ from shardtop.probe.memory import (
 )
 from shardtop.probe.names import module_names, user_type_name
 from shardtop.probe.tracker import TrackedModule, blame_backward
+from shardtop.rundir.events import AttributedBy, Oom
 
 __all__ = [
     "ObservedOom", "attribute", "install_cuda_oom_observer", "is_out_of_memory", "observation_matches",

@@ -21,21 +21,6 @@ from typing import Any
 
 import msgspec
 
-from shardtop.cluster import SlurmIds
-from shardtop.events import (
-    EventWriter,
-    Exit,
-    Fault,
-    Hello,
-    Memory,
-    Oom,
-    Phase,
-    Shards,
-    SnapshotStage,
-    Step,
-    Tree,
-    event_file,
-)
 from shardtop.probe.cap import OOM_RESERVE, starved_of_memory
 from shardtop.probe.exits import RUN_ENDING, ExitRecord, exit_record, received_signal
 from shardtop.probe.exits import install as install_exit_hooks
@@ -54,7 +39,22 @@ from shardtop.probe.oom import (
 )
 from shardtop.probe.shards import read_shards
 from shardtop.probe.tracker import ModuleTracker
-from shardtop.runs import RunDirectory
+from shardtop.rundir.cluster import SlurmIds
+from shardtop.rundir.events import (
+    EventWriter,
+    Exit,
+    Fault,
+    Hello,
+    Memory,
+    Oom,
+    Phase,
+    Shards,
+    SnapshotStage,
+    Step,
+    Tree,
+    event_file,
+)
+from shardtop.rundir.run_directory import RunDirectory
 
 try:
     import pynvml  # noqa: F401 - an OOM record asks NVML about every GPU: importing it then could fail

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TextIO
 
 from shardtop.config import ConfigError, apply_cpu_defaults, resolve, split_overrides
 from shardtop.launch import missing_engines
+from shardtop.rehearse.spec import RehearsalSpec
+from shardtop.rundir.run_directory import RunDirectory
 
 CPU = "CPU"
 
@@ -74,3 +77,54 @@ def preset_config(
     config["world_size"] = world
     config["rehearsal"] = rehearsal_section(world, ranks, device_words(gpus, accelerator, gpu_name))
     return config
+
+
+@dataclass(frozen=True)
+class Started:
+    """A rehearsal's run, started: a preset's (launched) or a command's (its supervisor), and how to
+    follow it here to its end (returning the exit code)."""
+
+    run: RunDirectory
+    follow: Callable[[TextIO, int], int]
+
+    @property
+    def path(self) -> str:
+        return str(self.run.path)
+
+
+def start_one(
+    spec: RehearsalSpec, world: int, settings: list[str], command: list[str] | None, *,
+    runs_dir: str | None, name: str | None,
+) -> Started:
+    """One job size rehearsed as one run: each asked rank of it, one after another."""
+    from shardtop.gpus import gpu_count
+
+    ranks = spec.ranks_of(world)
+    if command is not None:
+        from shardtop.own_job.command import follow_command, start_command
+
+        gpus = gpu_count()
+        on = device_words(gpus, "cuda" if gpus else "cpu", first_gpu_name)
+        job = start_command(command, runs_dir=runs_dir, name=name,
+                            rehearsal=rehearsal_section(world, ranks, on))
+        return Started(job.run, lambda out, every: follow_command(job, out, every=every))
+    from shardtop.headless import follow
+    from shardtop.launch import start
+    from shardtop.rundir.run_directory import ensure_root, runs_root
+
+    config = preset_config(settings, world, ranks, gpu_count)
+    root = ensure_root(runs_root(runs_dir))
+    run = RunDirectory.create(
+        root, config["preset"],
+        {"config": config, "command": ["shardtop", "rehearse", *settings, f"devices={world}",
+                                       "rank=" + ",".join(str(r) for r in ranks)]},
+    )
+    start(run)
+
+    def follow_preset(out: TextIO, every: int) -> int:
+        print(f"[{run.id}] rehearsing {config['preset']}: {config['rehearsal']['on']}, rank(s) "
+              f"{', '.join(str(r) for r in ranks)} of {world}, one after another; run directory {run.path}",
+              file=out, flush=True)
+        return follow(run, out, every=every)
+
+    return Started(run, follow_preset)

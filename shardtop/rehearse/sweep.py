@@ -17,7 +17,8 @@ from shardtop.units import format_bytes
 
 if TYPE_CHECKING:
     from shardtop.plan.cards import Gpu
-    from shardtop.run_model import RankStateName, RunModel
+    from shardtop.read.rank_facts import RankStateName
+    from shardtop.read.run_model import RunModel
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,8 @@ def sweep(
     runs_dir: str | None, name: str | None, gpu: Gpu | None, out: TextIO,
 ) -> int:
     """Rehearse each size in turn, followed here; print the table; 0 if some size fits, else 1."""
-    from shardtop.rehearse.command import start_one
-    from shardtop.run_files import read_run
+    from shardtop.read.whole_run import read_run
+    from shardtop.rehearse.start import start_one
 
     rows: list[RankPeak] = []
     for world in spec.worlds:

@@ -3,7 +3,7 @@
 ``render_report(run, fmt)`` reads the run's events (``events.read_all``),
 folds them (``run_state.fold``), asks ``diagnose`` for findings, and prints
 the run, the OOM, the findings, per-rank totals and the folded shard tree.
-No torch, no textual: the folding is ``shardtop.shard_model``'s, which is
+No torch, no textual: the folding is ``shardtop.read.shard_model``'s, which is
 pure Python.
 
 - ``gather.py``: everything the report says, read once
@@ -18,7 +18,7 @@ from shardtop.report.blocks import report_blocks
 from shardtop.report.document import to_markdown, to_text
 from shardtop.report.gather import ReportData, gather
 from shardtop.report.json_report import REPORT_SCHEMA_VERSION, report_dict, to_json
-from shardtop.runs import RunDirectory
+from shardtop.rundir.run_directory import RunDirectory
 
 FORMATS = ("text", "markdown", "json")
 

@@ -9,10 +9,8 @@ from __future__ import annotations
 import time
 
 from shardtop.diagnose import Severity
-from shardtop.events import GpuMemory
-from shardtop.memory_kinds import KINDS, bytes_by_kind, explained_share
-from shardtop.oom_story import OomStory
-from shardtop.plan.memory import when
+from shardtop.read.memory_kinds import KINDS, bytes_by_kind, explained_share
+from shardtop.read.oom_story import OomStory
 from shardtop.report.document import (
     Block,
     Bullets,
@@ -24,8 +22,9 @@ from shardtop.report.document import (
 )
 from shardtop.report.gather import ReportData, rank_of_pid
 from shardtop.report.tree_summary import summarize_tree
+from shardtop.rundir.events import GpuMemory, when
 from shardtop.units import count_words, format_bytes
-from shardtop.words import display_path, noun
+from shardtop.words import module_label, noun
 
 MAX_RANK_COLUMNS = 8
 """Beyond this many ranks the tree shows one ``min … max`` column instead of one per rank."""
@@ -136,7 +135,7 @@ def oom_section(data: ReportData) -> list[Block]:
     if oom.engine_step:
         rows.append(("engine step", f"`{oom.engine_step}`"))
     if oom.module is not None:
-        module = f"`{display_path(oom.module)}`" + (f" ({story.module_type})" if story.module_type else "")
+        module = f"`{module_label(oom.module)}`" + (f" ({story.module_type})" if story.module_type else "")
     else:
         module = story.culprit
     rows.append(("module", module))
@@ -144,7 +143,7 @@ def oom_section(data: ReportData) -> list[Block]:
     if story.stack:
         rows.append((
             "module stack",
-            ("… → " if story.stack_cut else "") + " → ".join(f"`{display_path(p)}`" for p in story.stack),
+            ("… → " if story.stack_cut else "") + " → ".join(f"`{module_label(p)}`" for p in story.stack),
         ))
     rows.append(("requested", b(oom.requested_bytes)))
     if story.held:
@@ -221,7 +220,7 @@ def findings_section(data: ReportData) -> list[Block]:
         if f.saving_bytes:
             items.append(f"**Saves:** about {b(f.saving_bytes)} per rank")
         if f.modules:
-            shown = ", ".join(f"`{display_path(m)}`" for m in f.modules[:8])
+            shown = ", ".join(f"`{module_label(m)}`" for m in f.modules[:8])
             items.append(f"**Modules:** {shown}" + (f" and {len(f.modules) - 8} more" if len(f.modules) > 8 else ""))
         items.append(f"**Code:** `{f.code}`")
         blocks.append(Bullets(tuple(items)))

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.diagnose import Finding, diagnose
-from shardtop.run_files import read_run
-from shardtop.run_model import RunModel
-from shardtop.runs import RunDirectory
-from shardtop.shard_model import ShardModel
+from shardtop.read.run_model import RunModel
+from shardtop.read.shard_model import ShardModel
+from shardtop.read.whole_run import read_run
+from shardtop.rundir.run_directory import RunDirectory
 
 
 @dataclass(frozen=True)

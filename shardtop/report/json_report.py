@@ -12,14 +12,15 @@ from typing import Any
 import msgspec
 
 from shardtop.diagnose import Finding
-from shardtop.events import GpuMemory
-from shardtop.memory_growth import Growth
-from shardtop.memory_kinds import split_dict
-from shardtop.oom_story import OomStory
-from shardtop.plan_check import MISS_MIN_BYTES, MISS_RATIO, PlanCheck, RankCheck
+from shardtop.read.memory_growth import Growth
+from shardtop.read.memory_kinds import split_dict
+from shardtop.read.oom_story import OomStory
+from shardtop.read.plan_check import MISS_MIN_BYTES, MISS_RATIO, PlanCheck, RankCheck
+from shardtop.read.rank_facts import RankFacts
+from shardtop.read.run_model import RunModel
+from shardtop.read.stalls import Stall
 from shardtop.report.gather import ReportData
-from shardtop.run_model import RankFacts, RunModel
-from shardtop.stalls import Stall
+from shardtop.rundir.events import GpuMemory
 
 REPORT_SCHEMA = "shardtop.report"
 REPORT_SCHEMA_VERSION = 2

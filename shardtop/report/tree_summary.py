@@ -1,6 +1,6 @@
 """The shard tree, summarised for a report: top levels, repeated siblings folded.
 
-Folding is the TUI's (``shardtop.shard_model``: pure Python, no Textual);
+Folding is the TUI's (``shardtop.read.shard_model``: pure Python, no Textual);
 this module only chooses what is open — a few levels, plus the way to the OOM's
 module — and turns each visible line into a row of numbers and words.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardtop.shard_model import Fold, Line, Node, ShardModel, visible_lines
+from shardtop.read.shard_model import Fold, Line, Node, ShardModel, visible_lines
 from shardtop.words import ROOT_LABEL
 
 TREE_DEPTH = 2

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from shardtop.probe.callback import ShardtopCallback
+from shardtop.runner.context import RankContext
 from shardtop.runner.data import regression_loader
-from shardtop.runner.rank import RankContext
 
 
 class RegressionModule(L.LightningModule):

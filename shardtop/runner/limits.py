@@ -17,7 +17,7 @@ RLIMIT_MAX = 2**63 - 1
 """The largest limit ``setrlimit`` takes (a C long long)."""
 
 if TYPE_CHECKING:
-    from shardtop.runner.rank import RankContext
+    from shardtop.runner.context import RankContext
 
 
 def data_segment_bytes() -> int:

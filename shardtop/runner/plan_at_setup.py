@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shardtop.events import Planned
     from shardtop.plan.cards import Gpu
-    from shardtop.run_config import RunConfig
+    from shardtop.rundir.events import Planned
+    from shardtop.rundir.run_config import RunConfig
 
 
 def plan_event(config: RunConfig, accelerator: str, card: Gpu | None = None) -> Planned | None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 import shardtop.probe as st
-from shardtop.runner.rank import RankContext
+from shardtop.runner.context import RankContext
 
 
 def init_process_group(ctx: RankContext) -> None:

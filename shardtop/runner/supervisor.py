@@ -30,9 +30,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from shardtop.inject.rehearsal_env import Rehearsed, first_gpu
-from shardtop.run_config import RunConfig
-from shardtop.run_status import PeersStopped, RankExit
-from shardtop.runs import RUN_DIR_ENV, RunDirectory, process_start_time
+from shardtop.rundir.liveness import process_start_time
+from shardtop.rundir.run_config import RunConfig
+from shardtop.rundir.run_directory import RUN_DIR_ENV, RunDirectory
+from shardtop.rundir.run_status import PeersStopped, RankExit
 from shardtop.words import plural
 
 PEER_GRACE_S = 15.0

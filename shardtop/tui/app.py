@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from textual.driver import Driver
 
     from shardtop.gpus import GpuSource, HostProbe
-    from shardtop.runs import RunDirectory
+    from shardtop.rundir.run_directory import RunDirectory
     from shardtop.tui.screens.home import HomeScreen
     from shardtop.tui.screens.run_view import RunScreen
 
@@ -77,7 +77,7 @@ class ShardtopApp(App[int]):
         if self.initial_run is None:
             self.push_screen(self._first_home if self._first_home is not None else self._home())
             return
-        from shardtop.runs import RunError, find_run
+        from shardtop.rundir.run_directory import RunError, find_run
 
         try:
             run = find_run(self.runs_root, self.initial_run)

@@ -42,8 +42,8 @@ from shardtop.tui.format import (
 if TYPE_CHECKING:
     from textual.driver import Driver
 
-    from shardtop.events import GpuMemory
     from shardtop.gpus import GpuProcessInfo
+    from shardtop.rundir.events import GpuMemory
 
 ALTERNATE_SCREEN = "\x1b[?1049h"
 """To the alternate screen (the main screen's cursor is saved); most terminals clear it as they switch."""

@@ -11,12 +11,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shardtop.units import GiB, format_bytes
+from shardtop.units import GiB, format_bytes, short_bytes
 
 if TYPE_CHECKING:
-    from shardtop.events import GpuMemory
     from shardtop.gpus import GpuProcessInfo
-    from shardtop.run_status import RunState
+    from shardtop.rundir.events import GpuMemory
+    from shardtop.rundir.run_status import RunState
     from shardtop.tui.watch.run_catalog import RankOwner
 
 __all__ = [
@@ -26,14 +26,13 @@ __all__ = [
     "STATUS_MARKS",
     "bar",
     "column_widths",
-    "display_path",
     "duration",
     "format_bytes",
     "fraction",
     "gpu_line_parts",
     "process_cells",
-    "short_bytes",
     "short_count",
+    "short_path",
     "short_run_id",
     "sparkline",
     "split_bar",
@@ -55,28 +54,6 @@ BAR_RESERVED = "▒"
 BAR_EMPTY = "░"
 _PARTIALS = " ▏▎▍▌▋▊▉"
 _SPARKS = "▁▂▃▄▅▆▇█"
-
-
-def short_bytes(n: int | float | None) -> str:
-    """At most 6 cells: ``1.96G``, ``512M``, ``3.0K``, ``17B``, ``0``; ``-`` for unknown."""
-    if n is None:
-        return "-"
-    if n == 0:
-        return "0"
-    size = float(n)
-    for unit in ("B", "K", "M", "G", "T"):
-        if abs(size) < 1000 or unit == "T":
-            if unit == "B":
-                return f"{int(size)}B"
-            return (
-                f"{size:.2f}{unit}"
-                if abs(size) < 10
-                else f"{size:.1f}{unit}"
-                if abs(size) < 100
-                else f"{size:.0f}{unit}"
-            )
-        size /= 1024
-    return f"{size:.0f}T"  # pragma: no cover
 
 
 def short_count(n: int) -> str:
@@ -171,7 +148,7 @@ def truncate(text: str, width: int) -> str:
     return text[: width - 1] + "…"
 
 
-def display_path(path: str | os.PathLike[str]) -> str:
+def short_path(path: str | os.PathLike[str]) -> str:
     """A path as short as it can be said: relative to the working directory, else with ``~``."""
     p = Path(path)
     try:

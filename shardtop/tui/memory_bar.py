@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 from rich.cells import cell_len
 
-from shardtop.events import MemorySplit
-from shardtop.memory_kinds import KIND_SHORT, TRACE_SHARE, measured
-from shardtop.tui.format import BAR_EMPTY, BAR_FULL, BAR_RESERVED, short_bytes
+from shardtop.read.memory_kinds import KIND_SHORT, TRACE_SHARE, measured
+from shardtop.rundir.events import MemorySplit
+from shardtop.tui.format import BAR_EMPTY, BAR_FULL, BAR_RESERVED
+from shardtop.units import short_bytes
 
 CACHE = "cache"
 """The allocator's cache: reserved but not allocated."""

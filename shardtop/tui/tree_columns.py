@@ -12,7 +12,7 @@ from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 
-from shardtop.shard_model import Figure
+from shardtop.read.shard_model import Figure
 
 NAME_MIN = 24
 """Cells the module names keep before anything else gives way: ``│ │ ├─▶ transformers_out``."""

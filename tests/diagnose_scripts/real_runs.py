@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardtop.runs import RunDirectory, list_runs
-from tests.conftest import shardtop
-from tests.distributed import free_port
+from shardtop.rundir.run_directory import RunDirectory, list_runs
+from tests.support.cli import shardtop
+from tests.support.distributed import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent

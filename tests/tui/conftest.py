@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.tui.recorded import (  # noqa: F401 - re-exported for the tests
+from tests.support.recorded import (  # noqa: F401 - re-exported for the tests
     H200_HOST,
     RecordedGpus,
     RecordedHost,
     copy_runs,
     recorded_h200,
 )
-from tests.tui.waiting import settled, wait_for  # noqa: F401 - re-exported for the tests
+from tests.support.waiting import settled, wait_for  # noqa: F401 - re-exported for the tests
 
 STORY2_RUNS = ("h200/zero3-linear", "h200/zero3-linear-fixed", "cpu/fsdp2-mlp")
 """The runs most tests open: story 2 as asked and as fixed on the H200, and fsdp2 on 2 CPU ranks."""

@@ -8,15 +8,16 @@ from pathlib import Path
 
 import msgspec
 
-from shardtop.events import Hello, Oom, Step, encode, event_file
 from shardtop.gpus import GpuProcessUse, HostProbe
-from shardtop.runs import RunDirectory, process_start_time
+from shardtop.rundir.events import Hello, Oom, Step, encode, event_file
+from shardtop.rundir.liveness import process_start_time
+from shardtop.rundir.run_directory import RunDirectory
 from shardtop.tui.watch.gpu_feed import GpuFeed
 from shardtop.tui.watch.log_tail import LogTail
 from shardtop.tui.watch.run_catalog import RunCatalog
 from shardtop.tui.watch.run_feed import RunFeed
+from tests.support.recorded import RecordedGpus, copy_runs, eight_h200s, nvml_samples
 from tests.tui.conftest import H200_HOST, RecordedHost, recorded_h200
-from tests.tui.recorded import RecordedGpus, copy_runs, eight_h200s, nvml_samples
 
 
 class Clock:

@@ -24,7 +24,7 @@ from shardtop.config import preset_names
 from shardtop.gpus import GpuProcessInfo
 from shardtop.tui import first_frame
 from shardtop.tui.first_frame import ALTERNATE_SCREEN, FirstLook, frame_lines, painted
-from tests.tui.recorded import (
+from tests.support.recorded import (
     TRAINER_PIDS,
     copy_runs,
     eight_h200_processes,

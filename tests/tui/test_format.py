@@ -11,16 +11,16 @@ from shardtop.tui.format import (
     BAR_FULL,
     bar,
     column_widths,
-    display_path,
     duration,
     fraction,
-    short_bytes,
     short_count,
+    short_path,
     short_run_id,
     sparkline,
     split_bar,
     truncate,
 )
+from shardtop.units import short_bytes
 
 
 @pytest.mark.parametrize(
@@ -80,7 +80,7 @@ def test_truncate_and_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert short_run_id("20261129-142233-zero3-linear-3fa1") == "zero3-linear-3fa1"
     assert short_run_id("my-run") == "my-run"
     monkeypatch.chdir(tmp_path)
-    assert display_path(tmp_path / "runs" / "x") == "runs/x"
+    assert short_path(tmp_path / "runs" / "x") == "runs/x"
 
 
 def test_columns_are_as_wide_as_their_widest_cell_header_included() -> None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from shardtop.events import GpuMemory
-from shardtop.run_model import RankStatus, worst_status
+from shardtop.read.rank_facts import RankStatus, worst_status
+from shardtop.rundir.events import GpuMemory
 from shardtop.tui.host_groups import by_host, hosts_caption, rank_columns, rank_spans
+from shardtop.tui.host_memory import fitted, host_memory_rows
+from shardtop.tui.rank_memory_rows import RankMemoryRow
 from shardtop.tui.watch.run_catalog import HostGpus
 from shardtop.tui.widgets.gpu_panel import panel_title
-from shardtop.tui.widgets.host_memory import fitted, host_memory_rows
-from shardtop.tui.widgets.rank_memory import RankMemoryRow
 from shardtop.tui.widgets.remote_gpus import gpu_lines_fit, used_span, util_span
 from shardtop.tui.widgets.run_list import hosts_cell
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from textual.widgets import Static
 
-from shardtop.events import Oom, encode, event_file
+from shardtop.rundir.events import Oom, encode, event_file
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.home import HomeScreen
 from shardtop.tui.widgets.gpu_panel import GpuPanel
@@ -24,9 +24,9 @@ from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.remote_gpus import RemoteGpus
 from shardtop.tui.widgets.run_list import COLUMNS, RunList
 from shardtop.tui.widgets.shard_tree import ShardTree
-from tests.tui.recorded import H200_HOST, NoDriver, RecordedHost, copy_runs, live_copy, recorded_h200
-from tests.tui.recorded import LOGIN_NODE as LOGIN_HOST
-from tests.tui.waiting import wait_for
+from tests.support.recorded import H200_HOST, NoDriver, RecordedHost, copy_runs, live_copy, recorded_h200
+from tests.support.recorded import LOGIN_NODE as LOGIN_HOST
+from tests.support.waiting import wait_for
 
 TWO_HOSTS = "cpu-2hosts/fsdp2_train"
 LOGIN_NODE = RecordedHost(LOGIN_HOST, name="login-1")

@@ -16,7 +16,7 @@ import pytest
 from textual.widgets import Input
 
 from shardtop.config import load_preset
-from shardtop.runs import list_runs
+from shardtop.rundir.run_directory import list_runs
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.launch_prompt import LaunchPrompt
 from shardtop.tui.watch import model_describer

@@ -8,7 +8,7 @@ from textual import events
 from textual.widgets import Input, Static
 
 from shardtop.config import load_preset, settable_keys
-from shardtop.runs import list_runs
+from shardtop.rundir.run_directory import list_runs
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.home import ControlledHomeScreen
 from shardtop.tui.screens.launch_prompt import LaunchPrompt

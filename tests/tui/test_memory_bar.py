@@ -9,10 +9,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardtop.events import MemoryKinds, MemorySplit
-from shardtop.run_files import read_run
-from shardtop.run_model import RankFacts
-from shardtop.runs import RunDirectory
+from shardtop.read.rank_facts import RankFacts
+from shardtop.read.whole_run import read_run
+from shardtop.rundir.events import MemoryKinds, MemorySplit
+from shardtop.rundir.run_directory import RunDirectory
 from shardtop.tui.memory_bar import (
     FREE,
     PEAK,
@@ -26,7 +26,7 @@ from shardtop.tui.memory_bar import (
     stacked_runs,
     zoom_of,
 )
-from tests.tui.recorded import recorded_run
+from tests.support.recorded import recorded_run
 
 GIB = 1 << 30
 MIB = 1 << 20

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.text import Text
 from textual.widgets import Static
 
-from shardtop.events import Hello, encode, event_file, read_all
+from shardtop.rundir.events import Hello, encode, event_file, read_all
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.memory_bar import PEAK
 from shardtop.tui.screens.run_view import RunScreen

@@ -20,7 +20,7 @@ for name in ("shardtop.rehearse.command", "shardtop.rehearse.spec", "shardtop.re
              "shardtop.launch", "shardtop.gpus"):
     importlib.import_module(name)
 from shardtop.tui.app import ShardtopApp
-from tests.tui.recorded import copy_runs
+from tests.support.recorded import copy_runs
 
 async def main():
     root = Path(tempfile.mkdtemp())

@@ -20,15 +20,15 @@ import pytest
 
 from shardtop.cli import main
 from shardtop.report import render_report
-from shardtop.runs import RunDirectory
+from shardtop.rundir.run_directory import RunDirectory
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.run_view import RunScreen
 from shardtop.tui.widgets.oom_panel import OomPanel
 from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.run_header import RunHeader
 from shardtop.tui.widgets.shard_tree import ShardTree
+from tests.support.waiting import wait_for
 from tests.tui.conftest import H200_HOST, RecordedHost, recorded_h200
-from tests.tui.waiting import wait_for
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "runs"
 RECORDED = sorted(p for p in FIXTURES.glob("*/*") if (p / "run.json").is_file())

@@ -10,15 +10,15 @@ import pytest
 from rich.style import Style
 from rich.text import Text
 
-from shardtop.memory_growth import Growth
-from shardtop.run_model import RankStatus
+from shardtop.read.memory_growth import Growth
+from shardtop.read.rank_facts import RankStatus
+from shardtop.tui.over_time import about, growth_words, over_time_line
 from shardtop.tui.screens.run_view import RunScreen
-from shardtop.tui.widgets.over_time import about, growth_words, over_time_line
 from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.run_header import RunHeader
 from shardtop.tui.widgets.shard_tree import ShardTree
+from tests.support.recorded import copy_runs, live_copy
 from tests.tui.conftest import settled, wait_for
-from tests.tui.recorded import copy_runs, live_copy
 from tests.tui.test_snapshots import in_tmp, run_app, run_ready  # noqa: F401
 
 GROWS = "cpu-over-time/keeps_outputs"

@@ -12,12 +12,13 @@ from rich.style import Style
 
 from shardtop.config import ConfigError
 from shardtop.diagnose import Evidence, Finding
-from shardtop.events import GpuMemory, Hello, Memory, Oom
 from shardtop.gpus import GpuProcessInfo
-from shardtop.oom_story import OomStory, under_zero_init
-from shardtop.run_model import RunModel
-from shardtop.run_state import fold
-from shardtop.runs import RunDirectory
+from shardtop.read.oom_story import OomStory, under_zero_init
+from shardtop.read.run_model import RunModel
+from shardtop.read.run_state import fold
+from shardtop.rundir.events import GpuMemory, Hello, Memory, Oom
+from shardtop.rundir.run_directory import RunDirectory
+from shardtop.tui.rank_memory_rows import device_index, rank_rows
 from shardtop.tui.screens.launch_prompt import check_launch
 from shardtop.tui.tree_columns import PARAMS, RANGE, RANK, cut, fit, tree_columns
 from shardtop.tui.watch.run_catalog import RankOwner
@@ -27,9 +28,9 @@ from shardtop.tui.widgets.gpu_bar import gpu_line_parts
 from shardtop.tui.widgets.gpu_panel import owners_text
 from shardtop.tui.widgets.oom_panel import culprit_words, no_module_words, oom_report
 from shardtop.tui.widgets.process_table import process_cells
-from shardtop.tui.widgets.rank_memory import device_index, memory_layout, rank_rows
+from shardtop.tui.widgets.rank_memory import memory_layout
 from shardtop.tui.widgets.run_header import header_info
-from tests.tui.recorded import TRAINER_PIDS, copy_runs, eight_h200s
+from tests.support.recorded import TRAINER_PIDS, copy_runs, eight_h200s
 
 PIDS = TRAINER_PIDS[:2]
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from bench.terminal import Terminal
-from tests.tui.recorded import copy_runs, h200_processes
+from tests.support.recorded import copy_runs, h200_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 PID = next(iter(h200_processes()))
@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 import msgspec
 from shardtop.tui.app import ShardtopApp
-from tests.tui.recorded import H200_HOST, RecordedHost, h200_processes, nvml_samples
+from tests.support.recorded import H200_HOST, RecordedHost, h200_processes, nvml_samples
 
 runs, flag, busier = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 before = nvml_samples()[-1]

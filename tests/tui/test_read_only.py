@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shardtop.runs import list_runs
+from shardtop.rundir.run_directory import list_runs
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.home import ControlledHomeScreen, HomeScreen
 from shardtop.tui.screens.run_view import ControlledRunScreen, RunScreen
 from shardtop.tui.widgets.preset_list import PresetList
 from shardtop.tui.widgets.shard_tree import ShardTree
+from tests.support.recorded import recorded_run
 from tests.tui.conftest import H200_HOST, RecordedHost, recorded_h200, wait_for
-from tests.tui.recorded import recorded_run
 
 CHANGING_ACTIONS = {"stop", "launch"}
 

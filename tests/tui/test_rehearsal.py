@@ -12,7 +12,7 @@ from textual.widgets import Input, Static
 
 from shardtop.config import ConfigError
 from shardtop.launch import TooManyDevices, cpu_room, stop
-from shardtop.runs import RunDirectory, list_runs
+from shardtop.rundir.run_directory import RunDirectory, list_runs
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.home import HomeScreen
 from shardtop.tui.screens.launch_prompt import check_launch, offered_rehearsal

@@ -7,7 +7,7 @@ from pathlib import Path
 from textual.widgets import TabbedContent
 
 from shardtop.tui.widgets.plan_check import PlanVsRun
-from tests.plan_runs import with_plan
+from tests.support.plan_runs import with_plan
 from tests.tui.conftest import copy_runs, wait_for
 from tests.tui.test_run_view import app_for, text_of
 

@@ -11,8 +11,8 @@ import pytest
 from rich.console import Console
 from textual.widgets import Static, TabbedContent
 
-from shardtop.runs import RunDirectory
-from shardtop.shard_model import Fold
+from shardtop.read.shard_model import Fold
+from shardtop.rundir.run_directory import RunDirectory
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.help import HelpScreen
 from shardtop.tui.screens.report_view import ReportScreen
@@ -23,8 +23,8 @@ from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.run_header import RunHeader
 from shardtop.tui.widgets.run_list import RunList
 from shardtop.tui.widgets.shard_tree import ShardTree
+from tests.support.recorded import recorded_run
 from tests.tui.conftest import H200_HOST, RecordedHost, recorded_h200, wait_for
-from tests.tui.recorded import recorded_run
 
 ZERO3 = recorded_run("h200/zero3-linear").name
 """Story 2 on the H200: 18 000 Linear, a real CUDA OOM in model.net.15330."""

@@ -6,9 +6,8 @@ import time
 
 import msgspec
 
-from shardtop.events import Shards, Tree, Unit, read_all
-from shardtop.run_state import fold
-from shardtop.shard_model import (
+from shardtop.read.run_state import fold
+from shardtop.read.shard_model import (
     Fold,
     ShardModel,
     default_expanded,
@@ -20,7 +19,8 @@ from shardtop.shard_model import (
     translate_expanded,
     visible_lines,
 )
-from tests.tui.recorded import recorded_run
+from shardtop.rundir.events import Shards, Tree, Unit, read_all
+from tests.support.recorded import recorded_run
 
 
 def recorded_model(name: str) -> ShardModel:

@@ -23,8 +23,7 @@ from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.home import HomeScreen
 from shardtop.tui.widgets.run_header import RunHeader
 from shardtop.tui.widgets.shard_tree import ShardTree
-from tests.tui.conftest import settled, wait_for
-from tests.tui.recorded import (
+from tests.support.recorded import (
     ALL_RUNS,
     EIGHT_GPU_HOST,
     H200_HOST,
@@ -37,6 +36,7 @@ from tests.tui.recorded import (
     live_copy,
     recorded_h200,
 )
+from tests.tui.conftest import settled, wait_for
 
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 48), id="160x48")]
 HOUR = 3600.0

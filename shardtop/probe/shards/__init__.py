@@ -98,7 +98,6 @@ from typing import Any
 
 import torch
 
-from shardtop.events import Shards, SnapshotStage, Tree
 from shardtop.probe.shards.ddp import is_ddp_wrapper, read_ddp
 from shardtop.probe.shards.deepspeed import find_engine, is_zero3_param, read_deepspeed
 from shardtop.probe.shards.fsdp1 import is_flat_param, is_fsdp1_wrapper, read_fsdp1
@@ -106,6 +105,7 @@ from shardtop.probe.shards.fsdp2 import is_dtensor, is_fsdp2_class, read_fsdp2
 from shardtop.probe.shards.placement import read_placement
 from shardtop.probe.shards.table import STATES, ShardTable
 from shardtop.probe.shards.tree import ModuleTree, walk
+from shardtop.rundir.events import Shards, SnapshotStage, Tree
 
 __all__ = ["STATES", "read_shards", "resolve_target"]
 

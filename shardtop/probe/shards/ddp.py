@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardtop.events import Unit
 from shardtop.probe.shards.optim import add_grads, add_optimizer_state
 from shardtop.probe.shards.placement import add_plain
 from shardtop.probe.shards.stale_optim import add_stale_optimizer_info
 from shardtop.probe.shards.table import REPLICATED, ShardTable, dtype_name
 from shardtop.probe.shards.tree import ModuleTree
+from shardtop.rundir.events import Unit
 
 WRAPPER_CLASS = "DistributedDataParallel"
 

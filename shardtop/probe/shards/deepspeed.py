@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardtop.events import Unit
 from shardtop.probe.shards.optim import add_grads, add_optimizer_state
 from shardtop.probe.shards.placement import add_plain
 from shardtop.probe.shards.table import (
@@ -45,6 +44,7 @@ from shardtop.probe.shards.zero_optim import (
     partition_numel,
     read_optimizer_partitions,
 )
+from shardtop.rundir.events import Unit
 
 ENGINE_CLASS = "DeepSpeedEngine"
 

@@ -22,12 +22,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardtop.events import Unit
 from shardtop.probe.shards.optim import Split, add_grads, add_optimizer_state, add_split
 from shardtop.probe.shards.placement import add_plain
 from shardtop.probe.shards.stale_optim import add_stale_optimizer_info
 from shardtop.probe.shards.table import OFFLOADED, REPLICATED, SHARDED, ShardTable, dtype_name
 from shardtop.probe.shards.tree import ModuleTree
+from shardtop.rundir.events import Unit
 
 WRAPPER_CLASS = "FullyShardedDataParallel"
 

@@ -27,7 +27,6 @@ import math
 from collections import Counter
 from typing import Any
 
-from shardtop.events import Unit
 from shardtop.probe.shards.optim import add_grads, add_optimizer_state
 from shardtop.probe.shards.placement import add_plain
 from shardtop.probe.shards.stale_optim import add_stale_optimizer_info
@@ -42,6 +41,7 @@ from shardtop.probe.shards.table import (
     local_tensor,
 )
 from shardtop.probe.shards.tree import ModuleTree
+from shardtop.rundir.events import Unit
 
 MODULE_CLASS = "FSDPModule"
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from shardtop.events import Scalar, Shards, SnapshotStage, Tree, Unit
 from shardtop.probe.shards.tree import ModuleTree
+from shardtop.rundir.events import Scalar, Shards, SnapshotStage, Tree, Unit
 
 SHARDED = "sharded"
 """Split across ranks by the engine; this rank stores its part."""

@@ -26,10 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shardtop.events import Unit
 from shardtop.probe.shards.placement import add_plain
 from shardtop.probe.shards.table import REPLICATED, ShardTable, dtype_name
 from shardtop.probe.shards.tree import ModuleTree
+from shardtop.rundir.events import Unit
 
 
 def is_zero_optimizer(optimizer: Any) -> bool:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shardtop.runner.rank import RankContext
+    from shardtop.runner.context import RankContext
 
 PROGRAMS: dict[str, str] = {
     "fsdp2-mlp": "shardtop.runner.programs.fsdp2_mlp:run",

@@ -5,9 +5,9 @@ from __future__ import annotations
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.fsdp import fully_shard
 
+from shardtop.runner.context import RankContext
 from shardtop.runner.lightning_run import RegressionModule, fit
 from shardtop.runner.models import MLP
-from shardtop.runner.rank import RankContext
 
 
 class ShardedMLP(RegressionModule):

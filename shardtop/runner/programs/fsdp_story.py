@@ -22,9 +22,9 @@ import lightning as L
 import torch
 from torch import nn
 
+from shardtop.runner.context import RankContext
 from shardtop.runner.lightning_run import fit_module
 from shardtop.runner.models import PatchSegmenter, TransformerBlock
-from shardtop.runner.rank import RankContext
 
 HAND_WRAPPED = ("transformers1", "transformer_0", "transformer_1", "transformers_out")
 STRAY = ("conv1", "bn1", "conv2", "bn2", "conv_out", "out_layer")

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 import shardtop.probe as st
+from shardtop.runner.context import RankContext
 from shardtop.runner.models import PatchSegmenter
 from shardtop.runner.programs.fsdp_story import build_segmenter
-from shardtop.runner.rank import RankContext
 
 FIRST_HALF = ("conv1", "bn1", "relu", "transformers1", "conv2", "bn2", "transformer_0")
 SECOND_HALF = ("transformer_1", "transformers_out", "conv_out", "out_layer")

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from shardtop.runner.context import RankContext
 from shardtop.runner.lightning_run import RegressionModule, fit
 from shardtop.runner.models import SequentialLinear
-from shardtop.runner.rank import RankContext
 
 
 class LinearStackAsAsked(RegressionModule):

@@ -23,7 +23,7 @@ from textual.worker import get_current_worker
 
 from shardtop.config import ConfigError, Preset, list_presets
 from shardtop.gpus import GpuSource, HostProbe, gpu_count
-from shardtop.runs import RunDirectory, RunError, ensure_root
+from shardtop.rundir.run_directory import RunDirectory, RunError, ensure_root
 from shardtop.tui.screens.attached import while_attached
 from shardtop.tui.watch.gpu_feed import GpuFeed, GpuSnapshot
 from shardtop.tui.watch.run_catalog import RunCatalog, RunsSnapshot
@@ -313,8 +313,8 @@ def launch_run(runs_root: Path, request: LaunchRequest) -> RunDirectory:
 
 def rehearse_run(runs_root: Path, request: RehearsalRequest) -> RunDirectory:
     """Start the rehearsal of the settings, as ``shardtop rehearse`` does (no child is left here)."""
-    from shardtop.rehearse.command import start_one
     from shardtop.rehearse.spec import parse_settings
+    from shardtop.rehearse.start import start_one
 
     spec, rest = parse_settings(request.settings)
     started = start_one(spec, spec.worlds[0], rest, None, runs_dir=str(runs_root), name=None)

@@ -10,7 +10,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from shardtop.runs import RunDirectory
+from shardtop.rundir.run_directory import RunDirectory
 
 REPORT_NAME = "report.md"
 

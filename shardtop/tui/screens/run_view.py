@@ -22,9 +22,9 @@ from textual.widgets import Footer, Input, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
 from shardtop.diagnose import diagnose
-from shardtop.oom_story import under_zero_init
-from shardtop.runs import RunDirectory
-from shardtop.shard_model import Node
+from shardtop.read.oom_story import under_zero_init
+from shardtop.read.shard_model import Node
+from shardtop.rundir.run_directory import RunDirectory
 from shardtop.tui.screens.attached import while_attached
 from shardtop.tui.screens.confirm import ConfirmScreen
 from shardtop.tui.screens.report_view import ReportScreen, render_markdown, save_report

@@ -9,7 +9,6 @@ from types import MappingProxyType
 
 import msgspec
 
-from shardtop.events import GpuMemory
 from shardtop.gpus import (
     GpuProcessInfo,
     GpuProcessUse,
@@ -21,6 +20,7 @@ from shardtop.gpus import (
     ProcessListing,
     uses_from_pids,
 )
+from shardtop.rundir.events import GpuMemory
 
 HISTORY = 120
 """Memory samples kept per GPU for the sparkline."""

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardtop.runs import RunDirectory
+from shardtop.rundir.run_directory import RunDirectory
 
 FIRST_READ_BYTES = 64 * 1024
 """On the first look at a log, only its end: a long run's log can be large."""

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardtop.run_files import read_file_tail
-from shardtop.run_model import RunModel
-from shardtop.runs import RunDirectory
+from shardtop.read.run_model import RunModel
+from shardtop.read.whole_run import read_file_tail
+from shardtop.rundir.run_directory import RunDirectory
 
 SHOWN_RANKS = 8
 """Ranks told at most; a pane of a few lines has no room for more."""

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from shardtop.cluster import host_name
 from shardtop.config import Preset, list_presets
-from shardtop.events import EventReader, GpuMemory
-from shardtop.run_meta import RunMeta
-from shardtop.run_model import RunModel
-from shardtop.run_state import RankState, RunStateBuilder
-from shardtop.run_summary import RunSummary, summarize
-from shardtop.runs import RunDirectory, list_runs
+from shardtop.read.run_meta import RunMeta
+from shardtop.read.run_model import RunModel
+from shardtop.read.run_state import RankState, RunStateBuilder
+from shardtop.read.run_summary import RunSummary, summarize
+from shardtop.rundir.cluster import host_name
+from shardtop.rundir.events import EventReader, GpuMemory
+from shardtop.rundir.run_directory import RunDirectory, list_runs
 from shardtop.tui.watch.gpu_feed import gpus_as_shown
 from shardtop.tui.watch.run_feed import read_into
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardtop.diagnose import Finding, diagnose, rule_failed
-from shardtop.events import EventReader
-from shardtop.run_meta import RunMeta
-from shardtop.run_model import RunModel
-from shardtop.run_state import RunState, RunStateBuilder
-from shardtop.run_status import RunStatus
-from shardtop.runs import RunDirectory
-from shardtop.shard_model import ShardModel
+from shardtop.read.run_meta import RunMeta
+from shardtop.read.run_model import RunModel
+from shardtop.read.run_state import RunState, RunStateBuilder
+from shardtop.read.shard_model import ShardModel
+from shardtop.rundir.events import EventReader
+from shardtop.rundir.run_directory import RunDirectory
+from shardtop.rundir.run_status import RunStatus
 from shardtop.tui.watch.log_tail import LogTail
 from shardtop.tui.watch.rank_activity import RankActivity, rank_activity
 

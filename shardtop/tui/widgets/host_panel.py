@@ -8,16 +8,10 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from shardtop.gpus import HostSample
-from shardtop.run_state import RankState
-from shardtop.tui.format import (
-    bar,
-    format_bytes,
-    fraction,
-    short_bytes,
-    short_run_id,
-    sparkline,
-)
+from shardtop.read.run_state import RankState
+from shardtop.tui.format import bar, format_bytes, fraction, short_run_id, sparkline
 from shardtop.tui.repaint import PaintsChanges, PiecedLine
+from shardtop.units import short_bytes
 
 
 def rank_memory_words(run_id: str, rs: RankState) -> str:

@@ -14,11 +14,12 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from shardtop.diagnose import Finding
-from shardtop.events import Unit
-from shardtop.shard_model import Fold, Node, ShardModel
-from shardtop.tui.format import format_bytes, short_bytes, short_count
+from shardtop.read.shard_model import Fold, Node, ShardModel
+from shardtop.rundir.events import Unit
+from shardtop.tui.format import format_bytes, short_count
 from shardtop.tui.host_groups import rank_spans
 from shardtop.tui.widgets.findings_list import concerning, finding_text
+from shardtop.units import short_bytes
 
 RANKS_LISTED = 16
 """Ranks named one by one; more are grouped by what they hold."""

@@ -12,12 +12,13 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from shardtop.diagnose import Finding
-from shardtop.events import GpuMemory, MemorySplit
-from shardtop.oom_story import OomStory
-from shardtop.run_model import RunModel
-from shardtop.tui.format import bar, format_bytes, fraction, short_bytes
+from shardtop.read.oom_story import OomStory
+from shardtop.read.run_model import RunModel
+from shardtop.rundir.events import GpuMemory, MemorySplit
+from shardtop.tui.format import bar, format_bytes, fraction
 from shardtop.tui.widgets.findings_list import finding_text
-from shardtop.words import display_path
+from shardtop.units import short_bytes
+from shardtop.words import module_label
 
 MESSAGE_CHARS = 300
 """The CUDA error's first line, cut at a word: the figures come first, the advice about the allocator after."""
@@ -27,7 +28,7 @@ def culprit_words(story: OomStory) -> Text:
     """The module the OOM names, or, without one, what is known about it: its type, zero.Init."""
     if story.module is not None:
         return Text.assemble(
-            (display_path(story.module), "bold"), f" ({story.module_type})" if story.module_type else ""
+            (module_label(story.module), "bold"), f" ({story.module_type})" if story.module_type else ""
         )
     words = Text("not known", style="italic")
     known = story.unnamed

@@ -19,14 +19,13 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-from shardtop.events import GpuMemory
 from shardtop.plan.cards import Gpu, card, judged_against
 from shardtop.plan.compare import Plan
 from shardtop.plan.description import ModelDescription
-from shardtop.plan.memory import when
 from shardtop.plan.presets import plan_described
 from shardtop.plan.verdict import fits, runs_out_at
-from shardtop.tui.format import short_bytes
+from shardtop.rundir.events import GpuMemory, when
+from shardtop.units import short_bytes
 
 BAR_WIDTH = 22
 PART_MARKS = ("█", "▓", "▒", "░")

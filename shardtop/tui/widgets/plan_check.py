@@ -12,8 +12,9 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from shardtop.plan_check import PlanCheck, RankCheck
-from shardtop.tui.format import format_bytes, short_bytes
+from shardtop.read.plan_check import PlanCheck, RankCheck
+from shardtop.tui.format import format_bytes
+from shardtop.units import short_bytes
 
 
 def _pair(planned: int | None, measured: int | None) -> str:

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.reactive import reactive
 
-from shardtop.run_model import RANK_MARKS
-from shardtop.run_status import RunState
-from shardtop.tui.format import STATUS_MARKS, display_path, duration
+from shardtop.read.rank_facts import RANK_MARKS
+from shardtop.rundir.run_status import RunState
+from shardtop.tui.format import STATUS_MARKS, duration, short_path
 from shardtop.tui.repaint import PaintsChanges
 from shardtop.tui.watch.run_feed import RunSnapshot
 from shardtop.words import noun, plural
@@ -70,7 +70,7 @@ def header_info(snap: RunSnapshot) -> HeaderInfo:
         status=m.status_text,
         state=status.state,
         run_id=snap.run.id,
-        path=display_path(snap.run.path),
+        path=short_path(snap.run.path),
         started=m.meta.created or m.state.first_t,
         ended=ended,
         skipped=m.state.skipped + m.state.inconsistent,

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.widgets.data_table import RowDoesNotExist
 
-from shardtop.run_status import RunState
+from shardtop.rundir.run_status import RunState
 from shardtop.tui.format import STATUS_MARKS, short_run_id, truncate
 from shardtop.tui.repaint import CellsTable
 from shardtop.tui.watch.run_catalog import RunRow

@@ -29,7 +29,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from shardtop.shard_model import (
+from shardtop.read.shard_model import (
     FIGURES,
     Figure,
     Fold,
@@ -43,10 +43,11 @@ from shardtop.shard_model import (
     translate_expanded,
     visible_lines,
 )
-from shardtop.tui.format import short_bytes, short_count
+from shardtop.tui.format import short_count
 from shardtop.tui.host_groups import RankColumn, hosts_caption, rank_columns
 from shardtop.tui.repaint import set_border_text
 from shardtop.tui.tree_columns import TreeColumns, cut, fit, module_heading, tree_columns
+from shardtop.units import short_bytes
 from shardtop.words import plural
 
 OOM_WORDS = "✗ OOM"

@@ -1,0 +1,9 @@
+"""The read side: a run's events folded into one read model, and the facts every view asks.
+
+``run_state`` folds the events, ``run_meta`` parses ``run.json``,
+``run_model`` answers what the TUI, the report, ``shardtop runs`` and the
+diagnosis ask (the engine, the OOMs, each rank's holdings and status, the plan
+against what was measured), and ``whole_run`` reads a whole run from disk.
+Imports only ``shardtop.rundir`` and the small helpers (``units``, ``words``):
+no torch, no Textual, nothing of the plan's engine code.
+"""

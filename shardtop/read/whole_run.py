@@ -1,0 +1,58 @@
+"""Read a run directory into its read model: the one place a whole run is read from disk.
+
+``shardtop report``, ``shardtop runs`` and tests call ``read_run``; the TUI's
+feed reads incrementally and builds the same ``RunModel`` with ``RunModel.of``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from shardtop.read.run_meta import RunMeta
+from shardtop.read.run_model import RunModel
+from shardtop.read.run_state import fold
+from shardtop.rundir.events import read_all
+from shardtop.rundir.run_directory import RunDirectory
+
+LOG_TAIL_LINES = 12
+"""Lines of a rank's log kept to say why a run recorded nothing."""
+
+LOG_TAIL_BYTES = 16 << 10
+
+
+def read_log_tail(run: RunDirectory, rank: int, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
+    """The last ``lines`` non-empty lines of a rank's log (the runner's log stands in for rank -1)."""
+    return read_file_tail(run.runner_log if rank < 0 else run.rank_log(rank), lines)
+
+
+def read_file_tail(path: Path, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
+    """The last ``lines`` non-empty lines of a log file (a host's command log, a rank's); none if unreadable."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - LOG_TAIL_BYTES))
+            data = f.read()
+    except OSError:
+        return ()
+    text = data.decode("utf-8", errors="replace").splitlines()
+    return tuple(line for line in text if line.strip())[-lines:]
+
+
+def log_tails(run: RunDirectory, ranks: Iterable[int]) -> Mapping[int, tuple[str, ...]]:
+    """The log tail of each of ``ranks``, and the runner's as rank -1; only for runs that recorded no event."""
+    tails = {rank: read_log_tail(run, rank) for rank in ranks}
+    tails[-1] = read_log_tail(run, -1)
+    return {rank: tail for rank, tail in tails.items() if tail}
+
+
+def read_run(run: RunDirectory) -> RunModel:
+    """The whole run as it stands: events folded, ``run.json`` parsed, status read."""
+    events, skipped = read_all(run.events_dir)
+    state = fold(events, skipped)
+    meta = RunMeta.parse(run.read_meta())
+    status = run.status()
+    ranks = meta.rehearsal.ranks if meta.rehearsal is not None else range(max(meta.world_size, 1))
+    tails = log_tails(run, ranks) if state.events == 0 else {}
+    return RunModel.of(state, meta, status, tails)

@@ -1,0 +1,726 @@
+"""The event contract between training ranks and everything that reads a run.
+
+Ranks append one JSON object per line to ``events/rank-<N>.jsonl`` in the run
+directory; the TUI, ``shardtop report`` and ``shardtop runs`` read them back.
+This module is the only one both sides import, so it imports neither torch nor
+textual.
+
+Every event carries the schema version ``v``, the ``rank``, the ``host`` and a
+wall-clock timestamp ``t``.  Readers skip (and count) lines they cannot parse,
+kinds they do not know and versions newer than theirs: a torn last line or a
+newer writer never crashes a reader.
+
+The module tree is written once per structure (``Tree``), column-wise, so a
+100 000-module model stays small; per-rank arrays in ``Shards`` are aligned
+with the tree's rows by index and name the tree they belong to (``tree_id``).
+
+A ``Fault`` says that part of the probe failed inside a rank and was switched
+off while training went on: ``part`` names which (``FAULT_PARTS``), ``error``
+what went wrong, so a reader can say "the probe's shard reader failed on
+rank 1: ...".  Readers older than it skip it as an unknown kind.
+
+Writing never takes training down (``EventWriter``): a full disk stops the
+ordinary events, once, with a ``Fault`` of part ``events``, and the last
+records (``Oom``, ``Fault``, ``Exit``) still go into room kept for them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from shardtop.rundir.reserved_file import ReservedAppendFile
+
+SCHEMA_VERSION = 1
+"""Bumped when a field changes meaning; new optional fields do not bump it."""
+
+EVENT_FILE_PREFIX = "rank-"
+EVENT_FILE_SUFFIX = ".jsonl"
+MEMORY_REQUEST_FILE = "requests/explain-memory"
+"""Created in the run directory by a reader to ask every rank to explain its next steps' memory
+(saved activations per module, a census at each phase, the CUDA allocator's trace); each rank
+removes it when it sees it, within a memory sample."""
+
+Scalar = str | int | float | bool | None
+
+# The words some fields hold, as the code that writes and reads them knows them.  The fields
+# themselves stay ``str``: a reader must keep an event whose word an older or newer writer (or a
+# user, through ``shardtop.probe.phase(name)``) chose.
+
+PhaseName = Literal["setup", "forward", "backward", "optimizer", "validation", "teardown"]
+"""The phases the probe's drivers enter (``Phase.phase``, ``Oom.phase``, ``MemorySplit.phase``)."""
+
+SnapshotStage = Literal["setup", "engine", "step", "oom"]
+"""When a rank's ``Shards`` were read (``Shards.stage``)."""
+
+AttributedBy = Literal["forward-frame", "apply-frame", "init-frame", "tracker", "engine-step", "phase"]
+"""How an OOM's culprit was found (``Oom.attributed_by``; in words: ``ATTRIBUTED_BY_WORDS``)."""
+
+ExitStatus = Literal["ok", "error", "oom", "interrupted"]
+"""How a rank ended, in its own words (``Exit.status``)."""
+
+
+class Event(msgspec.Struct, tag_field="kind", kw_only=True, frozen=True):
+    """Fields every event carries.
+
+    Frozen, like every struct in an event: what a rank wrote is what every view reads, and no
+    reader can change it for the others.  Build a changed copy with ``msgspec.structs.replace``.
+    """
+
+    v: int = SCHEMA_VERSION
+    rank: int = 0
+    host: str = ""
+    t: float = 0.0
+
+
+class Hello(Event, tag="hello", frozen=True):
+    """A rank came up: who it is and what it runs."""
+
+    pid: int
+    world_size: int
+    local_rank: int = 0
+    node_rank: int = 0
+    device: str = "cpu"
+    engine: str = ""
+    """fsdp1, fsdp2, zero1, zero2, zero3, ddp, manual or plain; may be refined by Shards."""
+    strategy: str = ""
+    """What the user asked for, e.g. ``ModelParallelStrategy`` or ``deepspeed_stage_3``."""
+    program: str = ""
+    versions: dict[str, str] = {}
+    slurm_job_id: str = ""
+    """SLURM's job, step and node of the rank ("" outside SLURM)."""
+    slurm_step_id: str = ""
+    slurm_node: str = ""
+    host_memory: int | None = None
+    """The host's physical memory in bytes (None: not read)."""
+    host_memory_limit: int | None = None
+    """The memory limit of the rank's cgroup (its container or job), where lower than ``host_memory``."""
+    alloc_conf: str | None = None
+    """``PYTORCH_CUDA_ALLOC_CONF`` (or ``PYTORCH_ALLOC_CONF``) as the rank saw it; None where unset."""
+
+
+class Tree(Event, tag="tree", frozen=True):
+    """The module structure, column-wise, in pre-order (a parent precedes its children).
+
+    ``params`` and ``bytes`` count a module's *own* parameters (not its
+    children's) at their full, unsharded size.  Wrapper modules the engines add
+    (FSDP, DDP, DeepSpeed engine) are not rows: the rows are the user's modules.
+    """
+
+    tree_id: int
+    names: list[str]
+    """Last path segment of each module; the root's is ``""``."""
+    parents: list[int]
+    """Row of each module's parent; -1 for the root."""
+    types: list[int]
+    """Index into ``type_names``."""
+    type_names: list[str]
+    params: list[int]
+    bytes: list[int]
+
+
+class Unit(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
+    """One unit of sharding: an FSDP unit, a ZeRO partition, a DDP replica."""
+
+    module: int
+    """Tree row of the module the unit is rooted at."""
+    kind: str
+    """fsdp1, fsdp2, zero3, zero-optimizer, ddp."""
+    numel: int
+    """Unsharded number of elements the unit manages."""
+    local_numel: int
+    """Elements this rank stores for the unit, padding included."""
+    padding: int = 0
+    strategy: str = ""
+    offload: bool = False
+    dtype: str = ""
+    params: int = 0
+    """How many original parameters the unit manages."""
+    frozen: int = 0
+    """Unsharded elements of the unit's parameters that do not require a gradient."""
+    grad_numel: int | None = None
+    """Elements of the gradient this rank holds for the unit (FSDP1: its flat gradient, frozen
+    elements included); None when the unit had no gradient at the snapshot."""
+    root: bool | None = None
+    """FSDP2: the unit is a root (it never reshards after forward by default); None where not known."""
+
+
+class Shards(Event, tag="shards", frozen=True):
+    """How this rank holds the model: arrays aligned with ``Tree`` rows."""
+
+    tree_id: int
+    engine: str
+    stage: str
+    """A ``SnapshotStage``: ``setup`` before the engine wrapped the model (after ``configure_model``
+    too), ``engine`` after, ``step`` later, ``oom`` as the model was held when this rank ran out of
+    memory (a set-up move shows which modules had reached the device)."""
+    devices: list[str]
+    states: list[str]
+    bytes: list[int]
+    """Bytes of each module's own parameters stored on this rank (padding excluded)."""
+    device: list[int]
+    """Index into ``devices``; -1 where the module has no parameters."""
+    state: list[int]
+    """Index into ``states``: sharded, replicated, unsharded (whole, managed by no engine),
+    offloaded (held on CPU/NVMe by an offload policy), persistent (kept whole on every rank by
+    ZeRO-3's persistence threshold), gathered (whole now, gathered by the engine for compute and
+    released later) or meta; -1 without parameters."""
+    unit: list[int]
+    """Index into ``units`` of the innermost unit rooted at the module or an ancestor; -1 outside every unit."""
+    units: list[Unit] = []
+    grad_bytes: list[int] | None = None
+    """Bytes of each module's own gradients on this rank: ``param.grad``, FSDP's sharded gradients,
+    ZeRO-1/2 gradient partitions, ZeRO-3's partitioned gradient buffer; None when no source holds any.
+    At stage ``step``: as held just before the first optimizer step, when the probe saw that moment
+    (ZeRO-1/2 free their partitions inside the step, a loop may zero them after it)."""
+    optim_bytes: list[int] | None = None
+    act_bytes: list[int] | None = None
+    """Bytes each module's own forward saved for backward (its children's not included; parameters
+    not counted), measured in the probe's first explained steps; None before a forward was explained."""
+    info: dict[str, Scalar] = {}
+    """Engine-wide facts: sharding strategy, mesh shape, data-parallel size, precision..."""
+
+
+class GpuMemory(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
+    """One GPU as NVML saw it."""
+
+    index: int
+    name: str = ""
+    uuid: str = ""
+    used: int = 0
+    total: int = 0
+    util: int | None = None
+    temperature: int | None = None
+    power_w: float | None = None
+    pids: list[int] = []
+
+
+class MemoryKinds(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
+    """Bytes of a rank's device memory by what holds them; each None where its source was not read.
+
+    Every kind is measured from its own source (tensors found, engine buffers read, allocator
+    blocks traced); none is the remainder of the others.  A storage is counted once, under the
+    first kind that holds it in this order: params, grads, optimizer, comm, other, activations;
+    the trace's blocks no census saw as one of those are workspaces, or kept from earlier steps.
+    On CUDA each storage counts as the allocator's block (rounded up to 512 bytes), as
+    ``allocated`` does.
+    """
+
+    params: int | None = None
+    """Parameters: the stored shards (whole parameters, FSDP flat or DTensor shards, ZeRO-3
+    ``ds_tensor``), plus gathered, unsharded or low-precision copies while they exist."""
+    grads: int | None = None
+    """Gradients: ``param.grad``, FSDP sharded gradients and reduce-scatter output, ZeRO-1/2
+    gradient partitions, ZeRO-3's partitioned gradient buffer."""
+    optimizer: int | None = None
+    """Optimizer state: torch optimizers' state tensors; ZeRO's fp32 master partitions and state."""
+    activations: int | None = None
+    """Tensors saved for backward by the forward, parameters excluded.  Measured only while the
+    probe explains a step (its first steps, a request, or ``SHARDTOP_MEMORY_DETAIL=always``)."""
+    comm: int | None = None
+    """Communication buffers: ZeRO reduce buckets, DDP gradient buckets, FSDP all-gather and
+    reduce-scatter buffers."""
+    other: int | None = None
+    """Module buffers (BatchNorm statistics...) and, from the allocator's trace, temporaries of
+    the optimizer step and other blocks allocated by recognised code."""
+    kept: int | None = None
+    """Kept from earlier steps: tensors an earlier step made that are still alive, and no
+    parameter, gradient, optimizer state or buffer (a list of each step's logits, a hook's stored
+    activations).  From the allocator's trace (a block allocated in an earlier step), and from
+    the outputs of the modules whose outputs were seen kept (``Kept``), followed from then on."""
+    workspace: int | None = None
+    """Library workspaces: cuBLAS and cuBLASLt workspaces, blocks of the size the running torch
+    gives them (``torch._C._cuda_getCublasWorkspaceSize``), allocated with no tensor behind them
+    and kept for the process's life (one per thread and stream that ran a matmul).  From the
+    allocator's trace."""
+
+
+class MemorySplit(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
+    """What fills a rank's allocated memory at one moment: ``by_kind`` plus ``unexplained``."""
+
+    allocated: int | None = None
+    """The allocator's allocated bytes at that moment; None on CPU (no caching allocator)."""
+    by_kind: MemoryKinds = msgspec.field(default_factory=MemoryKinds)
+    unexplained: int | None = None
+    """``allocated`` minus every kind measured: what no source accounts for (rarely exactly 0;
+    negative only if the sources and the allocator were read a moment apart).  None on CPU."""
+    source: str = "tensors"
+    """``tensors``: the tensors and engine buffers found at that moment (``by_kind`` summed);
+    ``allocator-trace``: the CUDA allocator's recorded blocks at that moment, each classified
+    by the tensor found at its address or by the code that allocated it."""
+    step: int | None = None
+    """The training step of that moment, when known."""
+    phase: str = ""
+    """The phase of that moment (setup, forward, backward, optimizer...), when known."""
+
+
+class AllocatorStats(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
+    """The CUDA caching allocator's key numbers (``torch.cuda.memory_stats``), in bytes and counts."""
+
+    allocated: int
+    reserved: int
+    active: int | None = None
+    """Allocated plus blocks freed but still in use by another stream."""
+    inactive_split: int | None = None
+    """Free bytes inside split blocks: fragmentation the allocator cannot hand out whole."""
+    peak_allocated: int | None = None
+    """``max_memory_allocated``: the highest ``allocated`` since the process started."""
+    peak_reserved: int | None = None
+    num_alloc_retries: int | None = None
+    """How often a cudaMalloc failed and the allocator freed its cache to retry."""
+    num_ooms: int | None = None
+    largest_free_block: int | None = None
+    """The largest free block inside reserved memory; only where a memory snapshot was taken (at an OOM)."""
+
+
+class Memory(Event, tag="memory", frozen=True):
+    """A memory sample of this rank (and, from each node's local rank 0, its GPUs)."""
+
+    device: str = "cpu"
+    allocated: int | None = None
+    reserved: int | None = None
+    peak: int | None = None
+    limit: int | None = None
+    """The per-process cap the run was given, if any."""
+    host_rss: int = 0
+    host_heap: int | None = None
+    """On CPU: the bytes the process's C allocator has in use (glibc ``mallinfo2``), CPU tensors
+    included; what a CPU rank's memory is compared by from step to step (RSS moves in steps)."""
+    gpus: list[GpuMemory] | None = None
+    split: MemorySplit | None = None
+    """What fills ``allocated`` now (on CPU, the kinds alone), with the phase and step it was taken
+    at.  Only samples taken at a phase change or a step's end carry one (the census runs on the
+    training thread, as often as its time budget allows; at every phase of an explained step);
+    None on the others, the background thread's included."""
+    peak_split: MemorySplit | None = None
+    """The split at this rank's peak so far: from the allocator's trace where one was recorded
+    (CUDA), else the split sample with the highest ``allocated``.  Compare its ``allocated`` with
+    ``peak`` to see how close to the true peak it is.  Written when it changes; the latest holds."""
+    allocator: AllocatorStats | None = None
+    """The allocator's key numbers (CUDA only)."""
+    process_used: int | None = None
+    """Device memory NVML counts for this process (CUDA context, cuBLAS/NCCL workspaces and the
+    allocator's reserved memory); ``process_used - reserved`` is memory outside PyTorch's allocator."""
+
+
+class Phase(Event, tag="phase", frozen=True):
+    """The rank entered a phase: a ``PhaseName`` (setup, forward, backward, optimizer, validation,
+    teardown), or one the user named."""
+
+    phase: str
+    step: int = 0
+
+
+class Step(Event, tag="step", frozen=True):
+    """A training step finished."""
+
+    step: int
+    loss: float | None = None
+    seconds: float | None = None
+
+
+class Oom(Event, tag="oom", frozen=True):
+    """The rank ran out of memory, written and flushed before the error goes on."""
+
+    phase: str
+    step: int = 0
+    module: str | None = None
+    """Path of the module that triggered it (a tree path), if one could be named."""
+    module_type: str | None = None
+    attributed_by: str = "phase"
+    """An ``AttributedBy``: forward-frame, apply-frame, tracker, engine-step or phase: how ``module`` was
+    found; init-frame: only ``module_type`` is known, a module being constructed under ``deepspeed.zero.Init``."""
+    engine_step: str | None = None
+    """The engine method that was running, e.g. ``DeepSpeedEngine._configure_distributed_model``."""
+    module_stack: list[str] = []
+    """Module paths from outermost to innermost seen on the stack."""
+    requested_bytes: int | None = None
+    device: str = "cpu"
+    allocated: int | None = None
+    reserved: int | None = None
+    limit: int | None = None
+    total: int | None = None
+    gpus: list[GpuMemory] | None = None
+    message: str = ""
+    traceback: list[str] = []
+    peak: int | None = None
+    """``torch.cuda.max_memory_allocated()`` read at the OOM: the true peak, which samples miss."""
+    allocator: AllocatorStats | None = None
+    """The allocator's key numbers at the OOM (CUDA only)."""
+    memory: MemorySplit | None = None
+    """What filled allocated memory at the OOM, by kind (on CPU, the kinds alone)."""
+    peak_split: MemorySplit | None = None
+    """What filled it at the rank's peak (``peak``), from the allocator's trace, where one was
+    recording: a set-up OOM often comes after a higher, passing peak."""
+
+
+ATTRIBUTED_BY_WORDS: dict[AttributedBy, str] = {
+    "forward-frame": "named by the forward() frame on the stack",
+    "apply-frame": "named by a conversion of its parameters (Module._apply, or an engine looping over them)",
+    "init-frame": "the type of the module being built under deepspeed.zero.Init (it had no path yet)",
+    "tracker": "named by the module tracker (the module backward was in)",
+    "engine-step": "only the engine step is known",
+    "phase": "only the phase is known",
+}
+"""``Oom.attributed_by`` in words, for every screen and report that says how the culprit was found."""
+
+
+class Fault(Event, tag="fault", frozen=True):
+    """Part of the probe failed on this rank and was switched off; training went on."""
+
+    part: str
+    """Which part (a key of ``FAULT_PARTS``)."""
+    error: str
+    """What went wrong, e.g. ``RuntimeError: ...`` or ``No space left on device``."""
+
+
+FAULT_PARTS: dict[str, str] = {
+    "events": "event file",
+    "shards": "shard reader",
+    "memory": "memory sampler",
+    "names": "module naming",
+    "oom": "OOM attribution",
+    "steps": "step recorder",
+    "run": "run directory",
+    "split": "memory split",
+}
+"""``Fault.part`` in words: "the probe's {words} failed on rank N"."""
+
+
+class Exit(Event, tag="exit", frozen=True):
+    """The rank is leaving."""
+
+    code: int
+    status: ExitStatus
+    """ok, error, oom or interrupted."""
+    error: str | None = None
+    signal: int | None = None
+    """The signal that ended the rank (SIGTERM, SIGINT, SIGHUP) when ``status`` is interrupted."""
+
+
+TIMELINE = ("set-up", "forward", "backward", "optimizer step", "next forward", "next backward")
+"""The phases of a plan's ``timeline`` (``PlannedRank.timeline``), in the order a run meets them."""
+_IN_WORDS = {
+    "set-up": "at set-up",
+    "forward": "in the first forward pass",
+    "backward": "in the first backward pass",
+    "optimizer step": "at the first optimizer step",
+    "next forward": "in the second step's forward pass",
+    "next backward": "in the second step's backward pass",
+}
+
+
+def when(phase: str) -> str:
+    """``at set-up``, ``in the first backward pass``...: a phase of ``TIMELINE`` in a sentence."""
+    return _IN_WORDS.get(phase, f"at {phase}")
+
+
+class PlannedRank(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
+    """What ``shardtop plan`` predicts one rank holds on its device, in bytes (``plan.memory.PerRank``)."""
+
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    gathered: int = 0
+    buffers: int = 0
+    peak: int
+    peak_phase: str
+    timeline: list[int] = []
+    """Peaks in the order a run meets them: set-up, forward, backward, optimizer step (the first),
+    next forward, next backward (``TIMELINE``)."""
+
+
+class Planned(Event, tag="plan", frozen=True):
+    """The plan of the strategy this run really runs, written once at set-up by the rank that knows it.
+
+    The report and the run view set it against what the ranks measured; every
+    rank of the run is planned alike, so one ``per_rank`` stands for each.
+    """
+
+    strategy: str
+    """The strategy in the plan's words, e.g. ``ZeRO-3, fp32, model built whole first``."""
+    engine: str
+    model: str
+    params: int
+    batch_size: int
+    devices: int
+    accelerator: str
+    per_rank: PlannedRank
+    gpu: str = ""
+    """The GPU the plan was judged against ("" when none: a CPU run without a limit)."""
+    usable: int | None = None
+    """What a rank's peak may reach on that GPU."""
+    fits: bool | None = None
+    runs_out_at: str | None = None
+    made_by: str = ""
+    """Who planned it: ``preset`` (the runner's rank 0) or ``shardtop run`` (the injected rank)."""
+    notes: list[str] = []
+    """What the plan could not see, in words (e.g. activations measured on one module only)."""
+
+
+class KeptTensor(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
+    """Tensors of one shape and dtype that one module's forward made and that outlived their step."""
+
+    module: str
+    """Tree path of the innermost module whose forward returned them ("" for the root)."""
+    module_type: str = ""
+    shape: list[int] = []
+    dtype: str = ""
+    bytes: int = 0
+    """Their storages' bytes, each storage once."""
+    count: int = 1
+
+
+class Kept(Event, tag="kept", frozen=True):
+    """What one traced step's forward made that was still alive when the next step's forward began:
+    tensors kept across steps (a list of outputs, a hook that stores activations), by module."""
+
+    step: int
+    """The step traced."""
+    tensors: list[KeptTensor] = []
+    bytes: int = 0
+    """All of them, each storage once."""
+
+
+AnyEvent = Hello | Tree | Shards | Memory | Phase | Step | Oom | Fault | Exit | Planned | Kept
+EVENT_TYPES: tuple[type[Event], ...] = (Hello, Tree, Shards, Memory, Phase, Step, Oom, Fault, Exit, Planned, Kept)
+KNOWN_KINDS = frozenset(t.__struct_config__.tag for t in EVENT_TYPES)
+LAST_RECORDS: tuple[type[Event], ...] = (Oom, Fault, Exit)
+"""Kinds written (and fsynced) even once the disk is full, into the room kept for them."""
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(AnyEvent)
+_header = msgspec.json.Decoder(dict)
+
+
+def encode(event: Event) -> bytes:
+    """One event as one JSON line (with its newline)."""
+    return _encoder.encode(event) + b"\n"
+
+
+class SkipReason:
+    BAD = "bad"
+    """Not JSON, or a known kind with fields of the wrong shape."""
+    UNKNOWN = "unknown"
+    """A kind this reader does not know."""
+    NEWER = "newer"
+    """Written by a newer schema version."""
+
+
+def decode(line: bytes) -> AnyEvent | str:
+    """An event, or the reason (a ``SkipReason``) the line was skipped."""
+    try:
+        event = _decoder.decode(line)
+    except msgspec.DecodeError:
+        pass
+    else:
+        return SkipReason.NEWER if event.v > SCHEMA_VERSION else event
+    try:
+        header = _header.decode(line)
+    except msgspec.DecodeError:
+        return SkipReason.BAD
+    version = header.get("v", SCHEMA_VERSION)
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        return SkipReason.NEWER
+    kind = header.get("kind")
+    if not isinstance(kind, str) or kind not in KNOWN_KINDS:
+        return SkipReason.UNKNOWN
+    return SkipReason.BAD
+
+
+def event_file(events_dir: Path, rank: int) -> Path:
+    return events_dir / f"{EVENT_FILE_PREFIX}{rank}{EVENT_FILE_SUFFIX}"
+
+
+class EventWriter:
+    """Appends one rank's events to its file: flushed per event, fsynced for the last records.
+
+    Thread-safe (the memory sampler writes from its own thread), and it never
+    raises: a rank must not die because its record cannot be written.  When
+    the disk fills up (or the file cannot be written at all) ordinary events
+    stop, ``stopped`` says why, ``on_stop`` is told once, and the last records
+    (``LAST_RECORDS``) are still written into the room ``ReservedAppendFile``
+    keeps for them.  ``path=None`` writes nowhere (the run directory could
+    not be made).
+    """
+
+    def __init__(
+        self,
+        path: Path | None,
+        rank: int,
+        host: str | None = None,
+        on_stop: Callable[[str], None] | None = None,
+    ) -> None:
+        self.path = path
+        self.rank = rank
+        self.host = host or socket.gethostname()
+        self.on_stop = on_stop
+        self.stopped: str | None = None
+        """Why ordinary events are no longer written (``No space left on device``); None while they are."""
+        self._lock = threading.RLock()  # a signal handler may write the exit while the same thread writes
+        self._file = ReservedAppendFile(path) if path is not None else None
+        if self._file is None:
+            self.stopped = "no run directory to write to"
+        elif self._file.broken is not None:
+            self.stopped = f"cannot open {path}: {_reason(self._file.broken)}"
+        elif self._file.full is not None:
+            self.stopped = _reason(self._file.full)
+
+    def write(self, event: Event) -> bool:
+        """Append ``event`` stamped with this rank, host and the time now; False if it was not written.
+
+        Events are frozen: the stamped copy is what is written, ``event`` itself is left as it was.
+        """
+        last = isinstance(event, LAST_RECORDS)
+        try:
+            line = encode(msgspec.structs.replace(event, rank=self.rank, host=self.host, t=time.time()))
+        except Exception:  # noqa: BLE001 - an event that cannot be encoded (or no memory left) is dropped
+            return False
+        with self._lock:
+            if self._file is None or not self._file.open or (self.stopped is not None and not last):
+                return False
+            error = self._file.append(line, sync=last)
+            newly_stopped = self._note_stop() if self.stopped is None else None
+        if newly_stopped is not None and self.on_stop is not None:
+            self.on_stop(newly_stopped)
+        return error is None
+
+    def _note_stop(self) -> str | None:
+        file = self._file
+        if file is None:
+            return None
+        problem = file.broken or file.full
+        if problem is not None:
+            self.stopped = _reason(problem)
+        return self.stopped
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+
+
+def _reason(error: OSError) -> str:
+    return error.strerror or str(error)
+
+
+@dataclass
+class _Tail:
+    offset: int = 0
+    pending: bytes = b""
+
+
+@dataclass
+class EventReader:
+    """Follows every rank's event file in a directory, returning only new events.
+
+    A line without its newline yet is held back until it is complete; call
+    ``finish()`` once the writers are gone to count such a torn last line.
+    """
+
+    events_dir: Path
+    skipped: dict[str, int] = field(default_factory=lambda: {"bad": 0, "unknown": 0, "newer": 0, "torn": 0})
+    _tails: dict[str, _Tail] = field(default_factory=dict)
+    _listed: tuple[list[str], list[str]] = field(default_factory=lambda: ([], []))
+
+    def files(self) -> list[Path]:
+        return [Path(p) for p in self._paths()]
+
+    @property
+    def file_count(self) -> int:
+        """Event files seen at the last read."""
+        return len(self._listed[1])
+
+    def _paths(self) -> list[str]:
+        """The event files in name order, as strings: a follower lists 512 of them several times a second."""
+        try:
+            names = os.listdir(self.events_dir)
+        except OSError:
+            return []
+        if names != self._listed[0]:
+            directory = os.fspath(self.events_dir)
+            paths = sorted(
+                os.path.join(directory, n)
+                for n in names
+                if n.startswith(EVENT_FILE_PREFIX) and n.endswith(EVENT_FILE_SUFFIX)
+            )
+            self._listed = (names, paths)
+        return self._listed[1]
+
+    def read_new(self) -> list[AnyEvent]:
+        """Every event appended since the last call, file by file.
+
+        Each file is opened anew every time: on shared storage (NFS) opening is
+        what fetches what other hosts appended (close-to-open consistency); a
+        file kept open, or a size from ``stat``, can lag by seconds.
+        """
+        events: list[AnyEvent] = []
+        for path in self._paths():
+            events.extend(self._read_file(path))
+        return events
+
+    def _read_file(self, path: str) -> Iterator[AnyEvent]:
+        tail = self._tails.setdefault(path, _Tail())
+        try:
+            with open(path, "rb", buffering=0) as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < tail.offset:  # a writer cut a torn line off: read again from that line's start
+                    tail.offset = min(size, tail.offset - len(tail.pending))
+                    tail.pending = b""
+                f.seek(tail.offset)
+                chunk = f.read()
+        except OSError:
+            return
+        if not chunk:
+            return
+        tail.offset += len(chunk)
+        data = tail.pending + chunk
+        *lines, tail.pending = data.split(b"\n")
+        for line in lines:
+            if not line.strip():
+                continue
+            result = decode(line)
+            if isinstance(result, str):
+                self.skipped[result] += 1
+            else:
+                yield result
+
+    def finish(self) -> None:
+        """Count lines left without a newline (a writer died mid-line) as torn."""
+        for tail in self._tails.values():
+            if tail.pending.strip():
+                self.skipped["torn"] += 1
+                tail.pending = b""
+
+    @property
+    def skipped_total(self) -> int:
+        return sum(self.skipped.values())
+
+
+def read_all(events_dir: Path) -> tuple[list[AnyEvent], dict[str, int]]:
+    """Every event of a finished (or live) run at once, with the skip counts."""
+    reader = EventReader(events_dir)
+    events = reader.read_new()
+    reader.finish()
+    return events, dict(reader.skipped)
+
+
+def tree_paths(names: Iterable[str], parents: Iterable[int]) -> list[str]:
+    """Full dotted paths of the rows of a ``Tree`` (the root is ``""``)."""
+    paths: list[str] = []
+    for name, parent in zip(names, parents, strict=True):
+        if parent < 0:
+            paths.append(name)
+        else:
+            base = paths[parent]
+            paths.append(f"{base}.{name}" if base else name)
+    return paths

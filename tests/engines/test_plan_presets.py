@@ -1,0 +1,92 @@
+"""Plans of every preset against real 2-process CPU runs: per rank, within 2 %.
+
+The runs are the ones ``test_diagnose.py`` and ``test_report.py`` read
+(``real_runs.STORIES``: ``shardtop launch PRESET accelerator=cpu --headless
+max_steps=2``), made once per session.  Parameters, gradients and optimizer
+state come from each rank's last ``Shards`` event.  Raw loops (and
+manual-placement's one process) clear their
+gradients before that snapshot and ZeRO-3 keeps them in its own buffer, so
+for those presets the gradients are measured by ``plan_workers.py`` on the
+same programs, after one backward.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardtop.plan import recipes
+from shardtop.plan.presets import plan_config
+from shardtop.rundir.events import Shards, read_all
+from tests.diagnose_scripts.real_runs import runs_base, story
+from tests.support.distributed import run_ranks
+
+PRESETS = ("fsdp-not-sharding", "fsdp-auto-wrap", "zero3-linear", "zero3-linear-fixed", "fsdp2-mlp", "ddp-baseline",
+           "manual-placement")
+RAW_GRADS = {"fsdp-not-sharding": [], "fsdp-auto-wrap": [], "zero3-linear": ["model.n_layers=16"],
+             "zero3-linear-fixed": ["model.n_layers=16"], "manual-placement": []}
+"""Presets whose gradients the snapshots do not carry, with the overrides their runs in STORIES use."""
+TOLERANCE = 0.02
+
+
+@pytest.fixture(scope="session")
+def real_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return runs_base(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def raw_grads(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, int]]:
+    """Gradient bytes per rank of the raw-engine presets, one backward each, on 2 gloo ranks."""
+    presets = [[name, *overrides] for name, overrides in RAW_GRADS.items()]
+    return run_ranks(
+        "tests.support.plan_workers:raw_preset_grads", 2, tmp_path_factory.mktemp("plan-grads"), presets=presets
+    )
+
+
+def _last_shards(run_path: Path) -> dict[int, Shards]:
+    events, _ = read_all(run_path / "events")
+    last: dict[int, Shards] = {}
+    for e in events:
+        if isinstance(e, Shards):
+            last[e.rank] = e
+    return last
+
+
+def _close(planned: int, measured: int) -> bool:
+    return abs(planned - measured) <= TOLERANCE * measured
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_planned_model_states_per_rank_match_a_real_cpu_run(
+    preset: str, real_base: Path, raw_grads: list[dict[str, int]]
+) -> None:
+    real = story(real_base, preset)
+    config: dict[str, Any] = real.run.read_meta()["config"]
+    plan = plan_config(config, devices=int(config["devices"]), accelerator="cpu", gpu=None)
+    planned = plan.asked.per_rank
+    last = _last_shards(real.path)
+    assert len(last) == int(config["world_size"]), real.describe()
+    for rank, shards in sorted(last.items()):
+        assert shards.stage == "step", real.describe()
+        # ZeRO-3 keeps small parameters whole next to the partitions; the snapshot counts them apart
+        params = sum(shards.bytes) + int(shards.info.get("gathered_bytes", 0) or 0)
+        assert _close(planned.params, params), (rank, planned.params, params)
+        assert shards.optim_bytes is not None
+        assert _close(planned.optimizer, sum(shards.optim_bytes)), (rank, planned.optimizer, sum(shards.optim_bytes))
+        if preset in RAW_GRADS:
+            grads = raw_grads[rank][preset]
+        else:
+            assert shards.grad_bytes is not None, real.describe()
+            grads = sum(shards.grad_bytes)
+        assert _close(planned.grads, grads), (rank, planned.grads, grads)
+
+
+def test_the_recipes_name_the_modules_the_programs_wrap_and_place() -> None:
+    from shardtop.runner.programs import PROGRAMS, fsdp_story, manual_placement
+
+    assert recipes.HAND_WRAPPED == fsdp_story.HAND_WRAPPED
+    assert recipes.FIRST_HALF == manual_placement.FIRST_HALF
+    assert recipes.SECOND_HALF == manual_placement.SECOND_HALF
+    assert set(recipes.RECIPES) == set(PROGRAMS)

@@ -1,0 +1,181 @@
+"""``shardtop plan -- CMD``: a user's own script planned through the injection, stopped before training.
+
+The scripts are the users' own (``tests/own_scripts/`` import nothing of
+shardtop), started by their own launchers on CPU processes, as a user types
+them.  Each is asked for a million steps: a plan that let it train would
+not come back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.support.cli import shardtop
+from tests.support.distributed import free_port
+from tests.support.own_job_runs import SCRIPTS, user_env
+
+MANY_STEPS = "1000000"
+PLAN_S = 240.0
+
+
+def env() -> dict[str, str]:
+    """The user's shell: this Python's launchers (torchrun, deepspeed) first on PATH."""
+    here = os.path.dirname(sys.executable)
+    return user_env(PATH=os.pathsep.join([here, os.environ.get("PATH", "")]))
+
+
+def plan(*words: str, fmt: str = "json") -> tuple[int, Any, str]:
+    """``shardtop plan [WORDS before --] --format FMT -- COMMAND``; (exit code, the plan, the command's output)."""
+    started = time.monotonic()
+    done = shardtop("plan", "--format", fmt, *words, runs_dir=Path("/nonexistent-runs"), timeout=PLAN_S, env=env())
+    assert time.monotonic() - started < PLAN_S
+    out = json.loads(done.stdout) if fmt == "json" and done.returncode == 0 else done.stdout
+    return done.returncode, out, done.stderr
+
+
+def test_a_raw_zero3_script_built_outside_zero_init() -> None:
+    """Story 2 as a raw script: the plan says the model reaches each device whole before ZeRO-3 splits it;
+    on six devices (story 2's) DeepSpeed's set-up then ends holding the partitions (its 512 x 512 weights are
+    above ZeRO-3's persistence threshold), the fp32 master copy, the gradient partitions and the reduce bucket,
+    which at DeepSpeed's default of 5e8 elements is far larger than this model."""
+    code, doc, err = plan(
+        "devices=6", "--", "deepspeed", "--num_gpus", "2", "--master_port", str(free_port()),
+        str(SCRIPTS / "zero3_train.py"), "--steps", MANY_STEPS, "--width", "512",
+    )
+    assert code == 0, err[-3000:]
+    assert "stopping before training" in err and "exits with return code = 1" not in err
+    assert doc["preset"] is None and "zero3_train.py" in doc["command"]
+    asked = doc["options"][0]
+    assert asked["engine"] == "zero3" and asked["built_whole"] is True
+    assert asked["strategy"] == "ZeRO-3, fp32, model built whole first"
+    whole = doc["model"]["bytes"]
+    assert doc["model"]["params"] == 4 * (512 * 512 + 512) + 513
+    p = asked["per_rank"]
+    assert p["buffers"] == 500_000_000 * 4 > whole
+    assert p["phases"]["setup"] == p["params"] + p["grads"] + p["optimizer"] + p["buffers"]
+    assert doc["devices"] == 6 and doc["accelerator"] == "cpu"
+    assert any("built outside deepspeed.zero.Init" in line for line in doc["verdict"]["text"])
+    assert asked["per_rank"]["activations"] > 0
+    assert any("first dimension 2" in note for note in doc["notes"])
+    assert asked["per_rank"]["optimizer"] > 0  # SGD without momentum: the fp32 master partition only
+
+
+def test_an_fsdp2_script_under_torchrun() -> None:
+    code, doc, err = plan(
+        "--", "torchrun", "--standalone", "--nproc_per_node", "2", str(SCRIPTS / "fsdp2_train.py"),
+        "--steps", MANY_STEPS,
+    )
+    assert code == 0, err[-3000:]
+    asked = doc["options"][0]
+    assert asked["engine"] == "fsdp2" and doc["devices"] == 2
+    params = 3 * (2 * 64 + 64 * 64 + 64) + 65
+    assert doc["model"]["params"] == params
+    assert abs(asked["per_rank"]["params"] - params * 4 / 2) <= 4 * 8  # half of it on each rank (FSDP2 pads)
+    assert asked["per_rank"]["optimizer"] == 0  # plain SGD keeps no state
+    assert asked["per_rank"]["activations"] > 0
+
+
+def test_a_lightning_script_planned_at_its_training_step() -> None:
+    code, text, err = plan("--", "python", str(SCRIPTS / "lightning_train.py"), fmt="text")
+    assert code == 0, err[-3000:]
+    assert "DDP, fp32  (as run)" in text
+    assert "`net`, the first module the step called" in text.replace("\n  ", " ")
+    assert "2 ranks on CPU processes" in text
+
+
+def test_a_command_that_never_reaches_an_engine_says_so() -> None:
+    code, _, err = plan("--", "python", "-c", "print('no model here')", fmt="text")
+    assert code == 2
+    assert "before a rank handed a model to an engine" in err and "no model here" in err
+    assert "Traceback" not in err
+
+
+def test_bad_plan_settings_are_refused_before_running_anything() -> None:
+    code, _, err = plan("bogus=1", "--", "python", "-c", "raise SystemExit('ran')", fmt="text")
+    assert code == 2 and "takes only devices=N and gpu=SIZE|CARD" in err and "ran" not in err
+    code, _, err = plan("--", "no-such-program-here", fmt="text")
+    assert code == 2 and "cannot run 'no-such-program-here'" in err
+    done = shardtop("plan", "python", "train.py", runs_dir=Path("/nonexistent-runs"), env=env())
+    assert done.returncode == 2 and "shardtop plan -- python train.py" in done.stderr
+
+
+def test_what_a_script_hands_its_engine_is_planned_in_the_engines_terms() -> None:
+    """The facts the rank takes at the hand-over, in the plan's words (pure: no script needed)."""
+    from shardtop.plan.asked import Asked, strategy_of
+
+    config = {
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "reduce_bucket_size": 5e7,
+                              "stage3_prefetch_bucket_size": "auto", "overlap_comm": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+    }
+    s, notes = strategy_of(Asked(engine="zero3", deepspeed=config, partitioned=True, optimizer="SGD"))
+    assert s.label == "ZeRO-3, bf16-mixed, optimizer offload"
+    assert (s.zero.reduce_bucket_size, s.zero.prefetch_bucket_size, s.zero.overlap_comm) == (
+        50_000_000, 50_000_000, True
+    )
+    # the config's optimizer, not the torch one
+    assert s.optimizer.name == "AdamW" and not s.built_whole and notes == []
+
+    s, notes = strategy_of(Asked(engine="fsdp1", units=(0, 3, 7), sharding="SHARD_GRAD_OP", half="fp16-mixed",
+                                 offload_params=True, optimizer="SGD", momentum=0.9))
+    assert s.label == "FSDP SHARD_GRAD_OP, fp16-mixed, CPU offload, half precision in units only"
+    assert s.units == (3, 7) and s.root_wrapped and s.optimizer.state_bytes == 4 and notes == []
+
+    s, notes = strategy_of(Asked(engine="fsdp2", units=(2, 5), trainer_precision="bf16-mixed", optimizer="Shampoo"))
+    assert s.label == "FSDP2, bf16-mixed" and not s.root_wrapped and s.driver == "lightning"
+    assert notes == ["Shampoo is not an optimizer the plan knows: planned with AdamW's state (8 bytes per parameter)"]
+
+    s, notes = strategy_of(Asked(engine="single"))
+    assert s.label == "one device, fp32" and "no optimizer existed by the first forward" in notes[0]
+
+
+def test_the_roots_reshard_setting_is_not_taken_for_the_blocks() -> None:
+    """accelerate and torchtitan keep the root whole after forward and reshard every block: FULL_SHARD.
+    Only blocks that stay whole make the plan SHARD_GRAD_OP (the near miss)."""
+    planned = {}
+    for keep in ("root", "all"):
+        code, doc, err = plan(
+            "--", "torchrun", "--standalone", "--nproc_per_node", "2", str(SCRIPTS / "fsdp2_train.py"),
+            "--steps", MANY_STEPS, "--keep-whole", keep,
+        )
+        assert code == 0, err[-3000:]
+        planned[keep] = doc["options"][0]
+    assert planned["root"]["sharding"] == "FULL_SHARD"
+    assert planned["root"]["strategy"].startswith("FSDP2, fp32")
+    assert planned["all"]["sharding"] == "SHARD_GRAD_OP"
+    assert planned["all"]["strategy"].startswith("FSDP2 (no reshard after forward)")
+    assert planned["all"]["per_rank"]["peak"] > planned["root"]["per_rank"]["peak"]
+
+
+def test_an_hf_trainer_under_deepspeed_is_planned_at_the_batch_it_passes() -> None:
+    """The Trainer passes ``position_ids``, whose values transformers reads outside a trace: on meta tensors
+    the plan traces it as torch.compile would, and sees the batch of 4 sequences of 16 tokens."""
+    code, doc, err = plan(
+        "--", "torchrun", "--standalone", "--nproc_per_node", "2", str(SCRIPTS / "hf_trainer.py"),
+        "--deepspeed", str(SCRIPTS / "ds_zero3.json"), "--steps", MANY_STEPS,
+    )
+    assert code == 0, err[-3000:]
+    assert "planned at the first call of LlamaForCausalLM" in err
+    asked = doc["options"][0]
+    assert asked["engine"] == "zero3"
+    assert any("first dimension 4" in note for note in doc["notes"]), doc["notes"]
+    assert asked["per_rank"]["activations"] > 0
+
+
+def test_lightning_bf16_true_is_planned_at_two_bytes_a_parameter() -> None:
+    """``precision="bf16-true"`` keeps the model (and a torch optimizer's state) in bf16; "32-true" in fp32."""
+    planned = {}
+    for precision in ("bf16-true", "32-true"):
+        code, doc, err = plan("--", "python", str(SCRIPTS / "lightning_train.py"), precision)
+        assert code == 0, err[-3000:]
+        planned[precision] = doc
+    params = planned["bf16-true"]["model"]["params"]
+    bf16, fp32 = (planned[p]["options"][0] for p in ("bf16-true", "32-true"))
+    assert "bf16-true" in bf16["strategy"] and "bf16" not in fp32["strategy"]
+    assert (bf16["per_rank"]["params"], fp32["per_rank"]["params"]) == (2 * params, 4 * params)

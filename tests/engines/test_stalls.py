@@ -1,0 +1,74 @@
+"""Ranks that stall, on real two-rank gloo runs under ``shardtop run``: a rank waiting in a collective
+that its peer skipped is shown stalled within three of its step times, live; ranks busy together in one
+long step are not."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from shardtop.diagnose import diagnose
+from shardtop.read.whole_run import read_run
+from shardtop.rundir.run_directory import list_runs
+from tests.support.own_job_runs import ROOT, cli, user_env
+
+SCRIPT = str(ROOT / "tests" / "over_time_scripts" / "skips_collective.py")
+STEP_S = 1.0
+RULE_CASES = {"rank-stalled": ("skips_collective.py", ["skips_collective.py --long-step"])}
+"""The rule this file covers with real runs: the run that shows it, and the one that comes close."""
+
+
+def start(runs: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**user_env(), "SHARDTOP_RUNS_DIR": str(runs)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "shardtop", "run", "--headless", "--", "torchrun", "--standalone",
+         "--nproc_per_node", "2", SCRIPT, "--step-s", str(STEP_S), *args],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def test_a_rank_waiting_in_a_collective_its_peer_skipped_is_shown_stalled(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    job = start(runs, "--at", "3")
+    try:
+        deadline = time.monotonic() + 90
+        seen = None
+        while time.monotonic() < deadline and seen is None:
+            time.sleep(0.2)
+            found = list_runs(runs) if runs.exists() else []
+            if not found:
+                continue
+            model = read_run(found[0])
+            rank0 = model.rank(0)
+            if rank0 is not None and rank0.status.state == "stalled":
+                seen = model
+        assert seen is not None, "rank 0 never read as stalled"
+        stall = seen.stalls[0]
+        assert stall.idle_s <= 3 * stall.usual_step_s + 1.0  # told within three of its steps (+ the sampler's beat)
+        assert abs(stall.usual_step_s - STEP_S) < 0.5 * STEP_S
+        rank1 = seen.rank(1)
+        assert rank1 is not None and rank1.status.state == "running"
+        assert [p.rank for p in stall.peers] == [1]
+        finding = next(f for f in diagnose(seen) if f.code == "rank-stalled")
+        assert "Rank 0" in finding.title and "collective" in finding.detail
+        assert "rank 1 is at step" in finding.detail
+    finally:
+        found = list_runs(runs) if runs.exists() else []
+        if found:
+            cli("stop", str(found[0].path), "--grace", "3", runs_dir=runs)
+        job.wait(timeout=60)
+
+
+def test_ranks_busy_together_in_one_long_step_are_not_stalled(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    job = start(runs, "--long-step", "--at", "3", "--steps", "6")
+    states: set[str] = set()
+    while job.poll() is None:
+        time.sleep(0.3)
+        found = list_runs(runs) if runs.exists() else []
+        if found:
+            states.update(r.status.state for r in read_run(found[0]).ranks)
+    assert job.returncode == 0, job.stdout.read() if job.stdout else ""
+    assert "running" in states and "stalled" not in states

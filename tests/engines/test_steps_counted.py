@@ -1,0 +1,39 @@
+"""Steps counted as the job takes them, on real CPU runs under ``shardtop run``: HF's Trainer under
+DeepSpeed steps its optimizer twice a step (accelerate's wrapper, then the engine's), and that is one
+step; a loop that accumulates gradients over micro-batches takes one step per optimizer step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.own_job_runs import ROOT, run_own
+
+SCRIPTS = ROOT / "tests" / "own_scripts"
+
+
+def steps_of(report: dict[str, object]) -> int:
+    step = report["step"]
+    assert isinstance(step, int)
+    return step
+
+
+def test_hf_trainer_under_deepspeed_counts_each_step_once(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    runs = tmp_path / "runs"
+    run = run_own(runs, "torchrun", "--standalone", "--nproc_per_node", "2", str(SCRIPTS / "hf_trainer.py"),
+                  "--steps", "3", "--deepspeed", str(SCRIPTS / "ds_zero3.json"))
+    assert run.code == 0, run.describe()
+    report = run.report(runs)
+    assert report["engine"] == "zero3"
+    assert steps_of(report) == 3
+    steps = [e for e in run.events() if e.rank == 0 and type(e).__name__ == "Step"]
+    assert [e.step for e in steps] == [1, 2, 3]  # type: ignore[attr-defined]
+
+
+def test_micro_batches_accumulated_into_one_optimizer_step_are_one_step(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    run = run_own(runs, "python", str(SCRIPTS / "accumulate.py"), "--steps", "3", "--micro", "2")
+    assert run.code == 0, run.describe()
+    assert steps_of(run.report(runs)) == 3

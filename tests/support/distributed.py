@@ -1,0 +1,118 @@
+"""Run a test function on N real gloo ranks, each in its own process.
+
+``run_ranks("tests.support.shard_workers:fsdp1_full_shard", 2, tmp_path, n_layers=4)``
+starts ``python -m tests.support.distributed`` once per rank with the usual torch
+distributed environment; each rank calls the function with ``rank``,
+``world_size``, ``out_dir`` and the keyword arguments, and whatever the
+function returns (JSON-able) comes back, one entry per rank.
+
+Ranks leave with ``os._exit`` after writing their result: raw gloo runs abort
+at interpreter exit now and then (DESIGN.md), which must not fail a test.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(
+    target: str,
+    world_size: int,
+    out_dir: Path,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> list[Any]:
+    """Results of ``target`` on every rank; raises with the ranks' output if one failed."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    port = str(free_port())
+    procs = []
+    for rank in range(world_size):
+        rank_env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "DS_ACCELERATOR": "cpu",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            **(env or {}),
+        }
+        log = open(out_dir / f"rank-{rank}.out", "w")
+        procs.append(
+            (
+                subprocess.Popen(
+                    [sys.executable, "-m", "tests.support.distributed", target, str(out_dir), json.dumps(kwargs)],
+                    env=rank_env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=ROOT,
+                ),
+                log,
+            )
+        )
+    failed = []
+    for rank, (proc, log) in enumerate(procs):
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p, _ in procs:
+                p.kill()
+            failed.append(rank)
+        log.close()
+    results = []
+    for rank in range(world_size):
+        path = out_dir / f"rank-{rank}.result.json"
+        if not path.exists():
+            failed.append(rank)
+            continue
+        results.append(json.loads(path.read_text()))
+    if failed:
+        logs = "\n".join(
+            f"--- rank {r} ---\n{(out_dir / f'rank-{r}.out').read_text()[-4000:]}" for r in sorted(set(failed))
+        )
+        raise AssertionError(f"ranks {sorted(set(failed))} of {target} failed:\n{logs}")
+    return results
+
+
+def _main() -> None:
+    target, out_dir, kwargs = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
+    module_name, _, func_name = target.partition(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    code = 0
+    try:
+        result = func(rank=rank, world_size=world_size, out_dir=out_dir, **kwargs)
+        (out_dir / f"rank-{rank}.result.json").write_text(json.dumps(result))
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    _main()

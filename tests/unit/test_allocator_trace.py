@@ -1,0 +1,338 @@
+"""Reading the CUDA allocator's recorded history, on snapshots built by hand in torch's documented format.
+
+``torch.cuda.memory._snapshot()`` returns ``{"segments": [...], "device_traces": [[...]]}``
+(``torch/cuda/memory.py`` documents every field; frames are innermost first).  CPU
+cannot record one, so these snapshots are written out the way torch 2.11-2.14 writes
+them: an ``alloc`` then ``free_requested`` then ``free_completed`` per block, a
+``segment_alloc`` before the first block of a segment, and ``active_allocated``
+blocks with the frames of their allocation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardtop.probe.allocator import allocator_stats
+from shardtop.probe.allocator_trace import (
+    MARKER_FUNCTION,
+    block_bytes,
+    current_split,
+    kind_of_frames,
+    largest_free_block,
+    peak_split,
+    timeline,
+)
+from shardtop.rundir.events import AllocatorStats
+
+MiB = 1 << 20
+
+
+def frame(filename: str, name: str, line: int = 1) -> dict[str, Any]:
+    return {"filename": filename, "line": line, "name": name}
+
+
+USER_LOOP = frame("/home/u/train.py", "main")
+LINEAR_FORWARD = [frame("/venv/site-packages/torch/nn/modules/linear.py", "forward"), USER_LOOP]
+ADAM_STATE = [frame("/venv/site-packages/torch/optim/adam.py", "_init_group"),
+              frame("/venv/site-packages/torch/optim/adam.py", "step"), USER_LOOP]
+ADAM_TEMP = [frame("/venv/site-packages/torch/optim/adam.py", "_multi_tensor_adam"),
+             frame("/venv/site-packages/torch/optim/adam.py", "step"), USER_LOOP]
+FSDP_UNSHARD = [frame("/venv/site-packages/torch/distributed/fsdp/_flat_param.py",
+                      "_alloc_padded_unsharded_flat_param"),
+                frame("/venv/site-packages/torch/distributed/fsdp/_flat_param.py", "unshard"),
+                frame("/venv/site-packages/torch/distributed/fsdp/_runtime_utils.py", "_unshard"),
+                frame("/venv/site-packages/torch/distributed/fsdp/fully_sharded_data_parallel.py", "forward"),
+                *LINEAR_FORWARD]
+MARKER = [frame("/venv/site-packages/shardtop/probe/allocator.py", MARKER_FUNCTION),
+          frame("/venv/site-packages/shardtop/probe/allocator.py", "mark")]
+
+
+class Trace:
+    """A device trace written as torch records it, with the blocks still allocated at the end."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict[str, Any]] = []
+        self.live: dict[int, tuple[int, list[dict[str, Any]]]] = {}
+        self.next_address = 0x7F0000000000
+
+    def alloc(self, size: int, frames: list[dict[str, Any]]) -> int:
+        address = self.next_address
+        self.next_address += block_bytes(size, True)
+        self.entries.append({"action": "alloc", "addr": address, "size": block_bytes(size, True), "stream": 0,
+                             "frames": frames, "time_us": len(self.entries)})
+        self.live[address] = (block_bytes(size, True), frames)
+        return address
+
+    def free(self, address: int, *, requested: bool = True) -> None:
+        size, _ = self.live.pop(address)
+        actions = ("free_requested", "free_completed") if requested else ("free_completed",)
+        for action in actions:
+            self.entries.append({"action": action, "addr": address, "size": size, "stream": 0, "frames": [],
+                                 "time_us": len(self.entries)})
+
+    def mark(self) -> None:
+        self.free(self.alloc(4, MARKER))
+
+    def snapshot(self, inactive: int = 0) -> dict[str, Any]:
+        blocks = [{"address": a, "size": s, "requested_size": s, "state": "active_allocated", "frames": f}
+                  for a, (s, f) in sorted(self.live.items())]
+        if inactive:
+            blocks.append({"address": self.next_address, "size": inactive, "requested_size": 0, "state": "inactive",
+                           "frames": []})
+        total = sum(b["size"] for b in blocks)
+        segment = {"device": 0, "address": 0x7F0000000000, "total_size": total, "stream": 0, "segment_type": "large",
+                   "allocated_size": total - inactive, "active_size": total - inactive, "blocks": blocks}
+        return {"segments": [segment], "device_traces": [self.entries]}
+
+
+def test_block_bytes_rounds_like_the_caching_allocator() -> None:
+    assert [block_bytes(n, True) for n in (0, 1, 512, 513, 3 * MiB + 1)] == [0, 512, 512, 1024, 3 * MiB + 512]
+    assert block_bytes(513, False) == 513
+
+
+def test_frames_name_the_kind_innermost_first() -> None:
+    assert kind_of_frames(ADAM_STATE) == "optimizer"
+    assert kind_of_frames(ADAM_TEMP) == "other"
+    assert kind_of_frames(LINEAR_FORWARD) == "activations"
+    assert kind_of_frames(FSDP_UNSHARD) == "params"  # the gather, although a forward is further out
+    assert kind_of_frames(
+        [frame("/x/torch/distributed/fsdp/_runtime_utils.py", "_reduce_grad"), *LINEAR_FORWARD]
+    ) == "grads"
+    assert kind_of_frames([frame("/x/torch/nn/modules/module.py", "_apply"),
+                           frame("/x/torch/nn/modules/module.py", "to"), USER_LOOP]) == "params"
+    assert kind_of_frames([frame("/x/torch/nn/modules/linear.py", "reset_parameters"),
+                           frame("/x/torch/nn/modules/linear.py", "__init__"), USER_LOOP]) == "params"
+    assert kind_of_frames([frame("/x/deepspeed/runtime/zero/stage_1_and_2.py", "average_tensor")]) == "comm"
+    assert kind_of_frames([frame("/x/deepspeed/runtime/zero/partition_parameters.py", "_all_gather_dtype")]) == "params"
+    assert kind_of_frames([frame("/x/torch/nn/parallel/distributed.py", "_ddp_init_helper")]) == "comm"
+    # An engine's forward is a wrapper, not an activation: what its frames say decides, else nothing.
+    assert kind_of_frames([frame("/x/torch/distributed/fsdp/fully_sharded_data_parallel.py", "forward")]) is None
+    assert kind_of_frames([USER_LOOP]) is None
+    assert kind_of_frames([]) is None
+
+
+def _one_step(trace: Trace, weights: int, temporary: int) -> dict[str, Any]:
+    """A forward saving two activations, a backward making gradients (no Python frames: the autograd
+    thread), Adam's first step making its state and a temporary; censuses at each phase boundary."""
+    censuses: dict[str, dict[int, str]] = {}
+    trace.mark()
+    censuses["forward"] = {}
+    act1 = trace.alloc(8 * MiB, LINEAR_FORWARD)
+    act2 = trace.alloc(8 * MiB, LINEAR_FORWARD)
+    trace.mark()
+    censuses["backward"] = {act1: "activations", act2: "activations"}
+    grad = trace.alloc(weights, [])
+    temp = trace.alloc(temporary, [])  # a gradient of an activation, freed within the backward
+    trace.free(temp)
+    trace.free(act2)
+    trace.free(act1)
+    trace.mark()
+    censuses["optimizer"] = {grad: "grads"}
+    exp_avg = trace.alloc(weights, ADAM_STATE)
+    exp_avg_sq = trace.alloc(weights, ADAM_STATE)
+    scratch = trace.alloc(weights, ADAM_TEMP)
+    trace.free(scratch)
+    trace.free(grad)  # zero_grad(set_to_none=True)
+    trace.mark()
+    censuses["step"] = {exp_avg: "optimizer", exp_avg_sq: "optimizer"}
+    return censuses
+
+
+def test_peak_of_a_step_split_by_kind() -> None:
+    trace = Trace()
+    weights = 10 * MiB
+    params = trace.alloc(weights, [frame("/x/torch/nn/modules/module.py", "_apply"), USER_LOOP])
+    censuses = _one_step(trace, weights, temporary=4 * MiB)
+    labels = [("forward", 1), ("backward", 1), ("optimizer", 1), ("step", 1)]
+    ordered = [{params: "params", **censuses[label]} for label, _ in labels]
+    found = peak_split(trace.snapshot(), 0, ordered, labels)
+    assert found is not None
+    split, line = found
+    # Peak: params + grad + two Adam moments + the step's scratch = 50 MiB (the backward peaked at 42 MiB).
+    assert split.allocated == line.peak == 5 * weights
+    assert split.by_kind.params == weights
+    assert split.by_kind.grads == weights  # no frames: named by the census taken while it lived
+    assert split.by_kind.optimizer == 2 * weights  # named by the census after the step, and by _init_group
+    assert split.by_kind.other == weights  # the foreach scratch: no census saw it, torch/optim made it
+    assert split.by_kind.activations == 0
+    assert split.unexplained == 0
+    assert (split.source, split.phase, split.step) == ("allocator-trace", "optimizer", 1)
+
+
+def test_the_backward_peak_names_autograds_temporary() -> None:
+    trace = Trace()
+    weights = MiB
+    params = trace.alloc(weights, [])  # allocated before anything the frames could name
+    censuses = _one_step(trace, weights, temporary=16 * MiB)
+    labels = [("forward", 1), ("backward", 1), ("optimizer", 1), ("step", 1)]
+    ordered = [{params: "params", **censuses[label]} for label, _ in labels]
+    found = peak_split(trace.snapshot(), 0, ordered, labels)
+    assert found is not None
+    split, _ = found
+    # Peak in the backward: params + two activations + grad + the 16 MiB temporary.
+    assert split.allocated == weights + 16 * MiB + weights + 16 * MiB
+    assert split.by_kind.activations == 16 * MiB
+    assert split.by_kind.grads == weights and split.by_kind.params == weights
+    assert split.by_kind.other == 16 * MiB  # made on autograd's thread in the backward, seen by no census
+    assert split.unexplained == 0
+    assert split.phase == "backward"
+
+
+def test_a_forward_block_no_census_saw_saved_is_other_when_saved_tensors_were_followed() -> None:
+    trace = Trace()
+    trace.mark()
+    saved = trace.alloc(4 * MiB, LINEAR_FORWARD)
+    trace.alloc(MiB, LINEAR_FORWARD)  # e.g. a library's workspace, made in the first forward
+    trace.mark()
+    found = peak_split(trace.snapshot(), 0, [{}, {saved: "activations"}], [("forward", 1), ("backward", 1)])
+    assert found is not None
+    split, _ = found
+    assert (split.by_kind.activations, split.by_kind.other, split.unexplained) == (4 * MiB, MiB, 0)
+    unfollowed = peak_split(trace.snapshot(), 0, [{}, {}], [("forward", 1), ("backward", 1)])
+    assert unfollowed is not None and unfollowed[0].by_kind.activations == 5 * MiB  # frames alone: both
+
+
+WORKSPACE = 32 * MiB  # cuBLAS's on an H200 (torch._C._cuda_getCublasWorkspaceSize)
+
+
+def _steps_keeping_logits(trace: Trace, steps: int, logits: int) -> tuple[list[dict[int, str]], list[tuple[str, int]]]:
+    """A loop that appends each step's logits to a list: the first forward's matmul makes cuBLAS's
+    workspace (kept for the process's life, no tensor behind it) and the backward's its own."""
+    censuses: list[dict[int, str]] = []
+    labels: list[tuple[str, int]] = []
+    for step in range(steps):
+        trace.mark()
+        censuses.append({})
+        labels.append(("forward", step))
+        if step == 0:
+            trace.alloc(WORKSPACE, LINEAR_FORWARD)
+        trace.alloc(logits, LINEAR_FORWARD)  # appended to the list: never freed
+        trace.mark()
+        censuses.append({})
+        labels.append(("backward", step))
+        if step == 0:
+            trace.alloc(WORKSPACE, [])  # autograd's thread: its own handle, its own workspace
+        temp = trace.alloc(logits, [])
+        trace.free(temp)
+    return censuses, labels
+
+
+def test_library_workspaces_and_tensors_kept_from_earlier_steps_are_kinds_of_their_own() -> None:
+    trace = Trace()
+    logits = 244 * MiB
+    censuses, labels = _steps_keeping_logits(trace, 4, logits)
+    found = peak_split(trace.snapshot(), 0, censuses, labels, frozenset({WORKSPACE}))
+    assert found is not None
+    split, _ = found
+    assert split.phase == "backward" and split.step == 3
+    assert split.by_kind.workspace == 2 * WORKSPACE
+    assert split.by_kind.kept == 3 * logits  # steps 0 to 2; step 3's own logits are its activations
+    assert split.by_kind.activations == logits
+    assert split.by_kind.other == logits  # the backward's temporary, live at the peak
+    assert split.unexplained == 0
+
+
+def test_a_block_of_a_workspaces_size_is_no_workspace_if_freed_or_made_after_the_first_step() -> None:
+    trace = Trace()
+    trace.mark()
+    trace.alloc(WORKSPACE, LINEAR_FORWARD)  # the workspace
+    passing = trace.alloc(WORKSPACE, LINEAR_FORWARD)  # an activation of the same size, freed later
+    trace.mark()
+    trace.free(passing)
+    trace.mark()
+    trace.alloc(WORKSPACE, LINEAR_FORWARD)  # step 1: a kept output of that size, not a workspace
+    trace.mark()
+    labels = [("forward", 0), ("backward", 0), ("forward", 1), ("step", 1)]
+    found = peak_split(trace.snapshot(), 0, [{}, {}, {}, {}], labels, frozenset({WORKSPACE}))
+    assert found is not None
+    split, _ = found
+    assert split.by_kind.workspace == WORKSPACE
+    assert split.by_kind.activations == WORKSPACE  # step 1's, alive in step 1
+    assert split.by_kind.kept == 0
+    no_sizes = peak_split(trace.snapshot(), 0, [{}, {}, {}, {}], labels)
+    assert no_sizes is not None and no_sizes[0].by_kind.workspace == 0, "no size known, no workspace named"
+
+
+def test_state_made_in_an_earlier_step_is_not_kept() -> None:
+    trace = Trace()
+    trace.mark()
+    exp_avg = trace.alloc(8 * MiB, ADAM_STATE)  # Adam's moments at the first step
+    grad = trace.alloc(8 * MiB, [])  # a gradient, seen by the census
+    trace.mark()
+    trace.alloc(MiB, LINEAR_FORWARD)  # step 1's activation
+    trace.mark()
+    labels = [("optimizer", 0), ("forward", 1), ("backward", 1)]
+    found = peak_split(trace.snapshot(), 0, [{}, {grad: "grads"}, {grad: "grads", exp_avg: "optimizer"}], labels)
+    assert found is not None
+    split, _ = found
+    assert (split.by_kind.optimizer, split.by_kind.grads, split.by_kind.kept) == (8 * MiB, 8 * MiB, 0)
+
+
+def test_blocks_from_before_the_trace_and_a_trace_that_lost_its_start() -> None:
+    """A ring buffer keeps the last entries: blocks freed without their alloc were allocated before;
+    blocks alive at the end without one too; censuses pair with the markers from the end."""
+    trace = Trace()
+    old = trace.alloc(3 * MiB, LINEAR_FORWARD)
+    kept = trace.alloc(5 * MiB, [])
+    trace.mark()
+    lost = len(trace.entries)
+    trace.mark()
+    trace.free(old)
+    big = trace.alloc(20 * MiB, [])
+    trace.mark()
+    trace.free(big)
+    snapshot = trace.snapshot()
+    snapshot["device_traces"][0] = snapshot["device_traces"][0][lost:]  # the oldest entries were overwritten
+    censuses = [{kept: "params"}, {kept: "params", old: "activations"}, {kept: "params", big: "comm"}]
+    found = peak_split(snapshot, 0, censuses, [("setup", 0), ("forward", 1), ("backward", 1)])
+    assert found is not None
+    split, line = found
+    assert line.peak == split.allocated == 25 * MiB  # kept + big
+    assert split.by_kind.params == 5 * MiB and split.by_kind.comm == 20 * MiB
+    assert split.phase == "forward"  # a marker starts the phase it is labelled with
+    # Before the trace's first entry, old and kept were allocated.
+    assert sum(b.size for b in line.alive_at(-1)) == 8 * MiB
+
+
+def test_a_trace_without_free_requested_frees_at_free_completed() -> None:
+    trace = Trace()
+    a = trace.alloc(2 * MiB, [])
+    trace.free(a, requested=False)
+    b = trace.alloc(MiB, [])
+    line = timeline(trace.entries, [(b, MiB, [])])
+    assert line.peak == 2 * MiB and [x.size for x in line.alive_at(line.peak_position)] == [2 * MiB]
+
+
+def test_the_blocks_allocated_now_split_by_census_and_frames() -> None:
+    trace = Trace()
+    weight = trace.alloc(4 * MiB, [])
+    saved = trace.alloc(2 * MiB, LINEAR_FORWARD)
+    trace.alloc(MiB, [])
+    snapshot = trace.snapshot(inactive=6 * MiB)
+    split = current_split(snapshot, 0, {weight: "params"})
+    assert split.kinds["params"] == 4 * MiB and split.kinds["activations"] == 2 * MiB
+    assert split.unexplained == MiB and split.total == 7 * MiB
+    assert saved in trace.live
+    assert largest_free_block(snapshot["segments"], 0) == 6 * MiB
+
+
+def test_no_trace_no_peak_split() -> None:
+    assert peak_split({"segments": [], "device_traces": []}, 0, []) is None
+    assert peak_split({"segments": [], "device_traces": [[]]}, 0, []) is None
+
+
+def test_allocator_stats_nested_and_flat() -> None:
+    nested = {
+        "allocated_bytes": {"all": {"current": 10, "peak": 15}},
+        "reserved_bytes": {"all": {"current": 20, "peak": 22}},
+        "active_bytes": {"all": {"current": 11, "peak": 16}},
+        "inactive_split_bytes": {"all": {"current": 3, "peak": 4}},
+        "num_alloc_retries": 2,
+        "num_ooms": 1,
+    }
+    flat = {f"{k}.all.{w}": v["all"][w] for k, v in nested.items() if isinstance(v, dict) for w in ("current", "peak")}
+    flat.update(num_alloc_retries=2, num_ooms=1)
+    expected = AllocatorStats(allocated=10, reserved=20, active=11, inactive_split=3, peak_allocated=15,
+                              peak_reserved=22, num_alloc_retries=2, num_ooms=1)
+    assert allocator_stats(nested) == allocator_stats(flat) == expected
+    assert allocator_stats({}) is None

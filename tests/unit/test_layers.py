@@ -1,0 +1,168 @@
+"""The package's layers import downward only, and no two modules import each other in a circle.
+
+Every ``import`` of every module counts, at its top, inside a function or under
+``TYPE_CHECKING``: a function-level import is still a dependency, only a later
+one.  The rules are those of DESIGN.md's package layout:
+
+- ``rundir/`` (the run directory contract) imports nothing else of shardtop;
+- ``read/`` (the fold, the read model, the facts) imports only ``rundir/`` and
+  the small helpers;
+- ``probe/``, ``inject/``, ``runner/`` and ``plan/`` never import ``read/``;
+- ``read/``, ``diagnose/``, ``report/`` and ``tui/`` never import the plan's
+  engine code (the modules of ``plan/`` that import torch, an engine,
+  ``runner/`` or ``inject/``);
+- nothing imports ``tui/`` but ``cli``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import ROOT
+
+PACKAGE = ROOT / "shardtop"
+HELPERS = frozenset({"shardtop.units", "shardtop.words"})
+"""Small pure modules any layer may use."""
+ENGINES = ("torch", "lightning", "pytorch_lightning", "deepspeed", "transformers", "accelerate", "peft")
+
+
+@cache
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its own name)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imported_names(name: str) -> Iterator[str]:
+    """What each import statement of module ``name`` brings in, as absolute names: ``from a import b``
+    is ``a.b`` where that is a module of the package, else ``a``."""
+    path = modules()[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                yield submodule if submodule in modules() else source
+
+
+def _module_of(name: str) -> str | None:
+    """The module of the package that ``name`` is or lies in; None outside the package."""
+    while name and name not in modules():
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+@cache
+def imports(name: str) -> frozenset[str]:
+    """The package's modules that module ``name`` imports, anywhere in its body."""
+    return frozenset(m for n in _imported_names(name) if (m := _module_of(n)) is not None) - {name}
+
+
+def imports_outside(name: str) -> frozenset[str]:
+    """The top-level names of everything module ``name`` imports (``torch``, ``shardtop``...)."""
+    return frozenset(n.split(".")[0] for n in _imported_names(name))
+
+
+def layer(name: str) -> str:
+    """``shardtop.read.run_model`` -> ``read``; a top-level module is its own layer (``cli``)."""
+    return name.split(".")[1] if name.count(".") else ""
+
+
+def in_layer(*layers: str) -> list[str]:
+    return [m for m in modules() if layer(m) in layers]
+
+
+def plan_engine_code() -> frozenset[str]:
+    """The modules of ``plan/`` that import torch or an engine, or bring in ``runner/`` or ``inject/``."""
+    return frozenset(
+        m for m in in_layer("plan")
+        if imports_outside(m) & set(ENGINES) or any(layer(i) in ("runner", "inject") for i in imports(m))
+    )
+
+
+def broken(importers: list[str], allowed: object) -> list[str]:
+    """``importer -> imported`` for every import of ``importers`` that ``allowed(importer, imported)`` refuses."""
+    return sorted(f"{m} -> {i}" for m in importers for i in imports(m) if not allowed(m, i))  # type: ignore[operator]
+
+
+def test_the_layers_are_there() -> None:
+    assert {"rundir", "read", "diagnose", "report", "tui", "plan", "probe", "inject", "runner"} <= {
+        layer(m) for m in modules()
+    }
+    assert {"shardtop.read.run_model", "shardtop.rundir.events", "shardtop.rundir.run_directory"} <= set(modules())
+    assert imports("shardtop.read.run_model"), "the parser finds the read model's imports"
+    assert "shardtop.plan.describe" in plan_engine_code()
+
+
+def test_the_run_directory_imports_nothing_else_of_shardtop() -> None:
+    assert broken(in_layer("rundir"), lambda m, i: layer(i) == "rundir") == []
+
+
+def test_the_read_side_imports_only_the_run_directory_and_the_helpers() -> None:
+    assert broken(in_layer("read"), lambda m, i: layer(i) in ("rundir", "read") or i in HELPERS) == []
+
+
+@pytest.mark.parametrize("side", ["probe", "inject", "runner", "plan"])
+def test_the_writing_side_never_imports_the_read_side(side: str) -> None:
+    assert broken(in_layer(side), lambda m, i: layer(i) != "read") == []
+
+
+@pytest.mark.parametrize("side", ["read", "diagnose", "report", "tui"])
+def test_the_views_never_import_the_plans_engine_code(side: str) -> None:
+    engine = plan_engine_code()
+    assert broken(in_layer(side), lambda m, i: i not in engine) == []
+
+
+def test_nothing_imports_the_tui_but_the_cli() -> None:
+    others = [m for m in modules() if layer(m) != "tui" and m != "shardtop.cli"]
+    assert broken(others, lambda m, i: layer(i) != "tui") == []
+
+
+def test_no_import_circle() -> None:
+    """Tarjan's strongly connected components of the import graph: each must be one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(imports(v)):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for name in sorted(modules()):
+        if name not in index:
+            visit(name)
+    assert circles == []

@@ -1,0 +1,105 @@
+"""The explained steps' trace path, with the one missing piece of hardware (the CUDA allocator) replaced.
+
+``RecordedAllocator`` stands in for ``allocator.AllocatorHistory`` only: it writes
+entries in torch's documented trace format when the probe places a marker and when
+the test says a block was allocated or freed.  Everything else is real: the census
+of a real model, the markers' pairing, the window closing, the split of the trace's
+peak on the background thread, and the sample that carries it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from shardtop.probe.allocator_trace import MARKER_FUNCTION
+from shardtop.probe.memory_explain import MemoryExplainer, MemoryOptions
+from shardtop.rundir.events import Memory
+
+MiB = 1 << 20
+SAVED_IN_FORWARD = [{"filename": "/x/torch/nn/modules/linear.py", "name": "forward", "line": 1}]
+
+
+class RecordedAllocator:
+    """A CUDA allocator's recorded history, written by hand (CPU has none)."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict[str, Any]] = []
+        self.live: dict[int, int] = {}
+        self.ours = False
+        self.stopped = 0
+
+    @property
+    def recording(self) -> bool:
+        return self.ours
+
+    def start(self) -> bool:
+        self.ours = True
+        return True
+
+    def stop(self) -> None:
+        self.ours = False
+        self.stopped += 1
+
+    def mark(self) -> bool:
+        address = 0x10
+        self.entries += [{"action": "alloc", "addr": address, "size": 512, "frames": [{"name": MARKER_FUNCTION}]},
+                         {"action": "free_requested", "addr": address, "size": 512, "frames": []}]
+        return True
+
+    def alloc(self, address: int, size: int, frames: list[dict[str, Any]] | None = None) -> None:
+        self.entries.append({"action": "alloc", "addr": address, "size": size, "frames": frames or []})
+        self.live[address] = size
+
+    def free(self, address: int) -> None:
+        self.entries.append({"action": "free_requested", "addr": address, "size": self.live.pop(address), "frames": []})
+
+    def snapshot(self) -> dict[str, Any]:
+        blocks = [{"address": a, "size": s, "state": "active_allocated", "frames": []} for a, s in self.live.items()]
+        return {"segments": [{"device": 0, "blocks": blocks}], "device_traces": [list(self.entries)]}
+
+
+def test_the_first_steps_peak_is_split_from_the_trace_and_sampled() -> None:
+    model = nn.Linear(64, 64)
+    explainer = MemoryExplainer("cpu", MemoryOptions(explain_steps=1))
+    recorded = RecordedAllocator()
+    explainer.history = recorded  # type: ignore[assignment]
+    explainer.set_target(model)
+    explainer.start()
+    assert recorded.ours  # set-up is recorded too
+    recorded.live[0x7000000] = 5 * MiB  # allocated before anything was recorded: no source names it
+    weight = model.weight.untyped_storage().data_ptr()
+    recorded.alloc(weight, 16 * 1024)  # the parameters, made during set-up
+
+    explainer.on_phase("forward", 1)
+    x = torch.randn(32, 64, requires_grad=True)
+    recorded.alloc(x.untyped_storage().data_ptr(), 32 * 64 * 4, SAVED_IN_FORWARD)
+    recorded.alloc(0x1000, MiB, SAVED_IN_FORWARD)  # made in a forward, never saved: a census would have seen it
+    out = model(x)
+    explainer.on_phase("backward", 1)
+    recorded.alloc(0x9000000, 2 * MiB)  # autograd's own temporary: no Python frame, in the backward
+    recorded.free(0x9000000)
+    out.sum().backward()
+    recorded.free(0x1000)
+    recorded.free(x.untyped_storage().data_ptr())
+    explainer.on_phase("optimizer", 1)
+    explainer.on_step(1)
+    assert recorded.stopped == 1 and not explainer._explaining
+
+    deadline = time.monotonic() + 5
+    while explainer.trace_seconds is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sample = explainer.sample(Memory(), None, fresh=True)
+    split = sample.peak_split
+    assert split is not None
+    assert split.source == "allocator-trace"
+    assert split.allocated == 5 * MiB + 16 * 1024 + 32 * 64 * 4 + MiB + 2 * MiB
+    kinds = split.by_kind
+    assert (kinds.params, kinds.activations, kinds.other) == (16 * 1024, 32 * 64 * 4, 3 * MiB)
+    assert split.unexplained == 5 * MiB
+    assert (split.phase, split.step) == ("backward", 1)  # the temporary came after the backward's marker
+    again = explainer.sample(Memory(), None, fresh=True)
+    assert again.peak_split is None  # written once, when it changes

@@ -1,0 +1,102 @@
+"""The memory sampler: a real thread, real psutil, real (absent) NVML."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from shardtop.gpus import nvml_or_none
+from shardtop.probe.memory import MemorySampler, allocator_numbers, cuda_device_index
+from shardtop.rundir.events import EventWriter, Memory, read_all
+
+no_driver = pytest.mark.skipif(nvml_or_none() is not None, reason="an NVIDIA driver is present")
+
+
+def test_cuda_device_index() -> None:
+    assert cuda_device_index("cuda:3") == 3
+    assert cuda_device_index("cuda") == -1
+    assert cuda_device_index("cpu") is None
+    assert cuda_device_index("cuda:x") is None
+
+
+def test_allocator_numbers() -> None:
+    stats = {"allocated_bytes.all.current": 10, "reserved_bytes.all.current": 20, "allocated_bytes.all.peak": 15}
+    assert allocator_numbers(stats) == (10, 20, 15)
+    assert allocator_numbers({}) == (0, 0, 0)
+    nested = {
+        "allocated_bytes": {"all": {"current": 10, "peak": 15}, "large_pool": {"current": 8, "peak": 8}},
+        "reserved_bytes": {"all": {"current": 20, "peak": 20}},
+    }
+    assert allocator_numbers(nested) == (10, 20, 15)
+
+
+def test_sampler_writes_at_least_twice_a_second(tmp_path: Path) -> None:
+    writer = EventWriter(tmp_path / "events" / "rank-0.jsonl", rank=0)
+    sampler = MemorySampler(writer.write, device="cpu", sample_gpus=False, limit=123)
+    sampler.start()
+    time.sleep(2.1)
+    sampler.stop()
+    writer.close()
+    events, _ = read_all(tmp_path / "events")
+    samples = [e for e in events if isinstance(e, Memory)]
+    assert len(samples) >= 4  # at 0, 0.5, 1.0, 1.5 and 2.0 s
+    gaps = [b.t - a.t for a, b in zip(samples, samples[1:], strict=False)]
+    assert max(gaps) < 0.75
+    for sample in samples:
+        assert sample.host_rss > 0
+        assert (sample.device, sample.limit) == ("cpu", 123)
+        assert sample.allocated is None and sample.gpus is None  # CPU: no allocator numbers, GPUs not asked
+
+
+def test_stop_is_prompt_and_idempotent() -> None:
+    written: list[Memory] = []
+    sampler = MemorySampler(written.append, device="cpu", interval=30.0, sample_gpus=False, limit=None)
+    sampler.stop()  # before start: nothing to do
+    sampler.start()
+    time.sleep(0.05)
+    started = time.monotonic()
+    sampler.stop()
+    sampler.stop()
+    assert time.monotonic() - started < 0.5
+    assert not any(t.name == "shardtop-memory" for t in threading.enumerate())
+    assert len(written) == 1
+
+
+def test_sample_now_writes_and_returns() -> None:
+    written: list[Memory] = []
+    sampler = MemorySampler(written.append, device="cpu", sample_gpus=False, limit=None)
+    sample = sampler.sample_now()
+    assert written == [sample]
+    assert sample.host_rss > 0
+
+
+@no_driver
+def test_without_a_driver_gpus_are_none_and_not_retried() -> None:
+    written: list[Memory] = []
+    sampler = MemorySampler(written.append, device="cpu", interval=0.05, sample_gpus=True, limit=None)
+    sampler.start()
+    time.sleep(0.3)
+    sampler.stop()
+    sampler.sample_now()
+    assert len(written) >= 3
+    assert all(sample.gpus is None for sample in written)
+    assert sampler._nvml_tried and sampler._nvml is None
+
+
+def test_a_failing_writer_never_stops_the_thread() -> None:
+    calls: list[int] = []
+
+    def write(sample: Memory) -> None:
+        calls.append(1)
+        raise OSError("disk full")
+
+    sampler = MemorySampler(write, device="cpu", interval=0.05, sample_gpus=False, limit=None)
+    sampler.start()
+    time.sleep(0.3)
+    sampler.stop()
+    assert len(calls) >= 3 and sampler.failures == len(calls)
+    sampler.sample_now()  # on the training thread too: counted, not raised
+    assert sampler.failures == len(calls)
