@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from shardtop.memory_kinds import explained_share
-from shardtop.run_files import read_run
-from shardtop.runs import RunDirectory
-from tests.test_report import report
+from shardtop.read.memory_kinds import explained_share
+from shardtop.read.whole_run import read_run
+from shardtop.rundir.run_directory import RunDirectory
+from tests.support.cli import report
 
-RECORDINGS = Path(__file__).resolve().parent / "fixtures" / "runs" / "h200-over-time"
+RECORDINGS = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "h200-over-time"
 LOGITS = 4 * 512 * 32000 * 4
 OOM_STEP = 90
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from tests.test_report import report
+from tests.support.cli import report
 
-RECORDINGS = Path(__file__).resolve().parent / "fixtures" / "runs" / "h200-clients"
+RECORDINGS = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "h200-clients"
 MiB = 1 << 20
 LLAMA = 168_313_856
 """``HF_TINY_SIZE=gpu``'s Llama: hidden 1024, 8 layers, MLP 2816, vocabulary 32 000, untied head."""
