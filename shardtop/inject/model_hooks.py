@@ -27,7 +27,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from shardtop.inject.this_rank import STATE, guarded, is_rank, rank_probe
-from shardtop.probe.eager import compiling, eager
 
 if TYPE_CHECKING:
     from shardtop.rundir.events import PhaseName, SnapshotStage
@@ -40,6 +39,11 @@ def install_global_hooks() -> None:
         register_optimizer_step_post_hook,
         register_optimizer_step_pre_hook,
     )
+
+    global _compiling
+    import torch
+
+    _compiling = getattr(getattr(torch, "compiler", None), "is_compiling", _not_compiling)
 
     STATE.global_hooks = [
         register_module_forward_pre_hook(_on_module_call),
@@ -71,8 +75,17 @@ def _is_engine_wrapper(module: Any) -> bool:
     return is_wrapper(module) or hasattr(module, "_get_fsdp_state") or type(module).__name__.startswith("FSDP")
 
 
+def _not_compiling() -> bool:
+    return False
+
+
+_compiling = _not_compiling
+"""``torch.compiler.is_compiling`` once torch has loaded: a compiled model's own modules are not looked at
+(its wrapper was, eagerly)."""
+
+
 def _on_module_call(module: Any, args: Any) -> None:
-    if compiling() or id(module) in STATE.seen:  # a compiled model's own modules: its wrapper was seen eagerly
+    if _compiling() or id(module) in STATE.seen:  # a compiled model's own modules: its wrapper was seen eagerly
         return
     STATE.seen.add(id(module))
     _consider(module)
@@ -103,6 +116,8 @@ def set_root(module: Any, count: int | None = None, *, stage: SnapshotStage) -> 
         handle.remove()
     STATE.root = module
     STATE.root_params = parameter_count(module) if count is None else count
+    from shardtop.probe.eager import eager
+
     STATE.root_hooks = [
         module.register_forward_pre_hook(eager(_root_forward)),
         module.register_forward_hook(eager(_root_output)),
