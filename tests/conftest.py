@@ -6,6 +6,8 @@ seconds: ranks over gloo, real engines, runs of shardtop, mypy and a wheel build
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import itertools
 import os
 import sys
@@ -20,6 +22,16 @@ LAYERS = ("unit", "engines", "tui")
 # The tests start `python`, `torchrun`, `deepspeed` and `shardtop` by name, as a user types them: the
 # ones of the interpreter running the tests, also when its environment was not activated.
 os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run ``async def`` tests (Pilot needs an event loop; tests/tui and tests/engines) without an extra plugin."""
+    if not inspect.iscoroutinefunction(pyfuncitem.obj):
+        return None
+    wanted = inspect.signature(pyfuncitem.obj).parameters
+    asyncio.run(pyfuncitem.obj(**{name: pyfuncitem.funcargs[name] for name in wanted}))
+    return True
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
