@@ -1,6 +1,7 @@
 """What shardtop sends down an SSH link, side by side with nvitop: bytes per second and the first frame.
 
     python bench/bench_ssh.py [--seconds 15] [--size 120x40] [--nvml auto|real|recorded]
+                              [--only home attach nvitop] [--attach-run RUN_DIR]
 
 Each program runs in a pseudo-terminal of the given size, one after the other in
 this one run, at a 1 s and a 0.25 s refresh:
@@ -25,12 +26,17 @@ NVML: ``real`` uses the driver (a GPU machine); ``recorded`` replays the two
 H200s' recorded samples through ``pynvml`` for *both* programs
 (``recorded_nvml.py``), so that the comparison runs on a machine without a
 driver; ``auto`` picks ``real`` where NVML starts.
+
+``--only`` measures some of the programs (the side-by-side table needs all
+three; without nvitop installed, ``--only home attach``); ``--attach-run``
+attaches to a copy of another run directory (a long run with many events).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -136,16 +142,23 @@ def main() -> None:
     parser.add_argument("--size", default="120x40", help="terminal COLUMNSxLINES")
     parser.add_argument("--nvml", choices=("auto", "real", "recorded"), default="auto")
     parser.add_argument("--refresh", type=float, nargs="+", default=[1.0, 0.25])
+    parser.add_argument("--only", nargs="+", choices=("home", "attach", "nvitop"), help="measure only these")
+    parser.add_argument("--attach-run", type=Path, help=f"the run directory to attach to (default: {RUN})")
     args = parser.parse_args()
     columns, lines = (int(x) for x in args.size.split("x"))
     nvml = nvml_kind(args.nvml)
-    windows = len(args.refresh) * 3 * (args.seconds + SETTLE + 8)
+    chosen = tuple(args.only or ("home", "attach", "nvitop"))
+    windows = len(args.refresh) * len(chosen) * (args.seconds + SETTLE + 8)
     ranks = start_ranks(nvml, windows + 60)
     results: dict[tuple[str, float], Figures] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             runs = Path(tmp) / "runs"
-            run = copy_runs(runs, RUN)[RUN]
+            if args.attach_run is None:
+                run = copy_runs(runs, RUN)[RUN]
+            else:
+                run = runs / args.attach_run.name
+                shutil.copytree(args.attach_run, run)
             samples = write_samples(Path(tmp) / "nvml.json", [r.pid for r in ranks])
             print(
                 f"SSH traffic - {columns}x{lines} pty, {args.seconds:.0f} s per program, {os.cpu_count()} cores, "
@@ -153,6 +166,8 @@ def main() -> None:
             )
             for refresh in args.refresh:
                 for program in programs(refresh, nvml, samples, runs, run, ranks[0].pid):
+                    if program.name.split()[-1] not in chosen:
+                        continue
                     results[program.name, refresh] = figures = measure(program, (columns, lines), args.seconds)
                     print(
                         f"  {refresh:>4} s  {program.name:<16} first frame {figures.first_frame:5.2f} s  "
@@ -163,7 +178,8 @@ def main() -> None:
         for r in ranks:
             r.kill()
             r.wait()
-    print_table(results, args.refresh)
+    if len(chosen) == 3:
+        print_table(results, args.refresh)
 
 
 def print_table(results: dict[tuple[str, float], Figures], refreshes: list[float]) -> None:

@@ -11,7 +11,13 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from contextlib import nullcontext
+from functools import partial
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from shardtop.read.follower import RunFollower
 
 EXIT_USAGE = 2
 
@@ -306,11 +312,34 @@ def _open_tui(args: argparse.Namespace, run_id: str | None) -> int:
     root = _root(args)
     from shardtop.tui.first_frame import painted
 
-    # the home screen's top is drawn at once, plainly, while Textual loads (a run's view is not)
-    with painted() if run_id is None else nullcontext(None) as driver:
+    # the top of the home screen, or of the run's view, is drawn at once, plainly, while Textual loads
+    follower = _follower(root, run_id)
+    frame_of = None
+    if follower is not None:
+        from shardtop.tui.run_frame import run_frame
+
+        frame_of = partial(run_frame, follower)
+    with painted(frame_of=frame_of) as driver:
         from shardtop.tui.app import run_app
 
-        return run_app(runs_root=root, run=run_id, read_only=args.read_only, refresh=args.interval, driver_class=driver)
+        return run_app(
+            runs_root=root, run=run_id, read_only=args.read_only, refresh=args.interval, driver_class=driver,
+            follower=follower,
+        )
+
+
+def _follower(root: Path, run_id: str | None) -> RunFollower | None:
+    """A follower of the run the TUI opens at once; None for the home screen or a run not found (the app
+    says so in words)."""
+    if run_id is None:
+        return None
+    from shardtop.read.follower import RunFollower
+    from shardtop.rundir.run_directory import RunError, find_run
+
+    try:
+        return RunFollower(find_run(root, run_id))
+    except RunError:
+        return None
 
 
 def cmd_runs(args: argparse.Namespace) -> int:

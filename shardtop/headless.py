@@ -11,10 +11,8 @@ import time
 from typing import TextIO
 
 from shardtop.diagnose import diagnose
-from shardtop.read.run_meta import RunMeta
+from shardtop.read.follower import RunFollower
 from shardtop.read.run_model import RunModel
-from shardtop.read.run_state import RunStateBuilder
-from shardtop.rundir.events import EventReader
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.units import format_bytes
 
@@ -26,9 +24,7 @@ class HeadlessFollower:
         self.run = run
         self.out = out
         self.every = max(1, every)
-        self.reader = EventReader(run.events_dir)
-        self.builder = RunStateBuilder()
-        self.meta = RunMeta.parse(run.read_meta())
+        self.follower = RunFollower(run)
         self.said_up = False
         self.up_said: set[int] = set()
         self.followed: int | None = None
@@ -41,13 +37,15 @@ class HeadlessFollower:
     def say(self, text: str) -> None:
         print(f"[{self.run.id}] {text}", file=self.out, flush=True)
 
-    def model(self) -> RunModel:
-        self.builder.apply(self.reader.read_new())
-        self.builder.note_skipped(self.reader.skipped)
-        return RunModel.of(self.builder.snapshot(), self.meta, self.run.status())
-
     def poll(self) -> RunModel:
-        m = self.model()
+        """Read what is new and say the milestones it brings; the model as it stands."""
+        m = self.follower.poll()
+        if m is None:  # nothing new: nothing to say
+            return self.follower.model()
+        return self.tell(m)
+
+    def tell(self, m: RunModel) -> RunModel:
+        """Say each milestone of ``m`` not said yet."""
         up = [r for r in m.ranks if r.hello is not None]
         how = ", ".join(x for x in (m.engine, m.strategy) if x)
         if m.rehearsal is not None:  # one rank at a time: each is told as it comes up, and followed
@@ -96,10 +94,8 @@ class HeadlessFollower:
         return m
 
     def finish(self) -> int:
-        m = self.poll()
-        self.reader.finish()
-        self.builder.note_skipped(self.reader.skipped)
-        m = RunModel.of(self.builder.snapshot(), self.meta, self.run.status())
+        self.poll()
+        m = self.follower.finish()
         st = m.state
         if st.skipped or st.inconsistent:
             self.say(f"left out {st.skipped + st.inconsistent} event line(s): {dict(st.skipped_by)}"

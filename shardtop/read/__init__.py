@@ -3,7 +3,8 @@
 ``run_state`` folds the events, ``run_meta`` parses ``run.json``,
 ``run_model`` answers what the TUI, the report, ``shardtop runs`` and the
 diagnosis ask (the engine, the OOMs, each rank's holdings and status, the plan
-against what was measured), and ``whole_run`` reads a whole run from disk.
+against what was measured); ``whole_run`` reads a whole run from disk, and
+``follower`` follows a live one for the TUI, the run list and ``--headless``.
 Imports only ``shardtop.rundir`` and the small helpers (``units``, ``words``):
 no torch, no Textual, nothing of the plan's engine code.
 """

@@ -8,7 +8,7 @@ model costs what is open, not what exists.  Pure Python, no Textual.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
@@ -326,14 +326,14 @@ def visible_lines(model: ShardModel, expanded: Collection[Node]) -> list[Line]:
     """The lines the tree shows when the nodes in ``expanded`` are open (pre-order)."""
     if not model.size:
         return []
-    return _walk(model, [(0, "", "")], expanded)
+    return list(_walk(model, [(0, "", "")], expanded))
 
 
 def lines_below(model: ShardModel, line: Line, expanded: Collection[Node]) -> list[Line]:
     """The lines under ``line`` once it is opened: what to splice in after it."""
     guide = line.guide
     child_prefix = guide[:-2] + ("  " if guide.endswith("└─") else "│ ") if guide else ""
-    return _walk(model, _children(model, line.node, child_prefix), expanded)
+    return list(_walk(model, _children(model, line.node, child_prefix), expanded))
 
 
 def _children(model: ShardModel, node: Node, prefix: str) -> list[tuple[Node, str, str]]:
@@ -346,16 +346,19 @@ def _children(model: ShardModel, node: Node, prefix: str) -> list[tuple[Node, st
     ]
 
 
-def _walk(model: ShardModel, stack: list[tuple[Node, str, str]], expanded: Collection[Node]) -> list[Line]:
-    lines: list[Line] = []
+def iter_visible_lines(model: ShardModel, expanded: Collection[Node]) -> Iterator[Line]:
+    """``visible_lines`` one at a time: a first frame stops at the lines it has room for."""
+    return _walk(model, [(0, "", "")], expanded) if model.size else iter(())
+
+
+def _walk(model: ShardModel, stack: list[tuple[Node, str, str]], expanded: Collection[Node]) -> Iterator[Line]:
     while stack:
         node, guide, child_prefix = stack.pop()
         has_kids = bool(model.kids_of(node))
         is_open = has_kids and node in expanded
-        lines.append(Line(node, guide, has_kids, is_open))
+        yield Line(node, guide, has_kids, is_open)
         if is_open:
             stack.extend(_children(model, node, child_prefix))
-    return lines
 
 
 def subtree_end(lines: Sequence[Line], index: int) -> int:

@@ -1,7 +1,8 @@
 """Read a run directory into its read model: the one place a whole run is read from disk.
 
-``shardtop report``, ``shardtop runs`` and tests call ``read_run``; the TUI's
-feed reads incrementally and builds the same ``RunModel`` with ``RunModel.of``.
+``shardtop report``, ``shardtop runs`` and tests call ``read_run``; whatever
+watches a run live reads it incrementally through ``follower.RunFollower``,
+which builds the same ``RunModel``.
 """
 
 from __future__ import annotations

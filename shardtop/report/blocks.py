@@ -7,6 +7,7 @@ this module only lays them out.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from shardtop.diagnose import Severity
 from shardtop.read.memory_kinds import KINDS, bytes_by_kind, explained_share
@@ -20,7 +21,7 @@ from shardtop.report.document import (
     Para,
     Table,
 )
-from shardtop.report.gather import ReportData, rank_of_pid
+from shardtop.report.gather import ReportData
 from shardtop.report.tree_summary import summarize_tree
 from shardtop.rundir.events import GpuMemory, when
 from shardtop.units import count_words, format_bytes
@@ -158,7 +159,7 @@ def oom_section(data: ReportData) -> list[Block]:
     blocks: list[Block] = [Heading("Out of memory"), Facts(tuple(rows))]
     if oom.gpus:
         blocks.append(Para("GPUs at that moment:"))
-        blocks.append(gpu_table(oom.gpus, rank_of_pid(data.model)))
+        blocks.append(gpu_table(oom.gpus, data.rank_of_pid))
     return blocks
 
 
@@ -200,7 +201,7 @@ def memory_section(data: ReportData) -> list[Block]:
     return [Heading("Memory at the peak, by kind"), Table(headers, tuple(rows), right=right), Para(notes)]
 
 
-def gpu_table(gpus: list[GpuMemory], ranks_by_pid: dict[int, int]) -> Table:
+def gpu_table(gpus: list[GpuMemory], ranks_by_pid: Mapping[int, int]) -> Table:
     rows = []
     for g in gpus:
         who = [f"rank {ranks_by_pid[p]}" if p in ranks_by_pid else f"pid {p}" for p in g.pids]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from shardtop.diagnose import Finding, diagnose
 from shardtop.read.run_model import RunModel
@@ -17,6 +19,8 @@ class ReportData:
     model: RunModel
     findings: tuple[Finding, ...]
     tree: ShardModel | None
+    rank_of_pid: Mapping[int, int]
+    """Each rank's process id -> its rank, to name the ranks behind an OOM's GPU processes."""
 
     @property
     def skipped(self) -> dict[str, int]:
@@ -26,9 +30,12 @@ class ReportData:
 
 
 def gather(run: RunDirectory) -> ReportData:
+    """Read the run and derive every fact the renderings show; they read ``ReportData`` and nothing else."""
     model = read_run(run)
-    return ReportData(run=run, model=model, findings=tuple(diagnose(model)), tree=ShardModel.of(model.state))
-
-
-def rank_of_pid(model: RunModel) -> dict[int, int]:
-    return {r.pid: r.rank for r in model.ranks if r.pid}
+    return ReportData(
+        run=run,
+        model=model,
+        findings=tuple(diagnose(model)),
+        tree=ShardModel.of(model.state),
+        rank_of_pid=MappingProxyType({r.pid: r.rank for r in model.ranks if r.pid}),
+    )

@@ -617,6 +617,8 @@ def _reason(error: OSError) -> str:
 class _Tail:
     offset: int = 0
     pending: bytes = b""
+    size: int = 0
+    """The file's size when it was last opened."""
 
 
 @dataclass
@@ -656,28 +658,34 @@ class EventReader:
             self._listed = (names, paths)
         return self._listed[1]
 
-    def read_new(self) -> list[AnyEvent]:
-        """Every event appended since the last call, file by file.
+    def read_new(self, limit: int | None = None) -> list[AnyEvent]:
+        """Every event appended since the last call, file by file; at most ``limit`` bytes of each file.
 
         Each file is opened anew every time: on shared storage (NFS) opening is
         what fetches what other hosts appended (close-to-open consistency); a
-        file kept open, or a size from ``stat``, can lag by seconds.
+        file kept open, or a size from ``stat``, can lag by seconds.  What a
+        ``limit`` leaves unread (``unread_bytes``) is read by the next call.
         """
         events: list[AnyEvent] = []
         for path in self._paths():
-            events.extend(self._read_file(path))
+            events.extend(self._read_file(path, limit))
         return events
 
-    def _read_file(self, path: str) -> Iterator[AnyEvent]:
+    @property
+    def unread_bytes(self) -> int:
+        """Bytes the files held at the last read beyond what was read (a ``limit`` left them)."""
+        return sum(max(0, t.size - t.offset) for t in self._tails.values())
+
+    def _read_file(self, path: str, limit: int | None = None) -> Iterator[AnyEvent]:
         tail = self._tails.setdefault(path, _Tail())
         try:
             with open(path, "rb", buffering=0) as f:
-                size = os.fstat(f.fileno()).st_size
+                size = tail.size = os.fstat(f.fileno()).st_size
                 if size < tail.offset:  # a writer cut a torn line off: read again from that line's start
                     tail.offset = min(size, tail.offset - len(tail.pending))
                     tail.pending = b""
                 f.seek(tail.offset)
-                chunk = f.read()
+                chunk = f.read() if limit is None else f.read(limit)
         except OSError:
             return
         if not chunk:

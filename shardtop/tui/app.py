@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from textual.driver import Driver
 
     from shardtop.gpus import GpuSource, HostProbe
+    from shardtop.read.follower import RunFollower
     from shardtop.rundir.run_directory import RunDirectory
     from shardtop.tui.screens.home import HomeScreen
     from shardtop.tui.screens.run_view import RunScreen
@@ -48,6 +49,7 @@ class ShardtopApp(App[int]):
         host_probe: HostProbe | None = None,
         clock: Callable[[], float] = time.time,
         driver_class: type[Driver] | None = None,
+        follower: RunFollower | None = None,
     ) -> None:
         """``run``: a run id or directory to open at once (None: the home screen).
 
@@ -55,7 +57,8 @@ class ShardtopApp(App[int]):
         ``host_probe`` replace NVML and psutil (recorded samples in tests);
         ``clock`` gives "now" for elapsed times (frozen in snapshot tests);
         ``driver_class``: Textual's terminal driver (None: its own), or the one
-        that takes the screen over from the plain first frame.
+        that takes the screen over from the plain first frame; ``follower``: the
+        run's follower, where that frame has read the head of its events.
         """
         super().__init__(driver_class=driver_class)
         self.runs_root = Path(runs_root)
@@ -66,6 +69,7 @@ class ShardtopApp(App[int]):
         self.host_probe = host_probe
         self.clock = clock
         self._first_home: HomeScreen | None = None
+        self._follower = follower
         if read_only:
             self.sub_title = "read-only"
 
@@ -105,7 +109,10 @@ class ShardtopApp(App[int]):
         from shardtop.tui.screens.run_view import ControlledRunScreen, RunScreen
 
         cls = RunScreen if self.read_only else ControlledRunScreen
-        return cls(run, refresh=self.refresh_s, read_only=self.read_only, clock=self.clock)
+        follower, self._follower = self._follower, None
+        if follower is not None and follower.run.path != run.path:
+            follower = None
+        return cls(run, refresh=self.refresh_s, read_only=self.read_only, clock=self.clock, follower=follower)
 
     def open_run(self, run: RunDirectory) -> None:
         """Open a run's view on top of the home screen."""
@@ -161,13 +168,18 @@ def run_app(
     read_only: bool = False,
     refresh: float | None = None,
     driver_class: type[Driver] | None = None,
+    follower: RunFollower | None = None,
 ) -> int:
     """Open the TUI; returns the exit code (0: the user quit).
 
     ``refresh``: seconds between screen updates (``--interval``); None reads ``$SHARDTOP_REFRESH``;
-    ``driver_class``: Textual's terminal driver (None: its own).
+    ``driver_class``: Textual's terminal driver (None: its own); ``follower``: ``run``'s, read on from
+    where the first frame left it.
     """
     refresh = refresh_setting() if refresh is None else refresh
-    app = ShardtopApp(runs_root=runs_root, run=run, read_only=read_only, refresh=refresh, driver_class=driver_class)
+    app = ShardtopApp(
+        runs_root=runs_root, run=run, read_only=read_only, refresh=refresh, driver_class=driver_class,
+        follower=follower,
+    )
     result = app.run()
     return int(result or app.return_code or 0)

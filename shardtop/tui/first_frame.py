@@ -1,4 +1,5 @@
-"""The top of the home screen, drawn as plain text at once, while Textual loads.
+"""The top of the home screen (or, for ``attach``, of a run's view) drawn as plain text at once, while
+Textual loads.
 
 Textual needs a few hundred milliseconds to import and lay out its first
 screen, more on a busy machine; nvitop draws its first screen in under 0.2 s.
@@ -6,6 +7,7 @@ So on a terminal, ``shardtop`` first writes what the home screen will show at
 its top (the GPUs with their memory, the processes on them, the preset names)
 to the alternate screen, with the same figures and words as the home screen
 (``format.py``, ``gpus.py``), then loads Textual, which takes the screen over.
+``shardtop attach`` draws the run view's top the same way (``run_frame.py``).
 
 Textual's own driver would clear the alternate screen as it starts, leaving it
 blank until its first paint; the driver ``painted`` gives Textual leaves the
@@ -15,7 +17,7 @@ The terminal is left as it was on every path.  Until Textual's driver has
 taken the terminal over, leaving ``painted`` (Textual failing to import or to
 start, Ctrl+C) leaves the alternate screen, shows the cursor and wraps lines
 again; from then on Textual restores the terminal itself.  Nothing is written
-without a terminal, or without a GPU to show.  This module imports Textual only
+without a terminal, or with nothing to show (no GPU for the home screen).  This module imports Textual only
 once the frame is up, to hand it over.
 """
 
@@ -24,7 +26,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TextIO
@@ -44,6 +46,9 @@ if TYPE_CHECKING:
 
     from shardtop.gpus import GpuProcessInfo
     from shardtop.rundir.events import GpuMemory
+
+Frame = Callable[[int, int], list[str]]
+"""A frame's lines for a terminal of (columns, lines)."""
 
 ALTERNATE_SCREEN = "\x1b[?1049h"
 """To the alternate screen (the main screen's cursor is saved); most terminals clear it as they switch."""
@@ -143,14 +148,15 @@ class FirstFrame:
         """The frame is on the alternate screen and leaving it is ours to do."""
         self._suspend: Any = None
 
-    def show(self, first: FirstLook) -> None:
-        """Draw ``first``; Ctrl+Z is ignored meanwhile, so that no shell ever gets the alternate screen."""
+    def show(self, lines: Frame) -> None:
+        """Draw ``lines`` at the terminal's size; Ctrl+Z is ignored meanwhile, so that no shell ever gets the
+        alternate screen."""
         try:
             self._suspend = signal.signal(signal.SIGTSTP, signal.SIG_IGN)
         except ValueError:  # not the main thread: signals are not ours to set
             self._suspend = None
         self.shown = True
-        _write(self.out, ENTER + _positioned(frame_lines(first, *_size(self.out))))
+        _write(self.out, ENTER + _positioned(lines(*_size(self.out))))
 
     def hand_over(self) -> None:
         """Textual has taken the terminal over: restoring it is now Textual's to do."""
@@ -189,22 +195,30 @@ class FirstFrame:
         return TakesOverTheFrame
 
 
-@contextmanager
-def painted(stream: TextIO | None = None) -> Iterator[type[Driver] | None]:
-    """Show the first frame on ``stream`` (stdout) if it is a terminal; yield the driver for Textual.
+def home_frame() -> Frame | None:
+    """The home screen's top from one look at the GPUs; None where there is no GPU to show."""
+    first = look()
+    return None if first is None else (lambda width, height: frame_lines(first, width, height))
 
-    The driver (None where no frame was shown: Textual's own is right) takes the
-    screen over from the frame.  Whatever ends the block before it has, the
-    terminal is restored.
+
+@contextmanager
+def painted(stream: TextIO | None = None, frame_of: Callable[[], Frame | None] | None = None
+            ) -> Iterator[type[Driver] | None]:
+    """Show a first frame on ``stream`` (stdout) if it is a terminal; yield the driver for Textual.
+
+    ``frame_of`` reads what the frame shows (None: the home screen's, ``home_frame``)
+    and may find nothing to show.  The driver (None where no frame was shown:
+    Textual's own is right) takes the screen over from the frame.  Whatever ends
+    the block before it has, the terminal is restored.
     """
     frame = FirstFrame(sys.stdout if stream is None else stream)
     if os.name == "posix" and frame.out.isatty():
         try:
-            first = look()
-        except Exception:  # noqa: BLE001 - the frame is a courtesy: the home screen says what failed, in words
-            first = None
-        if first is not None:
-            frame.show(first)
+            lines = (frame_of or home_frame)()
+        except Exception:  # noqa: BLE001 - the frame is a courtesy: the screen itself says what failed, in words
+            lines = None
+        if lines is not None:
+            frame.show(lines)
     try:
         yield frame.driver() if frame.shown else None
     finally:

@@ -43,6 +43,10 @@ KNOWN_MISSES = {
         "finds 292 MiB of temporaries ('other') beside parameters, gradients and optimizer state that "
         "match the plan, the cuDNN workspace above (the plan is 15 % low)"
     ),
+    "h200-over-time/20261202-003240-manual-placement-3c4f": (
+        "recorded again with library workspaces as a kind: cuBLAS's two (64 MiB) are planned; the 227 MiB of "
+        "backward temporaries ('other') around the stem convolutions' cuDNN workspace are not (15 % low)"
+    ),
 }
 """Recordings the plan cannot meet today, and why."""
 

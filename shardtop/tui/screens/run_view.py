@@ -22,6 +22,7 @@ from textual.widgets import Footer, Input, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
 from shardtop.diagnose import diagnose
+from shardtop.read.follower import RunFollower
 from shardtop.read.oom_story import under_zero_init
 from shardtop.read.shard_model import Node
 from shardtop.rundir.run_directory import RunDirectory
@@ -106,9 +107,12 @@ class RunScreen(Screen[None]):
         read_only: bool = True,
         clock: Callable[[], float] = time.time,
         findings: Diagnosis = diagnose,
+        follower: RunFollower | None = None,
     ) -> None:
+        """``follower``: the run's, where ``attach``'s first frame has begun reading it."""
         super().__init__()
         self.run_dir = run
+        self._follower = follower
         self.refresh_s = refresh
         self.read_only = read_only
         self.clock = clock
@@ -156,7 +160,8 @@ class RunScreen(Screen[None]):
     @work(thread=True, exclusive=True, exit_on_error=False, group="run-feed", name="run feed")
     def follow_run(self) -> None:
         worker = get_current_worker()
-        feed = RunFeed(self.run_dir, refresh=self.refresh_s, findings=self.findings_of)
+        feed = RunFeed(self.run_dir, refresh=self.refresh_s, findings=self.findings_of, follower=self._follower)
+        self._follower = None  # the feed's from now on
         while not worker.is_cancelled and not self._feeds_done.is_set():
             forced = self._wake.is_set()
             self._wake.clear()

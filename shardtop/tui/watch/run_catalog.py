@@ -17,15 +17,15 @@ from pathlib import Path
 from types import MappingProxyType
 
 from shardtop.config import Preset, list_presets
-from shardtop.read.run_meta import RunMeta
+from shardtop.read.follower import RunFollower
 from shardtop.read.run_model import RunModel
-from shardtop.read.run_state import RankState, RunStateBuilder
+from shardtop.read.run_state import RankState, RunState
 from shardtop.read.run_summary import RunSummary, summarize
 from shardtop.rundir.cluster import host_name
-from shardtop.rundir.events import EventReader, GpuMemory
+from shardtop.rundir.events import GpuMemory
 from shardtop.rundir.run_directory import RunDirectory, list_runs
+from shardtop.rundir.run_status import RunStatus
 from shardtop.tui.watch.gpu_feed import gpus_as_shown
-from shardtop.tui.watch.run_feed import read_into
 
 MAX_RUNS = 50
 """The newest runs shown on the home view."""
@@ -73,9 +73,12 @@ class RunsSnapshot:
 
 
 @dataclass
-class _Follow:
-    reader: EventReader
-    builder: RunStateBuilder
+class _LiveRun:
+    """A live run's follower, and its summary as of the model it was made from."""
+
+    follower: RunFollower
+    model: RunModel | None = None
+    summary: RunSummary | None = None
 
 
 class RunCatalog:
@@ -84,7 +87,7 @@ class RunCatalog:
         self.root = root
         self.here = here if here is not None else host_name()
         self._summaries: dict[str, tuple[tuple[object, ...], RunSummary]] = {}
-        self._live: dict[str, _Follow] = {}
+        self._live: dict[str, _LiveRun] = {}
         self._presets: tuple[Preset, ...] | None = None
         self._last: tuple[object, ...] | None = None
         self._serial = 0
@@ -101,10 +104,7 @@ class RunCatalog:
             status = run.status()
             live = status.state == "running"
             if live:
-                follow = self._live.setdefault(run.id, _Follow(EventReader(run.events_dir), RunStateBuilder()))
-                read_into(follow.reader, follow.builder)
-                state = follow.builder.snapshot()
-                summary = summarize(run, RunModel.of(state, RunMeta.parse(run.read_meta()), status))
+                summary, state = self._follow(run, status)
                 for rs in state.rank_list():
                     if rs.pid is not None and rs.host in ("", self.here):
                         owners[rs.pid] = RankOwner(run.id, rs.rank)
@@ -132,6 +132,17 @@ class RunCatalog:
             presets=self._presets,
             serial=self._serial,
         )
+
+    def _follow(self, run: RunDirectory, status: RunStatus) -> tuple[RunSummary, RunState]:
+        """A live run read on from where the last poll left it; summarised again only when it changed."""
+        followed = self._live.get(run.id)
+        if followed is None:
+            followed = self._live[run.id] = _LiveRun(RunFollower(run))
+        followed.follower.poll(status)
+        model = followed.follower.model()
+        if followed.summary is None or model is not followed.model:
+            followed.model, followed.summary = model, summarize(run, model)
+        return followed.summary, model.state
 
     def _summary(self, run: RunDirectory) -> RunSummary:
         signature = _signature(run)

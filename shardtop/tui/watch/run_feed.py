@@ -1,27 +1,26 @@
 """Follow one run directory and hand out immutable snapshots of it.  It only reads.
 
-``RunFeed.poll()`` reads the events appended since the last call, folds them
-into a ``RunState``, wraps it in the read model (``RunModel``) and (no more
-often than ``refresh`` seconds, except for what the user must see at once: a
-rank coming up, the tree, an OOM, an exit) returns a ``RunSnapshot``.  The
+``RunFeed.poll()`` has its ``RunFollower`` fold the events appended since the
+last call into the read model (``RunModel``) and (no more often than
+``refresh`` seconds, except for what the user must see at once: a rank coming
+up, the tree, an OOM, an exit) returns a ``RunSnapshot``.  The
 shard model and the findings are rebuilt here, in the worker thread, and only
 when the tree, the shards or an OOM changed.
 """
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from shardtop.diagnose import Finding, diagnose, rule_failed
+from shardtop.read.follower import RunFollower
 from shardtop.read.run_meta import RunMeta
 from shardtop.read.run_model import RunModel
-from shardtop.read.run_state import RunState, RunStateBuilder
+from shardtop.read.run_state import RunState
 from shardtop.read.shard_model import ShardModel
-from shardtop.rundir.events import EventReader
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.rundir.run_status import RunStatus
 from shardtop.tui.watch.log_tail import LogTail
@@ -81,28 +80,6 @@ class RunSnapshot:
         return self.status.state == "running"
 
 
-def read_into(reader: EventReader, builder: RunStateBuilder) -> int:
-    """Fold the events appended since the last call; how many there were.
-
-    The cyclic garbage collector is paused meanwhile: opening a run of 512 ranks
-    decodes tens of thousands of events, and the collections their allocations
-    trigger (each scanning everything alive, the whole app included) cost more
-    than the decoding.  Events hold no cycles; nothing waits for the collector.
-    """
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        events = reader.read_new()
-        count = len(events)
-        builder.apply(events)
-        del events  # gone before the collector runs again: it then scans only what the fold kept
-    finally:
-        if paused:
-            gc.enable()
-    builder.note_skipped(reader.skipped)
-    return count
-
-
 def model_key(state: RunState) -> tuple[Any, ...]:
     """Changes when the shard model must be rebuilt: a new tree or new shards."""
     return (id(state.tree), tuple((r.rank, id(r.shards)) for r in state.rank_list()))
@@ -117,48 +94,47 @@ class RunFeed:
         refresh: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         findings: Diagnosis = diagnose,
+        follower: RunFollower | None = None,
     ) -> None:
+        """``follower``: the run's follower where a first frame has read the head of its events already."""
         self.run = run
         self.refresh = refresh
         self.clock = clock
         self.findings_of = findings
-        self.reader = EventReader(run.events_dir)
-        self.builder = RunStateBuilder()
+        self.follower = follower if follower is not None else RunFollower(run)
         self.logs = LogTail(run)
         self._serial = 0
         self._last_post = float("-inf")
         self._status_at = float("-inf")
-        self._status: RunStatus | None = None
-        self._meta = RunMeta()
         self._structure: int | None = None
         self._model_key: tuple[Any, ...] | None = None
         self._diagnosed_at = float("-inf")
         self._tree: ShardModel | None = None
         self._findings: tuple[Finding, ...] = ()
-        self._posted: tuple[RunState, RunStatus | None] | None = None
+        self._posted: RunModel | None = None
         self._pending_log: list[str] = []
         self._activity: tuple[RankActivity, ...] = ()
 
     @property
     def every(self) -> float:
         """Seconds between polls: ``EVENT_TICK``, longer for a run of many ranks (each poll opens every file)."""
-        return min(self.refresh, max(EVENT_TICK, self.reader.file_count / FILES_OPENED_PER_S))
+        return min(self.refresh, max(EVENT_TICK, self.follower.file_count / FILES_OPENED_PER_S))
 
     def poll(self, force: bool = False) -> RunSnapshot | None:
         """A snapshot if something changed and it is time to show it; else None."""
         now = self.clock()
-        read_into(self.reader, self.builder)
-        structure = self.builder.structure  # ranks coming up, the tree, shards, an OOM, an exit: shown at once
+        self.follower.read_events()
+        structure = self.follower.structure  # ranks coming up, the tree, shards, an OOM, an exit: shown at once
         urgent = force or structure != self._structure or self._serial == 0
         due = now - self._last_post >= self.refresh
         if not (urgent or due):
             return None
         status_changed = self._check_status(now)
         self._pending_log.extend(self.logs.read_new())
-        state = self.builder.snapshot()
-        model = RunModel.of(state, self._meta, self._status)
+        model = self.follower.model()
+        state = model.state
         activity = rank_activity(self.run, model) if state.tree is None else ()
-        changed = self._posted != (state, self._status) or bool(self._pending_log) or activity != self._activity
+        changed = model is not self._posted or bool(self._pending_log) or activity != self._activity
         if not changed:
             return None
         held = model_key(state)
@@ -174,7 +150,7 @@ class RunFeed:
                 self._findings = findings
         self._serial += 1
         self._last_post = now
-        self._posted = (state, self._status)
+        self._posted = model
         self._activity = activity
         log = tuple(self._pending_log[-MAX_LOG_LINES:])
         self._pending_log.clear()
@@ -184,16 +160,12 @@ class RunFeed:
         )
 
     def _check_status(self, now: float) -> bool:
-        ended = self._status is not None and self._status.state != "running"
-        if ended and now - self._status_at < STATUS_EVERY_ENDED:
+        """Read the status; a run that has ended only every ``STATUS_EVERY_ENDED`` seconds."""
+        status = self.follower.status
+        if status is not None and status.state != "running" and now - self._status_at < STATUS_EVERY_ENDED:
             return False
         self._status_at = now
-        status = self.run.status()
-        changed = status != self._status
-        self._status = status
-        if changed:
-            self._meta = RunMeta.parse(self.run.read_meta())
-        return changed
+        return self.follower.read_status()
 
     def _diagnose(self, model: RunModel) -> tuple[Finding, ...]:
         try:
