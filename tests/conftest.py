@@ -6,8 +6,12 @@ seconds: ranks over gloo, real engines, runs of shardtop, mypy and a wheel build
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import itertools
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +22,62 @@ LAYERS = ("unit", "engines", "tui")
 # The tests start `python`, `torchrun`, `deepspeed` and `shardtop` by name, as a user types them: the
 # ones of the interpreter running the tests, also when its environment was not activated.
 os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run ``async def`` tests (Pilot needs an event loop; tests/tui and tests/engines) without an extra plugin."""
+    if not inspect.iscoroutinefunction(pyfuncitem.obj):
+        return None
+    wanted = inspect.signature(pyfuncitem.obj).parameters
+    asyncio.run(pyfuncitem.obj(**{name: pyfuncitem.funcargs[name] for name in wanted}))
+    return True
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Leave a layer's directory unimported where ``-m`` deselects every test in it.
+
+    ``-m "not engines"`` would otherwise import every module of tests/engines (torch,
+    DeepSpeed, transformers) only to deselect its tests: seconds of a run meant to be quick.
+    """
+    if collection_path.parent != TESTS or collection_path.name not in LAYERS:
+        return None
+    return True if not layer_selected(config.option.markexpr, collection_path.name) else None
+
+
+def layer_selected(markexpr: str, layer: str) -> bool:
+    """Whether ``-m markexpr`` can select a test of ``layer``, whatever other marks the test carries.
+
+    A test carries its own layer's mark and no other layer's; every other name in the expression
+    is tried both ways.  An expression this cannot read selects everything (pytest then says why).
+    """
+    if not markexpr:
+        return True
+    try:
+        from _pytest.mark.expression import Expression
+
+        expression = Expression.compile(markexpr)
+    except Exception:
+        return True
+    asked: set[str] = set()
+    while True:  # every name the expression asks about, also those that short-circuiting hid at first
+        known = set(asked)
+        free = sorted(known - set(LAYERS))
+        for values in itertools.product((False, True), repeat=len(free)):
+            if expression.evaluate(_marks(layer, dict(zip(free, values, strict=True)), asked)):
+                return True
+        if asked == known:
+            return False
+
+
+def _marks(layer: str, given: dict[str, bool], asked: set[str]) -> Callable[..., bool]:
+    """Whether a test of ``layer`` with the other marks ``given`` carries a mark; notes each name asked."""
+
+    def marked(name: str, /, **_kwargs: object) -> bool:
+        asked.add(name)
+        return name == layer if name in LAYERS else given.get(name, False)
+
+    return marked
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import os
 import time
 from collections.abc import Iterator
@@ -22,16 +20,6 @@ from tests.support.waiting import settled, wait_for  # noqa: F401 - re-exported 
 
 STORY2_RUNS = ("h200/zero3-linear", "h200/zero3-linear-fixed", "cpu/fsdp2-mlp")
 """The runs most tests open: story 2 as asked and as fixed on the H200, and fsdp2 on 2 CPU ranks."""
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    """Run ``async def`` tests (Pilot needs an event loop) without an extra plugin."""
-    if not inspect.iscoroutinefunction(pyfuncitem.obj):
-        return None
-    wanted = inspect.signature(pyfuncitem.obj).parameters
-    asyncio.run(pyfuncitem.obj(**{name: pyfuncitem.funcargs[name] for name in wanted}))
-    return True
 
 
 @pytest.fixture(autouse=True, scope="session")

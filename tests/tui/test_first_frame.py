@@ -1,40 +1,31 @@
 """The plain first frame: the GPUs at once, before Textual; the terminal as it was on every way out.
 
 The frame's lines are checked as a user reads them (pure, on the recorded
-eight-H200 machine).  The rest runs the real ``shardtop`` in a pseudo-terminal
-with NVML answering from story 2's two-H200 recording (``bench/recorded_nvml.py``,
-as ``bench_ssh.py`` runs it) and reads the bytes a terminal would get.
+eight-H200 machine).  tests/engines/test_first_frame_terminal.py runs the real
+``shardtop`` in a pseudo-terminal and reads the bytes a terminal would get.
 """
 
 from __future__ import annotations
 
 import io
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from bench.recorded_nvml import write_samples
-from bench.terminal import Terminal
 from shardtop.config import preset_names
 from shardtop.gpus import GpuProcessInfo
 from shardtop.tui import first_frame
-from shardtop.tui.first_frame import ALTERNATE_SCREEN, FirstLook, frame_lines, painted
+from shardtop.tui.first_frame import FirstLook, frame_lines, painted
 from tests.support.recorded import (
     TRAINER_PIDS,
-    copy_runs,
     eight_h200_processes,
     eight_h200s,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-LEAVE_ALTERNATE = b"\x1b[?1049l"
-TEXTUAL_STARTED = b"\x1b[?1000h"
-"""Textual's driver turns mouse reporting on as it starts; the first frame never does."""
 
 
 def eight_gpus() -> FirstLook:
@@ -90,129 +81,6 @@ def test_nothing_is_written_where_stdout_is_not_a_terminal() -> None:
     with painted(out) as driver:
         pass
     assert driver is None and out.getvalue() == ""
-
-
-# -- the real command in a pseudo-terminal -------------------------------------------------------------------
-
-
-@pytest.fixture
-def recorded_nvml(tmp_path: Path) -> Path:
-    """Story 2's two H200s replayed through pynvml; this test's own process is the one on both GPUs."""
-    return write_samples(tmp_path / "nvml.json", [os.getpid(), os.getpid()])
-
-
-def shardtop_in_a_terminal(
-    samples: Path, runs: Path, *, module: str = "shardtop", extra: Path | None = None
-) -> Terminal:
-    path = os.pathsep.join(str(p) for p in (ROOT, extra) if p is not None)
-    argv = [
-        sys.executable, str(ROOT / "bench" / "recorded_nvml.py"), str(samples), "-m", module, "--runs-dir", str(runs)
-    ]
-    return Terminal(argv, size=(120, 40), env={"PYTHONPATH": path, "SHARDTOP_REFRESH": "1"})
-
-
-def wait_for_exit(term: Terminal, timeout: float = 10.0) -> int:
-    code = term.proc.wait(timeout)
-    deadline = time.monotonic() + 2
-    while term._reader.is_alive() and time.monotonic() < deadline:  # the last bytes drained
-        time.sleep(0.02)
-    return code
-
-
-def assert_restored(output: bytes) -> None:
-    """Back on the main screen, cursor shown, lines wrapping, as every full-screen program leaves a terminal."""
-    assert output.count(ALTERNATE_SCREEN.encode()) == output.count(LEAVE_ALTERNATE) == 1, output[-400:]
-    for off, on in ((b"\x1b[?25l", b"\x1b[?25h"), (b"\x1b[?7l", b"\x1b[?7h")):
-        assert output.rfind(on) > output.rfind(off), (off, on, output[-400:])
-
-
-def test_the_frame_comes_before_textual_and_stays_until_textual_paints_over_it(
-    tmp_path: Path, recorded_nvml: Path
-) -> None:
-    copy_runs(tmp_path / "runs", "h200x2/zero3-linear")
-    term = shardtop_in_a_terminal(recorded_nvml, tmp_path / "runs")
-    try:
-        term.wait_for(b"H200", str(os.getpid()).encode(), b"zero3-linear-fixed", timeout=60)
-        term.wait_for(b"Enter launches", timeout=60)  # Textual's home screen: the preset list's title
-        term.wait_for(b"Quit", timeout=30)  # its footer
-        with term._lock:
-            output = bytes(term.output)
-    finally:
-        term.close()
-    code = wait_for_exit(term)
-    textual = output[output.index(TEXTUAL_STARTED):]
-    frame = output[: output.index(TEXTUAL_STARTED)].decode()
-    assert all(w in frame for w in ("H200", str(os.getpid()), "zero3-linear-fixed")), "the frame came first, whole"
-    assert ALTERNATE_SCREEN.encode() not in textual and b"\x1b[2J" not in textual, "nothing blanks the frame"
-    assert code == 0, term.screen_text()[-3000:]
-    assert_restored(bytes(term.output))
-
-
-def test_q_pressed_while_the_frame_is_up_quits_and_restores_the_terminal(tmp_path: Path, recorded_nvml: Path) -> None:
-    term = shardtop_in_a_terminal(recorded_nvml, tmp_path / "runs")
-    try:
-        term.wait_for(b"H200", b"Presets", timeout=60)
-        with term._lock:
-            pressed_before_textual = TEXTUAL_STARTED not in term.output
-        os.write(term.master, b"q")
-        code = wait_for_exit(term, timeout=30)
-    finally:
-        term.close()
-    assert pressed_before_textual, "q was pressed while only the plain frame was up"
-    assert code == 0, term.screen_text()[-3000:]
-    assert_restored(bytes(term.output))
-
-
-BROKEN = """
-import shardtop.tui.app
-from shardtop import cli
-
-
-def broken(**_settings):
-    raise ImportError("textual is broken here")
-
-
-shardtop.tui.app.run_app = broken
-raise SystemExit(cli.main())
-"""
-WAITING = """
-import sys, time
-from shardtop.tui.first_frame import painted
-
-with painted():
-    print("frame up", file=sys.stderr, flush=True)
-    time.sleep(30)
-"""
-
-
-def test_when_textual_fails_to_start_the_terminal_is_restored_and_the_error_readable(
-    tmp_path: Path, recorded_nvml: Path
-) -> None:
-    (tmp_path / "broken_start.py").write_text(BROKEN)
-    term = shardtop_in_a_terminal(recorded_nvml, tmp_path / "runs", module="broken_start", extra=tmp_path)
-    try:
-        code = wait_for_exit(term, timeout=60)
-    finally:
-        term.close()
-    output = bytes(term.output)
-    assert code == 1
-    assert output.index(b"Presets") < output.index(LEAVE_ALTERNATE) < output.index(b"textual is broken here")
-    assert_restored(output)
-
-
-def test_ctrl_c_while_the_frame_is_up_restores_the_terminal(tmp_path: Path, recorded_nvml: Path) -> None:
-    (tmp_path / "waiting.py").write_text(WAITING)
-    term = shardtop_in_a_terminal(recorded_nvml, tmp_path / "runs", module="waiting", extra=tmp_path)
-    try:
-        term.wait_for(b"frame up", timeout=60)
-        os.kill(term.proc.pid, signal.SIGINT)  # what Ctrl+C sends
-        code = wait_for_exit(term)
-    finally:
-        term.close()
-    output = bytes(term.output)
-    assert code != 0
-    assert output.index(LEAVE_ALTERNATE) < output.index(b"KeyboardInterrupt")
-    assert_restored(output)
 
 
 class FakeTerminal(io.StringIO):

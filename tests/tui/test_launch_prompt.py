@@ -9,39 +9,10 @@ from textual.widgets import Input, Static
 
 from shardtop.config import load_preset, settable_keys
 from shardtop.rundir.run_directory import list_runs
-from shardtop.tui.app import ShardtopApp
-from shardtop.tui.screens.home import ControlledHomeScreen
-from shardtop.tui.screens.launch_prompt import LaunchPrompt
-from tests.tui.conftest import H200_HOST, RecordedHost, recorded_h200, settled
+from tests.support.launch_prompt import app_at, fully_shown, open_prompt
+from tests.tui.conftest import settled
 
 SMALL = (80, 24)
-
-
-def app_at(root: Path) -> ShardtopApp:
-    return ShardtopApp(root, refresh=0.5, gpu_source=recorded_h200(), host_probe=RecordedHost(H200_HOST))  # type: ignore[arg-type]
-
-
-async def open_prompt(app: ShardtopApp, pilot, preset: str) -> LaunchPrompt:  # type: ignore[no-untyped-def]
-    await settled(pilot)
-    home = app.screen
-    assert isinstance(home, ControlledHomeScreen)
-    home.action_launch(preset)
-    await pilot.pause()
-    assert isinstance(app.screen, LaunchPrompt)
-    return app.screen
-
-
-def fully_shown(widget: Static, screen_size: tuple[int, int]) -> bool:
-    """Every line of the widget's text lies inside its dialog and on the screen."""
-    dialog = widget.screen.query_one("#dialog")
-    width, height = screen_size
-    region = widget.region
-    lines = widget.content_size.height
-    return (
-        region.height >= lines > 0
-        and dialog.content_region.contains_region(region)
-        and region.right <= width and region.bottom <= height
-    )
 
 
 async def test_prompt_offers_only_keys_it_accepts(tmp_path: Path) -> None:

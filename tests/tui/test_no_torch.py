@@ -21,6 +21,11 @@ for name in ("shardtop.rehearse.command", "shardtop.rehearse.spec", "shardtop.re
     importlib.import_module(name)
 from shardtop.tui.app import ShardtopApp
 from tests.support.recorded import copy_runs
+from tests.support.waiting import wait_for
+
+def shown(screen):  # the home screen with its GPUs and runs, or a run's view with its first snapshot
+    home = getattr(screen, "gpus", None) is not None and getattr(screen, "runs", None) is not None
+    return home or getattr(screen, "snapshot", None) is not None
 
 async def main():
     root = Path(tempfile.mkdtemp())
@@ -28,8 +33,7 @@ async def main():
     for target in (None, *map(str, runs.values())):
         app = ShardtopApp(root, run=target)
         async with app.run_test(size=(100, 30)) as pilot:
-            for _ in range(20):
-                await pilot.pause(0.05)
+            await wait_for(pilot, lambda: shown(app.screen), timeout=60, what="the screen's first data")
             await pilot.press("question_mark", "escape", "o")
 asyncio.run(main())
 print(json.dumps(sorted(n for n in ("torch", "lightning", "deepspeed", "pytorch_lightning") if n in sys.modules)))

@@ -1,6 +1,6 @@
 """A rehearsal in the TUI, on the real CPU rehearsals (``tests/fixtures/runs/cpu-rehearsal``): the run
 view and the run list say what was rehearsed, in words; the launch prompt offers a rehearsal where
-``devices=`` asks for more than this machine has, and starts it (real CPU processes)."""
+``devices=`` asks for more than this machine has (tests/engines/test_tui_rehearse.py starts one)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from textual.widgets import Input, Static
 
 from shardtop.config import ConfigError
-from shardtop.launch import TooManyDevices, cpu_room, stop
-from shardtop.rundir.run_directory import RunDirectory, list_runs
+from shardtop.launch import TooManyDevices
+from shardtop.rundir.run_directory import list_runs
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.home import HomeScreen
 from shardtop.tui.screens.launch_prompt import check_launch, offered_rehearsal
@@ -21,9 +21,8 @@ from shardtop.tui.widgets.findings_list import FindingsList
 from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.run_header import RunHeader
 from shardtop.tui.widgets.run_list import RunList, run_cells
+from tests.support.launch_prompt import gpu_prompt, open_prompt
 from tests.tui.conftest import H200_HOST, RecordedHost, copy_runs, recorded_h200, settled, wait_for
-from tests.tui.test_launch_plan import gpu_prompt
-from tests.tui.test_launch_prompt import fully_shown, open_prompt
 
 REHEARSED = "cpu-rehearsal/zero3-linear"
 """Story 2 as asked, ranks 0 and 3 of a 4-rank job rehearsed one after the other on CPU."""
@@ -102,45 +101,6 @@ def test_more_devices_than_the_machine_has_offer_their_rehearsal() -> None:
         check_launch("fsdp2-mlp", "max_steps=lots", lambda: 2)
     except ConfigError as e:
         assert offered_rehearsal("fsdp2-mlp", "max_steps=lots", e) is None
-
-
-@pytest.mark.timeout(300)
-async def test_the_prompt_rehearses_what_this_machine_cannot_launch(tmp_path: Path) -> None:
-    """On CPU: one process more than the machine holds. Enter refuses and offers the rehearsal, readable
-    at 80×24; ctrl+r starts it (rank 0 of the job, a real CPU process) and opens its run."""
-    root = tmp_path / "runs"
-    devices = cpu_room().ranks + 1
-    app = app_at(root, refresh=0.5)
-    run: RunDirectory | None = None
-    try:
-        async with app.run_test(size=SMALL) as pilot:
-            prompt = await open_prompt(app, pilot, "fsdp2-mlp")
-            await pilot.press("ctrl+r")
-            assert app.screen is prompt and list_runs(root) == [], "nothing to rehearse yet: nothing starts"
-            await pilot.press(*f"devices={devices} max_steps=2", "enter")
-            error = prompt.query_one("#launch-error", Static)
-            offer = prompt.query_one("#launch-command", Static)
-            assert f"devices={devices} on CPU" in str(error.content) and app.screen is prompt
-            words = str(offer.content)
-            assert words == (
-                f"ctrl+r: rehearse the {devices}-rank job as one CPU process at a time instead: "
-                f"shardtop rehearse fsdp2-mlp devices={devices} max_steps=2"
-            )
-            assert fully_shown(error, SMALL) and fully_shown(offer, SMALL), (error.region, offer.region)
-            assert list_runs(root) == []
-            await pilot.press("ctrl+r")
-            await wait_for(pilot, lambda: isinstance(app.screen, RunScreen), timeout=30, what="the rehearsal's run")
-            run = app.screen.run_dir  # type: ignore[attr-defined]
-            assert run is not None
-            meta = run.read_meta()
-            assert meta["config"]["rehearsal"]["world_size"] == devices and meta["config"]["rehearsal"]["ranks"] == [0]
-            assert meta["command"][:2] == ["shardtop", "rehearse"] and meta["config"]["max_steps"] == 2
-            header = app.screen.query_one(RunHeader)
-            await wait_for(pilot, lambda: header.info is not None and header.info.rehearsal, what="the header")
-            assert header.info is not None and header.info.ranks.startswith(f"rank 0 of {devices}, rehearsed on CPU")
-    finally:
-        if run is not None and run.status().state == "running":
-            stop(run, grace=2.0, out=lambda _line: None)
 
 
 async def test_the_prompt_leaves_what_fits_to_enter(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 The model's description comes from the real helper process (``python -m
 shardtop.plan``: torch, the meta device); the TUI itself replans on every key.
 The GPUs are the recorded H200's (two of them, as on the recording machine);
-on this machine, without GPUs, the same prompt plans CPU processes.
+on this machine, without GPUs, the same prompt plans CPU processes.  In tests/engines: each
+description starts that helper, which imports torch (seconds on 2 cores).
 """
 
 from __future__ import annotations
@@ -15,23 +16,18 @@ from typing import Any
 import pytest
 from textual.widgets import Input
 
-from shardtop.config import load_preset
 from shardtop.rundir.run_directory import list_runs
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.launch_prompt import LaunchPrompt
 from shardtop.tui.watch import model_describer
 from shardtop.tui.widgets.plan_bars import PlanBars
-from tests.tui.conftest import H200_HOST, RecordedHost, recorded_h200, settled, wait_for
-from tests.tui.test_launch_prompt import app_at, open_prompt
+from tests.support.launch_prompt import app_at, gpu_prompt, open_prompt, two_h200s
+from tests.support.recorded import H200_HOST, RecordedHost, recorded_h200
+from tests.support.waiting import settled, wait_for
 
 SMALL = (80, 24)
 HELPER_S = 60.0
 """The helper imports torch and builds the model on the meta device: seconds on a loaded 2-core machine."""
-
-
-def two_h200s() -> list[Any]:
-    first = recorded_h200().sample()[0]
-    return [first, first]
 
 
 def plan_words(prompt: LaunchPrompt) -> str:
@@ -43,15 +39,6 @@ async def planned(pilot: Any, prompt: LaunchPrompt) -> str:
     await wait_for(pilot, lambda: "Planning:" not in plan_words(prompt) and plan_words(prompt), HELPER_S,
                    "the model's description from the helper process")
     return plan_words(prompt)
-
-
-async def gpu_prompt(app: ShardtopApp, pilot: Any, preset: str) -> LaunchPrompt:
-    """The prompt as on a machine with two H200s (the home screen hands it the GPUs it sampled)."""
-    await settled(pilot)
-    prompt = LaunchPrompt(load_preset(preset), lambda: 2, two_h200s())
-    app.push_screen(prompt)
-    await pilot.pause()
-    return prompt
 
 
 async def test_each_gpu_gets_its_bar_as_the_overrides_are_typed(tmp_path: Path) -> None:
