@@ -84,6 +84,16 @@ def tensors_in(value: Any) -> Iterator[torch.Tensor]:
             yield from tensors_in(item)
 
 
+def storages_in(value: Any) -> Iterator[tuple[torch.Tensor, Any, int, int]]:
+    """(tensor, storage, address, bytes) of each tensor of a module's output that has a storage."""
+    for t in tensors_in(value):
+        try:
+            storage = t.untyped_storage()
+            yield t, storage, storage.data_ptr(), storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # meta, sparse or wrapper tensors: nothing to hold
+            continue
+
+
 def held_storages(root: Any) -> set[int]:
     """Addresses of the storages of ``root``'s parameters, their gradients and its buffers."""
     held: set[int] = set()
@@ -115,7 +125,6 @@ class KeptTracker:
         self._last_trace = -RETRACE_AFTER
         self._readings: list[int] = []
         self._step = 0
-        self._traced_once = False
         self._follow_handles: dict[int, Any] = {}
         """id(module) -> the hook that follows its outputs."""
         self._followed: dict[int, _Followed] = {}
@@ -169,7 +178,7 @@ class KeptTracker:
             self._handle = None
 
     def _due(self, step: int) -> bool:
-        if not self._traced_once:
+        if self._last_trace < 0:  # never traced: the first step is
             return True
         r = self._readings
         rising = len(r) > RISES_TO_TRACE and all(b > a for a, b in zip(r, r[1:], strict=False))
@@ -177,19 +186,13 @@ class KeptTracker:
 
     def _start(self, step: int) -> None:
         self._made.clear()
-        self._traced_once = True
         self._traced_step = self._last_trace = step
         self._handle = torch.nn.modules.module.register_module_forward_hook(self._note)
 
     def _note(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
         if compiling():  # inside a compiled graph: its outputs are seen where the compiled module returns
             return
-        for t in tensors_in(output):
-            try:
-                storage = t.untyped_storage()
-                address, nbytes = storage.data_ptr(), storage.nbytes()
-            except (RuntimeError, NotImplementedError):  # meta, sparse or wrapper tensors: nothing to hold
-                continue
+        for t, storage, address, nbytes in storages_in(output):
             earlier = self._made.get(address)
             if nbytes == 0 or (earlier is not None and not earlier.ref.expired()):
                 continue  # the innermost module that returned it was noted first
@@ -208,12 +211,7 @@ class KeptTracker:
     def _follow(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
         if compiling():
             return
-        for t in tensors_in(output):
-            try:
-                storage = t.untyped_storage()
-                address, nbytes = storage.data_ptr(), storage.nbytes()
-            except (RuntimeError, NotImplementedError):
-                continue
+        for t, storage, address, nbytes in storages_in(output):
             if nbytes and address not in self._followed:
                 self._followed[address] = _Followed(StorageWeakRef(storage), nbytes, t.get_device(), self._step)
 
