@@ -39,7 +39,7 @@ from shardtop.tui.app import ShardtopApp  # noqa: E402
 from shardtop.tui.screens.home import HomeScreen  # noqa: E402
 from shardtop.tui.widgets.run_header import RunHeader  # noqa: E402
 from shardtop.tui.widgets.shard_tree import ShardTree  # noqa: E402
-from tests.tui.recorded import (  # noqa: E402
+from tests.support.recorded import (  # noqa: E402
     ALL_RUNS,
     EIGHT_GPU_HOST,
     H200_HOST,
@@ -51,9 +51,11 @@ from tests.tui.recorded import (  # noqa: E402
     h200_processes,
     recorded_h200,
 )
-from tests.tui.waiting import settled, wait_for  # noqa: E402
+from tests.support.waiting import settled, wait_for  # noqa: E402
 
 SPLIT_RUNS = ("h200-split/zero3-linear-fixed", "h200-split/fsdp-auto-wrap")
+KEPT_LOGITS = ROOT / "tests" / "fixtures" / "runs" / "h200-over-time" / "20261202-003210-kept-logits-56ca"
+"""A loop keeping each step's logits under a 24 GiB cap, to its OOM at step 90 (one H200)."""
 """Recordings with each rank's memory split by kind (one H200), for the stacked bars."""
 LAPTOP = HostSample(cpu_percent=3.0, cores=8, memory_used=6 * 2**30, memory_total=31 * 2**30)
 LETTER_SPACING = "0.16px"
@@ -180,6 +182,13 @@ def shots() -> list[Shot]:
             run_ready("c", "c"),  # a finished run, the bar magnified; the tree's columns: optimizer bytes
             cwd="split",
         ),
+        Shot(
+            "memory-kept-logits-oom-h200",
+            (120, 40),
+            run_view("h200-over-time/kept-logits"),
+            run_ready(),  # growth told before the OOM; the peak mostly "kept from earlier steps"
+            cwd="over-time",
+        ),
         Shot("help", (100, 36), run_view("h200/zero3-linear"), run_ready("question_mark")),
         Shot(
             "run-fsdp2-cpu-80x24",
@@ -228,6 +237,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         runs = copy_runs(Path(tmp) / "runs", *ALL_RUNS)
         runs |= copy_runs(Path(tmp) / "split" / "runs", *SPLIT_RUNS)  # kept out of the home views' run list
+        kept = Path(tmp) / "over-time" / "runs" / KEPT_LOGITS.name
+        shutil.copytree(KEPT_LOGITS, kept)
+        runs["h200-over-time/kept-logits"] = kept
         pngs = True
         for shot in chosen:
             os.chdir(Path(tmp) / shot.cwd)  # the run view shows run directories relative to here: "runs/<id>"

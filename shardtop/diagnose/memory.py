@@ -162,6 +162,13 @@ def find_out_of_memory(m: RunModel) -> OutOfMemory | None:
 
 def _oom_fix(e: OutOfMemory) -> str:
     o = e.oom
+    kept = (e.peak.by_kind.get("kept") or 0) if e.peak is not None else 0
+    if e.peak is not None and e.peak.allocated and kept * 2 > e.peak.allocated:
+        return (
+            f"Most of the peak ({fmt(kept)}) is tensors kept from earlier steps, not this step's work: find what "
+            "keeps a reference to each step's tensors (a list they are appended to, a hook, a metric or a log that "
+            "stores the tensor rather than `.item()` or a detached CPU copy) and let go of it."
+        )
     step = o.engine_step or ""
     engine = ENGINE_WORDS.get(e.engine, e.engine or "the engine")
     if step.endswith("_configure_zero_optimizer"):

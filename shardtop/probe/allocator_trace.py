@@ -455,9 +455,11 @@ def peak_split(
     return result, line
 
 
-def current_split(
-    snapshot: Mapping[str, Any], device: int, census: Mapping[int, str], workspaces: frozenset[int] = frozenset()
-) -> BlockSplit:
-    """The blocks allocated at the snapshot, classified by a census taken now and their frames."""
+def current_split(snapshot: Mapping[str, Any], device: int, census: Mapping[int, str]) -> BlockSplit:
+    """The blocks allocated at the snapshot, classified by a census taken now and their frames.
+
+    No workspace is named here: a block's size alone does not tell a workspace from a tensor of the
+    same size (an MLP's 4 x 512 x 4096 float32 activation is 32 MiB too); only a trace's lifetimes do.
+    """
     blocks = [TracedBlock(a, s, f, -1, 1) for a, s, f in live_blocks(snapshot.get("segments", ()), device)]
-    return split_blocks(blocks, 0, [Census(0, census)], workspaces=workspaces, end=1)
+    return split_blocks(blocks, 0, [Census(0, census)])

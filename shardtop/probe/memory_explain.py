@@ -373,7 +373,7 @@ class MemoryExplainer:
         allocated = stats.allocated if stats is not None else None
         memory: MemorySplit | None = None
         if snapshot is not None and count is not None:
-            blocks = current_split(snapshot, self.cuda_index, count.addresses, self.workspaces)
+            blocks = current_split(snapshot, self.cuda_index, count.addresses)
             kinds = blocks.memory_kinds()
             traced = self.history is not None and self.history.recording
             kinds = _only_measured(kinds, count.kinds)

@@ -83,3 +83,9 @@ def test_each_peak_is_explained_to_95_percent(name: str) -> None:
         assert split.by_kind.kept is not None and split.by_kind.kept >= 0.85 * split.allocated
     else:
         assert split.by_kind.workspace == 2 * 32 << 20
+
+
+def test_an_oom_whose_peak_is_mostly_kept_tensors_points_at_what_keeps_them() -> None:
+    data: dict[str, Any] = json.loads(report(recording("kept-logits"), "json"))
+    oom = next(f for f in data["findings"] if f["code"] == "oom")
+    assert "kept from earlier steps" in oom["fix"] and "Activations did not fit" not in oom["fix"], oom["fix"]
