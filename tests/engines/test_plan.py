@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
-import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -38,28 +36,23 @@ STORY2_PARAMS = 18000 * (512 * 512 + 512)
 STORY2_BIASES = 18000 * 512
 
 
-def shardtop_plan(*args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess[str], float, float]:
-    """``shardtop plan ARGS`` as a user runs it; also its wall time and CPU time (user + system)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
+def shardtop_plan(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``shardtop plan ARGS`` as a user runs it (its speed: ``bench/bench_rehearse.py``)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "shardtop", "plan", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT, check=False)
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return done, wall, cpu
+    return done
 
 
 @pytest.fixture(scope="module")
 def story2() -> dict[str, Any]:
-    """Both plans of story 2 on six 16 GiB cards, through the real command, with their times."""
+    """Both plans of story 2 on six 16 GiB cards, through the real command."""
     out: dict[str, Any] = {}
     for preset in ("zero3-linear", "zero3-linear-fixed"):
-        done, wall, cpu = shardtop_plan(preset, "devices=6", "gpu=16GiB", "--format", "json")
+        done = shardtop_plan(preset, "devices=6", "gpu=16GiB", "--format", "json")
         assert done.returncode == 0, done.stderr
-        out[preset] = {"plan": json.loads(done.stdout), "wall": wall, "cpu": cpu}
-    text, _, _ = shardtop_plan("zero3-linear", "devices=6", "gpu=16GiB")
+        out[preset] = {"plan": json.loads(done.stdout)}
+    text = shardtop_plan("zero3-linear", "devices=6", "gpu=16GiB")
     out["text"] = text.stdout
     return out
 
@@ -98,15 +91,6 @@ def test_story2_fixed_holds_a_sixth_of_the_parameters_and_says_whether_the_rest_
     assert chosen["fits"] is True
 
 
-def test_a_plan_of_18000_layers_takes_at_most_five_seconds(story2: dict[str, Any]) -> None:
-    """CPU time of the whole command (start, torch import, meta build, trace, plan): wall time includes
-    whatever else the machine runs, so it is printed, not asserted."""
-    for preset in ("zero3-linear", "zero3-linear-fixed"):
-        cpu, wall = story2[preset]["cpu"], story2[preset]["wall"]
-        print(f"shardtop plan {preset}: {cpu:.2f} s CPU, {wall:.2f} s wall")
-        assert cpu <= 5.0, f"{preset}: {cpu:.2f} s of CPU"
-
-
 def test_text_and_markdown_say_the_same_verdict() -> None:
     request = read_request(["fsdp-not-sharding", "devices=2", "gpu=2GiB"], detect_gpu=False)
     plan = plan_config(request.config, devices=request.devices, accelerator=request.accelerator, gpu=request.gpu)
@@ -131,7 +115,7 @@ def test_text_and_markdown_say_the_same_verdict() -> None:
     ],
 )
 def test_bad_input_says_what_to_type_and_exits_2(args: list[str], expected: str) -> None:
-    done, _, _ = shardtop_plan(*args)
+    done = shardtop_plan(*args)
     assert done.returncode == 2, done.stdout + done.stderr
     assert expected in done.stderr and "Traceback" not in done.stderr
     if "gpu=" in expected:
@@ -157,7 +141,7 @@ def test_gpu_mem_limit_acts_as_the_card_and_devices_is_not_limited_by_this_machi
 
 
 def test_no_gpu_given_or_found_means_fits_is_not_judged() -> None:
-    done, _, _ = shardtop_plan("fsdp2-mlp", "--format", "json")
+    done = shardtop_plan("fsdp2-mlp", "--format", "json")
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     assert plan["gpu_bytes"] is None and plan["verdict"]["fits"] is None

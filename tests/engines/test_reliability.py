@@ -22,8 +22,8 @@ from shardtop.report import render_report
 from shardtop.rundir.events import Exit, Fault, Memory, Oom, Step, read_all
 from shardtop.rundir.run_directory import RunDirectory, list_runs
 from shardtop.rundir.run_status import RunExit
-from tests.engines.test_supervisor import wait
 from tests.support.cli import ROOT, shardtop
+from tests.support.waiting import wait_until
 
 KiB = 1 << 10
 
@@ -187,9 +187,9 @@ def test_a_sigterm_of_a_rank_reads_interrupted(runs_dir: Path) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        wait(lambda: bool(list_runs(runs_dir)), 180, "the run directory")
+        wait_until(lambda: bool(list_runs(runs_dir)), 180, "the run directory")
         run = the_run(runs_dir)
-        wait(lambda: any(isinstance(e, Step) and e.rank == 1 for e in read_all(run.events_dir)[0]), 180,
+        wait_until(lambda: any(isinstance(e, Step) and e.rank == 1 for e in read_all(run.events_dir)[0]), 180,
              "rank 1's first step")
         (rank_1,) = [p["pid"] for p in run.read_meta()["rank_pids"] if p["rank"] == 1]
         os.kill(rank_1, signal.SIGTERM)

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -22,20 +22,12 @@ from shardtop.read.whole_run import read_run
 from shardtop.rundir.events import Step, read_all
 from shardtop.rundir.run_directory import RunDirectory, list_runs
 from tests.support.cli import ROOT, shardtop
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
 MAX_STEPS = 100_000
 """Far longer than any test waits (a step takes about 20 ms on 2 cores); the tests end the run."""
-
-
-def wait(condition: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def stepping(run: RunDirectory, ranks: int = 2) -> bool:
@@ -73,11 +65,11 @@ def test_start_leaves_no_child_and_the_record_tells_a_kill_from_a_stop(tmp_path:
         meta = run.read_meta()
         assert (meta["pid"], meta["pgid"]) == (supervisor.pid, supervisor.pgid)
         assert meta["pid_started"] == pytest.approx(proc.create_time(), abs=0.01)
-        wait(lambda: stepping(run), 120, "both ranks to train")
+        wait_until(lambda: stepping(run), 120, "both ranks to train")
         _, (rank0, rank1) = run_pids(run)
         os.kill(rank0, signal.SIGSTOP)
         os.kill(rank1, signal.SIGKILL)
-        wait(lambda: run.read_exit() is not None, 60, "the supervisor's exit record")
+        wait_until(lambda: run.read_exit() is not None, 60, "the supervisor's exit record")
     finally:
         if run.status().state == "running":
             stop(run, grace=2.0, out=lambda _line: None)
@@ -93,7 +85,7 @@ def test_start_leaves_no_child_and_the_record_tells_a_kill_from_a_stop(tmp_path:
     told = {r.rank: r.status for r in read_run(run).ranks}  # what every view shows beside each rank
     assert (told[1].state, told[1].detail) == ("killed", "SIGKILL"), "the killed rank is marked"
     assert (told[0].state, told[0].detail) == ("interrupted", "stopped after rank 1 failed"), "not an error of its own"
-    wait(lambda: not alive(supervisor.pid), 10, "the supervisor to leave")
+    wait_until(lambda: not alive(supervisor.pid), 10, "the supervisor to leave")
 
 
 def test_the_run_outlives_the_terminal_that_launched_it(tmp_path: Path) -> None:
@@ -105,12 +97,12 @@ def test_the_run_outlives_the_terminal_that_launched_it(tmp_path: Path) -> None:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
     )
     try:
-        wait(lambda: list_runs(runs_dir) and stepping(list_runs(runs_dir)[0]), 120, "the run to train")
+        wait_until(lambda: list_runs(runs_dir) and stepping(list_runs(runs_dir)[0]), 120, "the run to train")
         (run,) = list_runs(runs_dir)
         launcher.send_signal(signal.SIGHUP)
         assert launcher.wait(timeout=30) == -signal.SIGHUP
         steps_then = last_step(run)
-        wait(lambda: last_step(run) > steps_then + 5, 60, "training to go on")
+        wait_until(lambda: last_step(run) > steps_then + 5, 60, "training to go on")
         assert run.status().state == "running" and run.read_exit() is None
         stopped = shardtop("stop", run.id, "--grace", "20", runs_dir=runs_dir)
         assert stopped.returncode == 0, stopped.stderr
@@ -138,7 +130,7 @@ def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunDire
         env={**os.environ, "SHARDTOP_RUNS_DIR": str(runs_dir), "CUDA_VISIBLE_DEVICES": ""},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
     )
-    wait(lambda: list_runs(runs_dir) and stepping(list_runs(runs_dir)[0]), 120, "the run to train")
+    wait_until(lambda: list_runs(runs_dir) and stepping(list_runs(runs_dir)[0]), 120, "the run to train")
     (run,) = list_runs(runs_dir)
     yield run, launcher
     if run.status().state == "running":
@@ -213,7 +205,7 @@ def test_supervisor_killed_with_sigkill_takes_its_ranks_along(
     supervisor, ranks = run_pids(run)
     assert all(alive(p) for p in (supervisor, *ranks))
     os.kill(supervisor, signal.SIGKILL)
-    wait(lambda: not any(alive(p) for p in ranks), 10, "the ranks to die with their supervisor")
+    wait_until(lambda: not any(alive(p) for p in ranks), 10, "the ranks to die with their supervisor")
     out, _ = launcher.communicate(timeout=60)
     assert launcher.returncode == 1, out
     assert "lost" in out.splitlines()[-1], out
@@ -227,11 +219,11 @@ def test_a_supervisor_that_fails_records_why(tmp_path: Path) -> None:
     """A damaged run.json (no world size): the supervisor fails before any rank, and says so in exit.json."""
     run = RunDirectory.create(tmp_path, "ddp-baseline", {"config": {"preset": "ddp-baseline"}})
     supervisor = start(run)
-    wait(lambda: run.read_exit() is not None, 60, "the exit record")
+    wait_until(lambda: run.read_exit() is not None, 60, "the exit record")
     record = run.read_exit()
     assert record is not None and record.code == 1
     missing = f"{run.meta_path} gives no world_size: the number of ranks to start"
     assert record.reason == f"the supervisor failed: ConfigMissing: {missing}"
     assert run.status().state == "failed"
     assert "ConfigMissing" in run.runner_log.read_text()
-    wait(lambda: not alive(supervisor.pid), 10, "the supervisor to leave")
+    wait_until(lambda: not alive(supervisor.pid), 10, "the supervisor to leave")

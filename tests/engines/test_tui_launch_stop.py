@@ -16,7 +16,8 @@ from shardtop.tui.screens.launch_prompt import LaunchPrompt
 from shardtop.tui.screens.run_view import RunScreen
 from shardtop.tui.widgets.preset_list import PresetList
 from shardtop.tui.widgets.run_header import RunHeader
-from tests.tui.conftest import H200_HOST, RecordedHost, recorded_h200, wait_for
+from tests.support.recorded import H200_HOST, RecordedHost, recorded_h200
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 

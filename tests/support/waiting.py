@@ -1,4 +1,5 @@
-"""Waiting on a Pilot-driven app: for a condition, and for the screen to settle before a picture."""
+"""Waiting: on a Pilot-driven app, for a condition and for the screen to settle before a picture; on a
+process, for a condition."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import DataTable
 
+QUIET_S = 0.15
+"""How long the screen must stay the same before it counts as settled."""
+
 
 async def wait_for(pilot: object, condition: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
     """Let the app run until ``condition()`` is true; fail with ``what`` after ``timeout``."""
@@ -20,13 +24,24 @@ async def wait_for(pilot: object, condition: Callable[[], object], timeout: floa
         await pilot.pause(0.05)  # type: ignore[attr-defined]
 
 
-def measured(table: DataTable[Any]) -> bool:
-    """Whether a ``DataTable`` has measured its columns for the rows it holds.
+def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
+    """Poll ``condition()`` (outside any app) until it is true; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
 
-    New rows are measured when the table next goes idle (``_require_update_dimensions``, Textual's
-    own flag); until then a picture can show the columns at their headers' widths.
+
+def measured(table: DataTable[Any]) -> bool:
+    """Whether a ``DataTable`` has laid out the rows it holds and sized its columns to them.
+
+    A table places new rows and widens its columns when it next goes idle; until then a
+    picture can show missing rows, or columns at their headers' widths.
     """
-    if getattr(table, "_require_update_dimensions", False) or getattr(table, "_new_rows", None):
+    rows = sum(row.height for row in table.rows.values())
+    if table.virtual_size.height != rows + (table.header_height if table.show_header else 0):
         return False
     for key, column in table.columns.items():
         cells = [c.plain if isinstance(c, Text) else str(c) for c in table.get_column(key)]
@@ -36,21 +51,25 @@ def measured(table: DataTable[Any]) -> bool:
 
 
 async def settled(pilot: object, timeout: float = 10.0) -> None:
-    """Let the app run until its tables are measured and two looks at the screen, a pause apart, agree.
+    """Let the app run until its tables are laid out and the screen has stayed the same for ``QUIET_S``.
 
-    The data being there is not enough for a snapshot: a ``DataTable`` measures its
-    columns when its message queue next runs dry, which on a loaded machine can come
-    after the test would have taken the picture.
+    The data being there is not enough for a snapshot: a ``DataTable`` lays out its
+    rows when its message queue next runs dry, which on a loaded machine can come
+    after the test would have taken the picture, and the feeds' threads compete with
+    the app's loop for the interpreter.
     """
     app = pilot.app  # type: ignore[attr-defined]
     deadline = time.monotonic() + timeout
-    before = None
+    before, since = None, 0.0
     while time.monotonic() < deadline:
+        await pilot.pause()  # type: ignore[attr-defined]
         await pilot.pause(0.05)  # type: ignore[attr-defined]
         if not all(measured(table) for table in app.screen.query(DataTable)):
+            before = None
             continue
         now = app.export_screenshot()
-        if now == before:
+        if now != before:
+            before, since = now, time.monotonic()
+        elif time.monotonic() - since >= QUIET_S:
             return
-        before = now
     raise AssertionError(f"the screen did not settle in {timeout}s")

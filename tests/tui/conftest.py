@@ -1,4 +1,4 @@
-"""Shared pieces of the TUI tests: recorded hardware, recorded runs, waiting on the app."""
+"""The TUI tests' fixtures: the time zone, a working directory of their own, recorded runs."""
 
 from __future__ import annotations
 
@@ -9,14 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.recorded import (  # noqa: F401 - re-exported for the tests
-    H200_HOST,
-    RecordedGpus,
-    RecordedHost,
-    copy_runs,
-    recorded_h200,
-)
-from tests.support.waiting import settled, wait_for  # noqa: F401 - re-exported for the tests
+from tests.support.recorded import copy_runs
 
 STORY2_RUNS = ("h200/zero3-linear", "h200/zero3-linear-fixed", "cpu/fsdp2-mlp")
 """The runs most tests open: story 2 as asked and as fixed on the H200, and fsdp2 on 2 CPU ranks."""
@@ -42,3 +35,10 @@ def recorded_root(tmp_path: Path) -> Path:
     root = tmp_path / "runs"
     copy_runs(root, *STORY2_RUNS)
     return root
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test's own directory as the working directory: paths are shown relative to it."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

@@ -16,8 +16,15 @@ from shardtop.tui.watch.gpu_feed import GpuFeed
 from shardtop.tui.watch.log_tail import LogTail
 from shardtop.tui.watch.run_catalog import RunCatalog
 from shardtop.tui.watch.run_feed import RunFeed
-from tests.support.recorded import RecordedGpus, copy_runs, eight_h200s, nvml_samples
-from tests.tui.conftest import H200_HOST, RecordedHost, recorded_h200
+from tests.support.recorded import (
+    H200_HOST,
+    RecordedGpus,
+    RecordedHost,
+    copy_runs,
+    eight_h200s,
+    nvml_samples,
+    recorded_h200,
+)
 
 
 class Clock:

@@ -10,7 +10,7 @@ from textual.widgets import Input, Static
 from shardtop.config import load_preset, settable_keys
 from shardtop.rundir.run_directory import list_runs
 from tests.support.launch_prompt import app_at, fully_shown, open_prompt
-from tests.tui.conftest import settled
+from tests.support.waiting import settled
 
 SMALL = (80, 24)
 

@@ -27,7 +27,8 @@ from shardtop.tui.screens.run_view import RunScreen
 from shardtop.tui.widgets.oom_panel import OomPanel
 from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.shard_tree import ShardTree
-from tests.tui.conftest import H200_HOST, RecordedHost, copy_runs, recorded_h200, settled, wait_for
+from tests.support.recorded import H200_HOST, RecordedHost, copy_runs, recorded_h200
+from tests.support.waiting import settled, wait_for
 
 SETUP_OOM = "h200-split/zero3-linear-fixed"
 FINISHED = "h200-split/fsdp-auto-wrap"

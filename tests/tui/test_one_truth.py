@@ -28,8 +28,8 @@ from shardtop.tui.widgets.oom_panel import OomPanel
 from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.run_header import RunHeader
 from shardtop.tui.widgets.shard_tree import ShardTree
+from tests.support.recorded import H200_HOST, RecordedHost, recorded_h200
 from tests.support.waiting import wait_for
-from tests.tui.conftest import H200_HOST, RecordedHost, recorded_h200
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "runs"
 RECORDED = sorted(p for p in FIXTURES.glob("*/*") if (p / "run.json").is_file())

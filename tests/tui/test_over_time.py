@@ -17,9 +17,9 @@ from shardtop.tui.screens.run_view import RunScreen
 from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.run_header import RunHeader
 from shardtop.tui.widgets.shard_tree import ShardTree
+from tests.support.apps import run_app, run_ready
 from tests.support.recorded import copy_runs, live_copy
-from tests.tui.conftest import settled, wait_for
-from tests.tui.test_snapshots import in_tmp, run_app, run_ready  # noqa: F401
+from tests.support.waiting import settled, wait_for
 
 GROWS = "cpu-over-time/keeps_outputs"
 """One rank whose loop keeps every step's outputs: 8 MiB more at every step's start."""

@@ -17,7 +17,7 @@ from shardtop.gpus import GpuProcessInfo
 from shardtop.tui.repaint import LinePiece
 from shardtop.tui.widgets.process_table import COLUMNS, ProcessRow, ProcessTable
 from tests.support.recorded import OTHER_USER_PID, TRAINER_PIDS, eight_h200_processes
-from tests.tui.conftest import settled
+from tests.support.waiting import settled
 
 CSS = Path(__file__).resolve().parents[2] / "shardtop" / "tui" / "shardtop.tcss"
 CPU = COLUMNS.index("CPU %")

@@ -10,8 +10,8 @@ from shardtop.tui.screens.home import ControlledHomeScreen, HomeScreen
 from shardtop.tui.screens.run_view import ControlledRunScreen, RunScreen
 from shardtop.tui.widgets.preset_list import PresetList
 from shardtop.tui.widgets.shard_tree import ShardTree
-from tests.support.recorded import recorded_run
-from tests.tui.conftest import H200_HOST, RecordedHost, recorded_h200, wait_for
+from tests.support.recorded import H200_HOST, RecordedHost, recorded_h200, recorded_run
+from tests.support.waiting import wait_for
 
 CHANGING_ACTIONS = {"stop", "launch"}
 

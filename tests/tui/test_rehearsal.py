@@ -22,7 +22,8 @@ from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.run_header import RunHeader
 from shardtop.tui.widgets.run_list import RunList, run_cells
 from tests.support.launch_prompt import gpu_prompt, open_prompt
-from tests.tui.conftest import H200_HOST, RecordedHost, copy_runs, recorded_h200, settled, wait_for
+from tests.support.recorded import H200_HOST, RecordedHost, copy_runs, recorded_h200
+from tests.support.waiting import settled, wait_for
 
 REHEARSED = "cpu-rehearsal/zero3-linear"
 """Story 2 as asked, ranks 0 and 3 of a 4-rank job rehearsed one after the other on CPU."""

@@ -7,9 +7,10 @@ from pathlib import Path
 from textual.widgets import TabbedContent
 
 from shardtop.tui.widgets.plan_check import PlanVsRun
+from tests.support.apps import app_for, text_of
 from tests.support.plan_runs import with_plan
-from tests.tui.conftest import copy_runs, wait_for
-from tests.tui.test_run_view import app_for, text_of
+from tests.support.recorded import copy_runs
+from tests.support.waiting import wait_for
 
 
 async def test_a_run_with_a_plan_shows_it_and_marks_a_miss(tmp_path: Path) -> None:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import io
 import sys
 import types
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 from textual.widgets import Static, TabbedContent
 
 from shardtop.read.shard_model import Fold
@@ -23,8 +21,9 @@ from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.run_header import RunHeader
 from shardtop.tui.widgets.run_list import RunList
 from shardtop.tui.widgets.shard_tree import ShardTree
-from tests.support.recorded import recorded_run
-from tests.tui.conftest import H200_HOST, RecordedHost, recorded_h200, wait_for
+from tests.support.apps import app_for, text_of
+from tests.support.recorded import H200_HOST, RecordedHost, recorded_h200, recorded_run
+from tests.support.waiting import wait_for
 
 ZERO3 = recorded_run("h200/zero3-linear").name
 """Story 2 on the H200: 18 000 Linear, a real CUDA OOM in model.net.15330."""
@@ -32,16 +31,6 @@ ZERO3_FIXED = recorded_run("h200/zero3-linear-fixed").name
 """Story 2 fixed, on one H200: a real OOM under deepspeed.zero.Init, before any module tree."""
 FSDP2 = recorded_run("cpu/fsdp2-mlp").name
 CULPRIT = "model.net.15330"
-
-
-def app_for(root: Path, run: str | None = None, read_only: bool = False) -> ShardtopApp:
-    return ShardtopApp(
-        root,
-        run=run,
-        read_only=read_only,
-        gpu_source=recorded_h200(),  # type: ignore[arg-type]
-        host_probe=RecordedHost(H200_HOST),  # type: ignore[arg-type]
-    )
 
 
 def tree_of(app: ShardtopApp) -> ShardTree:
@@ -52,13 +41,6 @@ def selected_path(tree: ShardTree) -> str:
     node = tree.selected
     assert tree.model is not None and node is not None
     return tree.model.paths[node] if isinstance(node, int) else f"fold:{tree.model.fold_label(node)}"
-
-
-def text_of(widget: Static) -> str:
-    """What a Static shows, as plain text (its content may be any Rich renderable)."""
-    console = Console(width=200, file=io.StringIO(), record=True, color_system=None)
-    console.print(widget.content)
-    return console.export_text()
 
 
 async def test_enter_on_a_run_opens_it(recorded_root: Path) -> None:

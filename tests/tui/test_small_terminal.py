@@ -12,8 +12,16 @@ from shardtop.tui.widgets.process_table import ProcessTable
 from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.run_list import RunList
 from shardtop.tui.widgets.shard_tree import ShardTree
-from tests.support.recorded import EIGHT_GPU_HOST, copy_runs, eight_h200_processes, eight_h200s
-from tests.tui.conftest import H200_HOST, RecordedHost, recorded_h200, settled, wait_for
+from tests.support.recorded import (
+    EIGHT_GPU_HOST,
+    H200_HOST,
+    RecordedHost,
+    copy_runs,
+    eight_h200_processes,
+    eight_h200s,
+    recorded_h200,
+)
+from tests.support.waiting import settled, wait_for
 
 
 async def test_eight_gpus_at_80x24_keep_a_line_each_and_the_runs_on_screen(tmp_path: Path) -> None:

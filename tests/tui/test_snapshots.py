@@ -12,7 +12,6 @@ before committing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +19,10 @@ import pytest
 
 from shardtop.gpus import HostSample
 from shardtop.tui.app import ShardtopApp
-from shardtop.tui.screens.home import HomeScreen
-from shardtop.tui.widgets.run_header import RunHeader
-from shardtop.tui.widgets.shard_tree import ShardTree
+from tests.support.apps import HOUR, frozen_clock, home_ready, run_app, run_ready
 from tests.support.recorded import (
     ALL_RUNS,
     EIGHT_GPU_HOST,
-    H200_HOST,
     LOGIN_NODE,
     NoDriver,
     RecordedHost,
@@ -34,65 +30,9 @@ from tests.support.recorded import (
     eight_h200_processes,
     eight_h200s,
     live_copy,
-    recorded_h200,
 )
-from tests.tui.conftest import settled, wait_for
 
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 48), id="160x48")]
-HOUR = 3600.0
-"""A refresh longer than any test: the feeds poll once, so the picture cannot move."""
-
-
-def frozen_clock() -> float:
-    return 1795966800.0
-
-
-def run_app(root: Path, run: Path) -> ShardtopApp:
-    return ShardtopApp(
-        root,
-        run=str(run),
-        refresh=HOUR,
-        gpu_source=recorded_h200(),  # type: ignore[arg-type]
-        host_probe=RecordedHost(H200_HOST),  # type: ignore[arg-type]
-        clock=frozen_clock,
-    )
-
-
-def home_ready() -> Callable[[Any], Any]:
-    async def run_before(pilot: Any) -> None:
-        screen = pilot.app.screen
-        await wait_for(
-            pilot,
-            lambda: isinstance(screen, HomeScreen) and screen.gpus is not None and screen.runs is not None,
-            what="the home screen's first data",
-        )
-        await settled(pilot)
-
-    return run_before
-
-
-def run_ready(*keys: str) -> Callable[[Any], Any]:
-    async def run_before(pilot: Any) -> None:
-        await wait_for(
-            pilot,
-            lambda: (
-                pilot.app.screen.query(ShardTree)
-                and pilot.app.screen.query_one(RunHeader).info is not None
-                and pilot.app.screen.snapshot is not None
-            ),
-            what="the run view",
-        )
-        await settled(pilot)
-        await pilot.press(*keys)
-        await settled(pilot)
-
-    return run_before
-
-
-@pytest.fixture
-def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 @pytest.fixture
