@@ -366,7 +366,7 @@ ATTRIBUTED_BY_WORDS: dict[AttributedBy, str] = {
     "forward-frame": "named by the forward() frame on the stack",
     "apply-frame": "named by a conversion of its parameters (Module._apply, or an engine looping over them)",
     "init-frame": "the type of the module being built under deepspeed.zero.Init (it had no path yet)",
-    "tracker": "named by the module tracker (the module backward was in)",
+    "tracker": "named by the module tracker (the module whose tensors the failing operation was working on)",
     "engine-step": "only the engine step is known",
     "phase": "only the phase is known",
 }

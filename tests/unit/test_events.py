@@ -138,7 +138,10 @@ def test_words_this_version_does_not_know_are_kept_and_said_as_written(tmp_path:
     story = OomStory(oom, None)
     assert (story.found_by, story.when) == ("hook-frame", "during checkpoint")
     known = OomStory(msgspec.structs.replace(oom, attributed_by="tracker"), None)
-    assert known.found_by == "named by the module tracker (the module backward was in)"
+    # said of an OOM in forward too (the loss on a module's outputs), so not "the module backward was in"
+    assert known.found_by == (
+        "named by the module tracker (the module whose tensors the failing operation was working on)"
+    )
 
 
 def test_tree_paths_rebuild_dotted_paths() -> None:
