@@ -16,15 +16,18 @@ from tests.support.own_job_runs import ROOT, cli, user_env
 
 SCRIPT = str(ROOT / "tests" / "over_time_scripts" / "skips_collective.py")
 STEP_S = 1.0
+LONG_RUN_STEP_S = 0.5
+"""The long-step run's usual step: its long step (8 of them, 4 s) still outlasts the stall threshold
+(``max(3 steps, MIN_STALL_S)``, 2 s) twice over."""
 RULE_CASES = {"rank-stalled": ("skips_collective.py", ["skips_collective.py --long-step"])}
 """The rule this file covers with real runs: the run that shows it, and the one that comes close."""
 
 
-def start(runs: Path, *args: str) -> subprocess.Popen[str]:
+def start(runs: Path, *args: str, step_s: float = STEP_S) -> subprocess.Popen[str]:
     env = {**user_env(), "SHARDTOP_RUNS_DIR": str(runs)}
     return subprocess.Popen(
         [sys.executable, "-m", "shardtop", "run", "--headless", "--", "torchrun", "--standalone",
-         "--nproc_per_node", "2", SCRIPT, "--step-s", str(STEP_S), *args],
+         "--nproc_per_node", "2", SCRIPT, "--step-s", str(step_s), *args],
         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 
@@ -63,7 +66,7 @@ def test_a_rank_waiting_in_a_collective_its_peer_skipped_is_shown_stalled(tmp_pa
 
 def test_ranks_busy_together_in_one_long_step_are_not_stalled(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    job = start(runs, "--long-step", "--at", "3", "--steps", "6")
+    job = start(runs, "--long-step", "--at", "3", "--steps", "6", step_s=LONG_RUN_STEP_S)
     states: set[str] = set()
     while job.poll() is None:
         time.sleep(0.3)
