@@ -8,7 +8,7 @@ model costs what is open, not what exists.  Pure Python, no Textual.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
@@ -349,6 +349,30 @@ def _children(model: ShardModel, node: Node, prefix: str) -> list[tuple[Node, st
 def iter_visible_lines(model: ShardModel, expanded: Collection[Node]) -> Iterator[Line]:
     """``visible_lines`` one at a time: a first frame stops at the lines it has room for."""
     return _walk(model, [(0, "", "")], expanded) if model.size else iter(())
+
+
+def iter_lines_from(model: ShardModel, expanded: Collection[Node], way: Sequence[Node], start: int) -> Iterator[Line]:
+    """``iter_visible_lines`` from the line of ``kids_of(way[-1])[start]`` on, without walking the lines
+    before it: the lines the whole walk yields from there, in order.
+
+    ``way``: the root first, each node a child of the one before, every one of them open.
+    """
+    stack: list[tuple[Node, str, str]] = []
+    prefix = ""
+    for parent, child in zip(way, way[1:], strict=False):
+        kids = model.kids_of(parent)
+        at = kids.index(child)
+        stack.extend(_entries(kids, range(len(kids) - 1, at, -1), prefix))  # its later siblings, last first
+        prefix += "  " if at == len(kids) - 1 else "│ "
+    kids = model.kids_of(way[-1])
+    stack.extend(_entries(kids, range(len(kids) - 1, start - 1, -1), prefix))
+    return _walk(model, stack, expanded)
+
+
+def _entries(kids: Sequence[Node], indices: Iterable[int], prefix: str) -> Iterator[tuple[Node, str, str]]:
+    last = len(kids) - 1
+    for i in indices:
+        yield kids[i], prefix + ("└─" if i == last else "├─"), prefix + ("  " if i == last else "│ ")
 
 
 def _walk(model: ShardModel, stack: list[tuple[Node, str, str]], expanded: Collection[Node]) -> Iterator[Line]:

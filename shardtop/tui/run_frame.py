@@ -14,13 +14,22 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING
 
 from shardtop.read.follower import RunFollower
 from shardtop.read.run_model import RunModel
-from shardtop.read.shard_model import Fold, Line, Node, ShardModel, default_expanded, iter_visible_lines, oom_marks
+from shardtop.read.shard_model import (
+    Fold,
+    Line,
+    Node,
+    ShardModel,
+    default_expanded,
+    iter_lines_from,
+    iter_visible_lines,
+    oom_marks,
+)
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.tui.format import bar, duration, fraction, short_count, truncate
 from shardtop.tui.header_info import header_parts, run_header_info
@@ -125,16 +134,31 @@ def tree_lines(tree: ShardModel | None, width: int, oom_path: str | None, room: 
 
 
 def shown_lines(tree: ShardModel, expanded: set[Node], culprit: int | None, room: int) -> list[Line]:
-    """The first ``room`` lines, or ``room`` lines with the culprit's in the middle, as the view jumps to it."""
+    """The first ``room`` lines, or ``room`` lines with the culprit's in the middle, as the view jumps to it.
+
+    The walk to the culprit starts a screen's worth of siblings before it (story 2's culprit is the
+    15 331st of 18 000), not at the top: each sibling before it is at least one line.
+    """
     if culprit is None:
         return list(islice(iter_visible_lines(tree, expanded), room))
-    before: deque[Line] = deque(maxlen=max(1, (room + 1) // 2))
-    lines = iter_visible_lines(tree, expanded)
+    half = max(1, (room + 1) // 2)
+    before: deque[Line] = deque(maxlen=half)
+    lines = _lines_before(tree, expanded, culprit, half)
     for line in lines:
         before.append(line)
         if line.node == culprit:
             break
     return [*before, *islice(lines, max(0, room - len(before)))]
+
+
+def _lines_before(tree: ShardModel, expanded: set[Node], culprit: int, need: int) -> Iterator[Line]:
+    """Visible lines from at least ``need`` lines before the culprit's (or from the top) on."""
+    way = [*tree.reveal(culprit), culprit]
+    for level in range(len(way) - 2, -1, -1):
+        at = tree.kids_of(way[level]).index(way[level + 1])
+        if at >= need:
+            return iter_lines_from(tree, expanded, way[: level + 1], at - need)
+    return iter_visible_lines(tree, expanded)
 
 
 def run_frame_lines(

@@ -12,6 +12,7 @@ from shardtop.read.shard_model import (
     ShardModel,
     default_expanded,
     fold_children,
+    iter_lines_from,
     lines_below,
     oom_marks,
     subtree_end,
@@ -213,3 +214,19 @@ def test_a_kind_no_rank_reported_reads_none_not_zero() -> None:
     assert model.node_figure(0, 0, "grads") is None and model.node_figure(0, 0, "activations") is None
     assert model.node_figure(0, 0, "total") == model.node_figure(0, 0, "params"), "the total of what is known"
     assert model.node_figure(0, 7, "grads") is None, "a rank the run does not have"
+
+
+def test_lines_from_a_sibling_on_are_the_whole_walks_lines_from_there() -> None:
+    """Story 2's culprit is the 15 331st of 18 000 Linear: the first frame walks from a few siblings
+    before it, and draws the lines the walk from the top would have drawn from there on."""
+    model = recorded_model("h200/zero3-linear")
+    culprit = model.row_of("model.net.15330")
+    assert culprit is not None
+    way = [*model.reveal(culprit), culprit]
+    expanded = {*default_expanded(model), *way[:-1]}
+    whole = visible_lines(model, expanded)
+    parent = way[-2]
+    kids = model.kids_of(parent)
+    for start in (0, 1, kids.index(culprit) - 18, kids.index(culprit), len(kids) - 1):
+        first = next(i for i, line in enumerate(whole) if line.node == kids[start])
+        assert list(iter_lines_from(model, expanded, way[:-1], start)) == whole[first:]
