@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from shardtop.config import ConfigError, apply_cpu_defaults
+from shardtop.rundir.cluster import host_name
 from shardtop.rundir.liveness import is_running, process_start_time
 from shardtop.rundir.run_directory import RunDirectory, RunError
 from shardtop.units import format_bytes
@@ -253,7 +253,7 @@ def stop(run: RunDirectory, grace: float = 10.0, out: Callable[[str], None] = pr
         return False
     asked_at = time.time()
     pgid = meta.get("pgid")
-    here = meta.get("host") in (None, socket.gethostname())  # another host's pid numbers mean nothing here
+    here = meta.get("host") in (None, host_name())  # another host's pid numbers mean nothing here
     leader_alive = here and bool(meta.get("pid")) and is_running(int(meta["pid"]), meta.get("pid_started"))
     if pgid and leader_alive:
         _killpg(int(pgid), signal.SIGTERM)

@@ -8,7 +8,6 @@ on a SLURM cluster the job and step ids the scheduler sets.  No torch here.
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 
 HEARTBEAT_S = 5.0
@@ -19,7 +18,8 @@ STALE_AFTER_S = 60.0
 
 
 def host_name() -> str:
-    return socket.gethostname()
+    """This machine's name, as ``socket.gethostname()`` gives it (without importing ``socket``)."""
+    return os.uname().nodename
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ records (``Oom``, ``Fault``, ``Exit``) still go into room kept for them.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -37,6 +36,7 @@ from typing import Literal
 
 import msgspec
 
+from shardtop.rundir.cluster import host_name
 from shardtop.rundir.reserved_file import ReservedAppendFile
 
 SCHEMA_VERSION = 1
@@ -562,7 +562,7 @@ class EventWriter:
     ) -> None:
         self.path = path
         self.rank = rank
-        self.host = host or socket.gethostname()
+        self.host = host or host_name()
         self.on_stop = on_stop
         self.stopped: str | None = None
         """Why ordinary events are no longer written (``No space left on device``); None while they are."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +56,7 @@ def write_json_once(path: Path, data: dict[str, Any]) -> bool:
 
 def _write_tmp(path: Path, data: dict[str, Any]) -> Path:
     """``data`` in a new hidden file beside ``path``; removed again if it cannot be written whole."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "w") as f:

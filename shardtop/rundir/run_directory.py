@@ -22,7 +22,6 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import secrets
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -112,7 +111,7 @@ def ensure_root(root: Path) -> Path:
 def new_run_id(preset: str, now: float | None = None) -> str:
     """Sorts by start time and names the preset: ``20261129-142233-fsdp2-mlp-3fa1``."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now or time.time()))
-    return f"{stamp}-{preset}-{secrets.token_hex(2)}"
+    return f"{stamp}-{preset}-{os.urandom(2).hex()}"
 
 
 class RunDirectory:
