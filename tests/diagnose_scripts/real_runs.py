@@ -15,6 +15,7 @@ abort at interpreter exit now and then (DESIGN.md).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -80,8 +81,12 @@ def _only_run(runs_dir: Path, returncode: int, output: str) -> RealRun:
     return RealRun(runs[0].path, returncode, output)
 
 
+_numbers = itertools.count()
+"""Run directories' numbers: ``next`` is atomic, so runs made at the same time never share one."""
+
+
 def _fresh(base: Path, name: str) -> Path:
-    path = base / f"{len(_runs):02d}-{name}"
+    path = base / f"{next(_numbers):02d}-{name}"
     path.mkdir(parents=True)
     return path
 

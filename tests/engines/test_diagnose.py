@@ -6,6 +6,8 @@ allocator) on event streams shaped like the probe's; and the small pure pieces.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ from shardtop.rundir.events import (
 from shardtop.words import list_names
 from tests.diagnose_scripts.real_runs import codes, report_json, runs_base, story
 from tests.support.recorded import zero3_oom_run
+from tests.support.rule_cases import GROWTH_RULE_CASES, MORE_GPU_ONLY, MORE_RULE_CASES, STALL_RULE_CASES
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -80,18 +83,31 @@ RULE_CASES = {
 }
 
 
+AT_THE_SAME_TIME = 2
+"""Real runs made at once: each rank spends much of its life importing torch and waiting on its peer."""
+
+
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """``shardtop report --format json`` of a real run, by story name (each run made once)."""
+def reports(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """``shardtop report --format json`` of a real run, by story name (each run made once).
+
+    The runs the selected ``test_each_real_run_shows_exactly_its_findings`` cases name start at
+    once, ``AT_THE_SAME_TIME`` together, in that test's order; any other is made when first asked for.
+    """
     base = runs_base(tmp_path_factory)
-    cache: dict[str, dict[str, Any]] = {}
+    pool = ThreadPoolExecutor(max_workers=AT_THE_SAME_TIME)
+    made: dict[str, Future[dict[str, Any]]] = {}
 
-    def get(name: str) -> dict[str, Any]:
-        if name not in cache:
-            cache[name] = report_json(story(base, name))
-        return cache[name]
+    def start(name: str) -> Future[dict[str, Any]]:
+        if name not in made:
+            made[name] = pool.submit(lambda: report_json(story(base, name)))
+        return made[name]
 
-    return get
+    for item in request.session.items:
+        if isinstance(item, pytest.Function) and item.function is test_each_real_run_shows_exactly_its_findings:
+            start(item.callspec.params["name"])
+    yield lambda name: start(name).result()
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def finding(report: dict[str, Any], code: str) -> dict[str, Any]:
@@ -128,13 +144,8 @@ GPU_ONLY = {
 
 
 def test_every_rule_is_covered_by_a_real_run() -> None:
-    from tests.engines.test_memory_growth_runs import RULE_CASES as GROWTH_CASES
-    from tests.engines.test_rules_more import GPU_ONLY as MORE_GPU_ONLY
-    from tests.engines.test_rules_more import RULE_CASES as MORE_RULE_CASES
-    from tests.engines.test_stalls import RULE_CASES as STALL_CASES
-
     covered = {"zero3-single-rank" if r.code == "single-rank" else r.code for r in RULES} | {"oom"}
-    elsewhere = set(MORE_RULE_CASES) | set(GROWTH_CASES) | set(STALL_CASES)
+    elsewhere = set(MORE_RULE_CASES) | set(GROWTH_RULE_CASES) | set(STALL_RULE_CASES)
     assert covered - set(GPU_ONLY) - set(MORE_GPU_ONLY) == set(RULE_CASES) | elsewhere
 
 

@@ -13,8 +13,6 @@ from tests.support.own_job_runs import ROOT, run_own
 
 SCRIPT = str(ROOT / "tests" / "over_time_scripts" / "keeps_outputs.py")
 MiB = 2**20
-RULE_CASES = {"memory-grows-every-step": ("keeps_outputs.py, and --hook", ["--plateau adam", "cache", "batches"])}
-"""The rule this file covers with real runs: the runs that show it, and those that come close."""
 KEPT_PER_STEP = 256 * 8192 * 4
 """What each loop keeps a step: one float32 tensor of 256 x 8192 (the script's batch and width)."""
 

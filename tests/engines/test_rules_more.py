@@ -33,6 +33,7 @@ from shardtop.rundir.events import Event, GpuMemory, Hello, Memory, Oom, Phase, 
 from shardtop.rundir.run_directory import RunDirectory
 from tests.diagnose_scripts.cgroup import entering, memory_cgroup, remove
 from tests.diagnose_scripts.real_runs import codes, report_json, runs_base, scenario_runs
+from tests.support.rule_cases import MORE_GPU_ONLY, MORE_RULE_CASES
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -78,24 +79,6 @@ EXPECTED: dict[str, list[str]] = {
     "fsdp2-meta-init": [],
 }
 """Exactly the findings of each scenario's run."""
-
-RULE_CASES: dict[str, tuple[str, list[str]]] = {
-    "fsdp2-not-resharded": ("fsdp2-layers-own-roots", ["fsdp2-root-forward", "fsdp2-hybrid-1x2"]),
-    "optimizer-before-wrap": ("fsdp2-optimizer-before-wrap", ["ddp-optimizer-before-wrap", "fsdp2-root-forward"]),
-    "fsdp-frozen-and-trainable-in-one-unit": ("fsdp1-lora-one-unit", ["fsdp1-lora-split"]),
-    "fsdp-hybrid-shard": ("fsdp2-hybrid-2x1", ["fsdp2-hybrid-1x2"]),
-    "zero3-persistence-threshold": ("zero3-small-layers", ["zero3-no-persistence"]),
-    "zero12-replicated-params": ("zero2-frozen-backbone", ["zero2-full-finetune"]),
-    "host-memory-whole-model-per-rank": ("fsdp2-whole-on-every-rank", ["fsdp2-meta-init"]),
-}
-"""Each rule: the run that shows it, and runs that come as close without showing it."""
-
-GPU_ONLY = {
-    "allocator-fragmentation": "the allocator's reserved and allocated bytes at a CUDA OOM",
-    "memory-outside-pytorch": "NVML's reading of the rank's GPU next to its allocator's",
-}
-"""Rules whose evidence only a GPU run has: each is shown, and not shown, on H200 recordings in
-tests/unit/test_memory_recordings.py (gpu/scenarios/ made them)."""
 
 
 @pytest.fixture(scope="module")
@@ -146,9 +129,9 @@ def test_each_scenario_shows_exactly_its_findings(reports: Any, name: str) -> No
     assert codes(report) == EXPECTED[name], (name, [(f["code"], f["title"]) for f in report["findings"]])
 
 
-@pytest.mark.parametrize("code", list(RULE_CASES))
+@pytest.mark.parametrize("code", list(MORE_RULE_CASES))
 def test_each_rule_has_a_run_showing_it_and_runs_that_do_not(reports: Any, code: str) -> None:
-    shows, clean = RULE_CASES[code]
+    shows, clean = MORE_RULE_CASES[code]
     assert code in codes(reports(shows))
     for name in clean:
         assert code not in codes(reports(name)), name
@@ -308,7 +291,7 @@ def recordings() -> list[Path]:
 @pytest.mark.parametrize("path", recordings(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_gpu_only_rules_are_silent_on_the_h200_recordings(path: Path) -> None:
     run = RunModel.of(fold(read_all(path / "events")[0]))
-    assert not set(GPU_ONLY) & {f.code for f in diagnose(run)}
+    assert not set(MORE_GPU_ONLY) & {f.code for f in diagnose(run)}
     for story in run.ooms:  # the recorded OOMs: a full allocator, nothing cached free
         o = story.oom
         assert o.reserved is not None and o.allocated is not None and o.reserved - o.allocated < 1 * MiB
@@ -377,7 +360,7 @@ def test_memory_outside_pytorch_is_nvml_used_minus_reserved_of_the_same_moment()
 def test_every_rule_of_this_file_is_registered() -> None:
     from shardtop.diagnose import RULES
 
-    assert set(RULE_CASES) | set(GPU_ONLY) <= {r.code for r in RULES}
+    assert set(MORE_RULE_CASES) | set(MORE_GPU_ONLY) <= {r.code for r in RULES}
 
 
 def test_the_json_report_carries_the_new_evidence_whole(reports: Any) -> None:

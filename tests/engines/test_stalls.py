@@ -19,8 +19,6 @@ STEP_S = 1.0
 LONG_RUN_STEP_S = 0.5
 """The long-step run's usual step: its long step (8 of them, 4 s) still outlasts the stall threshold
 (``max(3 steps, MIN_STALL_S)``, 2 s) twice over."""
-RULE_CASES = {"rank-stalled": ("skips_collective.py", ["skips_collective.py --long-step"])}
-"""The rule this file covers with real runs: the run that shows it, and the one that comes close."""
 
 
 def start(runs: Path, *args: str, step_s: float = STEP_S) -> subprocess.Popen[str]:

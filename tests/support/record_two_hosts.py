@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tests.engines.test_own_job_hosts import run_two_hosts, unshare_refused
+from tests.support.two_hosts import run_two_hosts, unshare_refused
 
 
 def main() -> int:

@@ -166,3 +166,21 @@ def test_no_import_circle() -> None:
         if name not in index:
             visit(name)
     assert circles == []
+
+
+def test_no_test_imports_another_test_module() -> None:
+    """What the test layers share lives in tests/support (DESIGN.md): a test module, or a layer's conftest,
+    imported by another would run its fixtures and hooks where nobody asked for them."""
+    tests = ROOT / "tests"
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        if "fixtures" in path.relative_to(tests).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "tests" and len(parts) > 2 and parts[1] in ("unit", "engines", "tui"):
+                    found.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert found == []
