@@ -26,7 +26,7 @@ from shardtop.tui.widgets.run_list import COLUMNS, RunList
 from shardtop.tui.widgets.shard_tree import ShardTree
 from tests.support.recorded import H200_HOST, NoDriver, RecordedHost, copy_runs, live_copy, recorded_h200
 from tests.support.recorded import LOGIN_NODE as LOGIN_HOST
-from tests.support.waiting import wait_for
+from tests.support.waiting import settled, wait_for
 
 TWO_HOSTS = "cpu-2hosts/fsdp2_train"
 LOGIN_NODE = RecordedHost(LOGIN_HOST, name="login-1")
@@ -109,6 +109,7 @@ async def test_many_ranks_take_a_line_per_host(tmp_path: Path) -> None:
     async with app.run_test(size=(160, 48)) as pilot:
         ranks = app.screen.query_one(RankMemory)
         await wait_for(pilot, lambda: len(ranks.rows) == 24, what="24 ranks")
+        await settled(pilot)  # laid out at its height: a picture before that folds the hosts into one line
         assert ranks.border_title == "Memory per host (24 ranks), of 140 GiB GPU", "every bar against its GPU"
         lines = ranks.render().plain.splitlines()
         assert [line.split()[:3] for line in lines] == [["gpu-001", "8", "ranks"], ["gpu-002", "8", "ranks"],
