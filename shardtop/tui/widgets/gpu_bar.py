@@ -98,8 +98,9 @@ class GpuBar(PiecedLine):
             Text(" " + parts["memory"] + "  "),
             Text(parts["util"], muted if gpu.util is None else ""),
             Text("  " + parts["temperature"], muted if gpu.temperature is None else "") if wide else Text(),
-            Text("  " + parts["power"], muted if gpu.power_w is None else "") if wide else Text(),
-            Text.assemble("  ", (self.spark, self.get_component_rich_style("gpu-bar--history"))) if wide else Text(),
+            # the gap before the history ends the power piece: a new history resends from its own first cell
+            Text("  " + parts["power"] + "  ", muted if gpu.power_w is None else "") if wide else Text(),
+            Text(self.spark, self.get_component_rich_style("gpu-bar--history")) if wide else Text(),
             Text.assemble(
                 "  ",
                 (truncate(self.owners, max(owner_width, 10)), self.get_component_rich_style("gpu-bar--owner")),

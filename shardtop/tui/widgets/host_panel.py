@@ -27,9 +27,10 @@ def rank_memory_words(run_id: str, rs: RankState) -> str:
 
 
 class HostLine(PiecedLine):
-    """The machine's line: CPU, then the RAM bar and figure, each piece repainted on its own."""
+    """The machine's line: the CPU figure, the words around it, the RAM bar and figure, each piece
+    repainted on its own (a new CPU figure resends its four cells, not the words before it)."""
 
-    PIECES = 3
+    PIECES = 5
 
     def pieces(self) -> list[Text]:
         panel = self.parent
@@ -40,10 +41,9 @@ class HostLine(PiecedLine):
         frac = fraction(host.memory_used, host.memory_total)
         filled, empty = bar(frac, max(8, min(30, width - 50)))
         return [
-            Text.assemble(
-                ("host ", panel.get_component_rich_style("host-panel--label")),
-                f"CPU {host.cpu_percent:3.0f}% of {host.cores} cores  RAM ",
-            ),
+            Text.assemble(("host ", panel.get_component_rich_style("host-panel--label")), "CPU "),
+            Text(f"{host.cpu_percent:3.0f}%"),
+            Text(f" of {host.cores} cores  RAM "),
             Text.assemble(
                 (filled, panel.get_component_rich_style("host-panel--used")),
                 (empty, panel.get_component_rich_style("host-panel--free")),
