@@ -339,11 +339,7 @@ def lines_below(model: ShardModel, line: Line, expanded: Collection[Node]) -> li
 def _children(model: ShardModel, node: Node, prefix: str) -> list[tuple[Node, str, str]]:
     """Stack entries for ``node``'s children, last child first (so the first pops first)."""
     kids = model.kids_of(node)
-    last = len(kids) - 1
-    return [
-        (kids[i], prefix + ("└─" if i == last else "├─"), prefix + ("  " if i == last else "│ "))
-        for i in range(last, -1, -1)
-    ]
+    return list(_entries(kids, range(len(kids) - 1, -1, -1), prefix))
 
 
 def iter_visible_lines(model: ShardModel, expanded: Collection[Node]) -> Iterator[Line]:
@@ -370,6 +366,7 @@ def iter_lines_from(model: ShardModel, expanded: Collection[Node], way: Sequence
 
 
 def _entries(kids: Sequence[Node], indices: Iterable[int], prefix: str) -> Iterator[tuple[Node, str, str]]:
+    """Stack entries (node, its guide, its children's prefix) for ``kids[i]``, ``i`` in ``indices``."""
     last = len(kids) - 1
     for i in indices:
         yield kids[i], prefix + ("└─" if i == last else "├─"), prefix + ("  " if i == last else "│ ")
