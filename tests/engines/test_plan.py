@@ -40,9 +40,8 @@ STORY2_BIASES = 18000 * 512
 def shardtop_plan(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``shardtop plan ARGS`` as a user runs it (its speed: ``bench/bench_rehearse.py``)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "shardtop", "plan", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "shardtop", "plan", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT, check=False)
-    return done
 
 
 @pytest.fixture(scope="module")

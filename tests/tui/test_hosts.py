@@ -8,11 +8,9 @@ sampled its host's GPUs; the larger run is the benchmark's (``bench/bench_scale.
 
 from __future__ import annotations
 
-import io
 import time
 from pathlib import Path
 
-from rich.console import Console
 from textual.widgets import Static
 
 from shardtop.rundir.events import Oom, encode, event_file
@@ -24,19 +22,13 @@ from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.remote_gpus import RemoteGpus
 from shardtop.tui.widgets.run_list import COLUMNS, RunList
 from shardtop.tui.widgets.shard_tree import ShardTree
+from tests.support.apps import text_of
 from tests.support.recorded import H200_HOST, NoDriver, RecordedHost, copy_runs, live_copy, recorded_h200
 from tests.support.recorded import LOGIN_NODE as LOGIN_HOST
 from tests.support.waiting import settled, wait_for
 
 TWO_HOSTS = "cpu-2hosts/fsdp2_train"
 LOGIN_NODE = RecordedHost(LOGIN_HOST, name="login-1")
-
-
-def text_of(widget: Static) -> str:
-    """What a Static shows, as plain text."""
-    console = Console(width=200, file=io.StringIO(), record=True, color_system=None)
-    console.print(widget.content)
-    return console.export_text()
 
 
 async def test_the_run_view_groups_a_two_host_run_by_host(tmp_path: Path) -> None:

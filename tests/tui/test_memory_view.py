@@ -11,12 +11,10 @@ as ranks 1…n (the recording has one rank; the kinds and sizes are its own).
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import msgspec
 import pytest
-from rich.console import Console
 from rich.text import Text
 from textual.widgets import Static
 
@@ -27,21 +25,13 @@ from shardtop.tui.screens.run_view import RunScreen
 from shardtop.tui.widgets.oom_panel import OomPanel
 from shardtop.tui.widgets.rank_memory import RankMemory
 from shardtop.tui.widgets.shard_tree import ShardTree
-from tests.support.recorded import H200_HOST, RecordedHost, copy_runs, recorded_h200
+from tests.support.apps import app_for, text_of
+from tests.support.recorded import copy_runs
 from tests.support.waiting import settled, wait_for
 
 SETUP_OOM = "h200-split/zero3-linear-fixed"
 FINISHED = "h200-split/fsdp-auto-wrap"
 GIB = 1 << 30
-
-
-def app_for(root: Path, run: Path) -> ShardtopApp:
-    return ShardtopApp(
-        root,
-        run=str(run),
-        gpu_source=recorded_h200(),  # type: ignore[arg-type]
-        host_probe=RecordedHost(H200_HOST),  # type: ignore[arg-type]
-    )
 
 
 async def opened(pilot: object, app: ShardtopApp) -> RunScreen:
@@ -70,10 +60,9 @@ def runs_of(bar: str) -> str:
     return "".join(ch for i, ch in enumerate(bar) if i == 0 or bar[i - 1] != ch)
 
 
-def text_of(widget: Static) -> str:
-    console = Console(width=200, file=io.StringIO(), record=True, color_system=None)
-    console.print(widget.content)
-    return " ".join(console.export_text().split())
+def words_of(widget: Static) -> str:
+    """What a Static shows, its whitespace runs as single spaces."""
+    return " ".join(text_of(widget).split())
 
 
 @pytest.mark.parametrize("size", [(160, 48), (80, 24)], ids=["160x48", "80x24"])
@@ -81,7 +70,7 @@ async def test_the_bar_of_a_setup_oom_stacks_its_kinds_and_marks_the_peak(
     tmp_path: Path, size: tuple[int, int]
 ) -> None:
     runs = copy_runs(tmp_path / "runs", SETUP_OOM)
-    app = app_for(tmp_path / "runs", runs[SETUP_OOM])
+    app = app_for(tmp_path / "runs", str(runs[SETUP_OOM]))
     async with app.run_test(size=size) as pilot:
         screen = await opened(pilot, app)
         panel = screen.query_one(RankMemory)
@@ -108,10 +97,10 @@ async def test_the_bar_of_a_setup_oom_stacks_its_kinds_and_marks_the_peak(
 
 async def test_the_oom_panel_says_what_filled_memory_at_the_peak_and_at_the_oom(tmp_path: Path) -> None:
     runs = copy_runs(tmp_path / "runs", SETUP_OOM)
-    app = app_for(tmp_path / "runs", runs[SETUP_OOM])
+    app = app_for(tmp_path / "runs", str(runs[SETUP_OOM]))
     async with app.run_test(size=(120, 40)) as pilot:
         screen = await opened(pilot, app)
-        words = text_of(screen.query_one(OomPanel).query_one("#oom-text", Static))
+        words = words_of(screen.query_one(OomPanel).query_one("#oom-text", Static))
         peak = "at the peak (step 0, setup) 11.7 GiB allocated: 7.83 GiB optimizer state, 3.91 GiB parameters"
         oom = (
             "at the OOM 8.57 GiB allocated: 3.91 GiB parameters, 3.91 GiB optimizer state, "
@@ -123,7 +112,7 @@ async def test_the_oom_panel_says_what_filled_memory_at_the_peak_and_at_the_oom(
 
 async def test_a_run_using_little_of_its_gpu_is_magnified_and_says_so(tmp_path: Path) -> None:
     runs = copy_runs(tmp_path / "runs", FINISHED)
-    app = app_for(tmp_path / "runs", runs[FINISHED])
+    app = app_for(tmp_path / "runs", str(runs[FINISHED]))
     async with app.run_test(size=(160, 48)) as pilot:
         screen = await opened(pilot, app)
         lines = screen.query_one(RankMemory).render().plain.splitlines()
@@ -139,7 +128,7 @@ async def test_a_run_using_little_of_its_gpu_is_magnified_and_says_so(tmp_path: 
 
 async def test_c_cycles_what_the_rank_columns_count(tmp_path: Path) -> None:
     runs = copy_runs(tmp_path / "runs", FINISHED, SETUP_OOM)
-    app = app_for(tmp_path / "runs", runs[FINISHED])
+    app = app_for(tmp_path / "runs", str(runs[FINISHED]))
     async with app.run_test(size=(160, 48)) as pilot:
         screen = await opened(pilot, app)
         tree = screen.query_one(ShardTree)
@@ -169,7 +158,7 @@ async def test_c_cycles_what_the_rank_columns_count(tmp_path: Path) -> None:
             ("parameter bytes per rank", "805M", "24.0M"),
         ], "conv2 saves nothing for backward: its activations are 0 (measured), not unknown"
 
-    app = app_for(tmp_path / "runs", runs[SETUP_OOM])
+    app = app_for(tmp_path / "runs", str(runs[SETUP_OOM]))
     async with app.run_test(size=(80, 24)) as pilot:
         screen = await opened(pilot, app)
         tree = screen.query_one(ShardTree)
@@ -203,7 +192,7 @@ async def test_stacked_bars_keep_the_layouts(
     """Tall and wide keep a line of legend per rank while it fits; two-line and many ranks keep the bar only."""
     runs = copy_runs(tmp_path / "runs", SETUP_OOM)
     as_ranks(runs[SETUP_OOM], ranks)
-    app = app_for(tmp_path / "runs", runs[SETUP_OOM])
+    app = app_for(tmp_path / "runs", str(runs[SETUP_OOM]))
     async with app.run_test(size=size) as pilot:
         screen = await opened(pilot, app)
         panel = screen.query_one(RankMemory)
