@@ -5,7 +5,7 @@
 #
 #   gpu/record.sh PART...     PART: presets1 presets2 scenarios1 scenarios2 own benches (= probe_cost terminal)
 #                             rehearse_story2 rehearse_presets rehearse_own clients client_plans compiled
-#                             over_time story2_fixed_six
+#                             over_time story2_fixed_six workspaces
 #
 # presets1/scenarios1 and the rehearse_* parts need one GPU, presets2/scenarios2 two. Run from the project root with the
 # wheels of ../shared/gpu/wheels.sh in .whl/; everything lands under $OUT (or ./gpu-out):
@@ -78,11 +78,17 @@ rehearse_presets() {  # the two-GPU presets, both ranks, one after another on on
 
 rehearse_own() {  # users' own commands, unchanged, as rank 0 and the last rank of eight
   local s=tests/own_scripts
-  rehearse 70 devices=8 rank=0,last -- torchrun --standalone --nproc_per_node 8 $s/hf_trainer.py --cuda --deepspeed $s/ds_zero3.json
-  rehearse 50 devices=8 rank=0,last -- deepspeed --num_gpus 8 $s/zero3_train.py --cuda
-  rehearse 40 devices=8 rank=0,last -- torchrun --standalone --nproc_per_node 8 $s/fsdp2_train.py --cuda
-  rehearse 60 devices=8 rank=0,last -- accelerate launch --config_file $s/accelerate_zero3.yaml --num_processes 8 $s/accelerate_train.py --cuda
-  rehearse 60 devices=8 rank=0,last -- python3 gpu/scenarios/lightning_deepspeed_user.py --devices 8 --layers 4 --steps 3
+  rehearse 90 devices=8 rank=0,last -- torchrun --standalone --nproc_per_node 8 $s/hf_trainer.py --cuda --deepspeed $s/ds_zero3.json
+  rehearse 90 devices=8 rank=0,last -- deepspeed --num_gpus 8 $s/zero3_train.py --cuda
+  rehearse 60 devices=8 rank=0,last -- torchrun --standalone --nproc_per_node 8 $s/fsdp2_train.py --cuda
+  rehearse 90 devices=8 rank=0,last -- accelerate launch --config_file $s/accelerate_zero3.yaml --num_processes 8 $s/accelerate_train.py --cuda
+  rehearse 80 devices=8 rank=0,last -- python3 gpu/scenarios/lightning_deepspeed_user.py --devices 8 --layers 4 --steps 3
+}
+
+workspaces() {  # what convolutions' backward takes beyond tensors (the plan's cuDNN figures); the small OOM again
+  step 60 "conv workspace" python3 gpu/scenarios/conv_workspace.py --out "$OUT/conv_workspace.json"
+  step 60 "outside pytorch, OOM" python3 gpu/scenarios/outside_pytorch.py --outside-gib 128 --ask-gib 16
+  launch 60 manual-placement max_steps=5
 }
 
 scenarios1() {

@@ -66,6 +66,7 @@ class PlanMissed(Evidence):
     planned_activations: int = 0
     planned_gathered: int = 0
     planned_buffers: int = 0
+    planned_conv_workspace: int = 0
 
 
 def _parts(r: RankCheck) -> list[PartDifference]:
@@ -111,6 +112,7 @@ def find_plan_missed(m: RunModel) -> PlanMissed | None:
         planned_activations=r.predicted.activations,
         planned_gathered=r.predicted.gathered,
         planned_buffers=r.predicted.buffers,
+        planned_conv_workspace=r.predicted.conv_workspace,
     )
 
 
@@ -126,16 +128,16 @@ def _part_words(e: PlanMissed) -> str:
         return (
             f"The {names} match the plan. At rank {e.rank}'s peak{e.at_peak.when} the probe found "
             f"{e.at_peak.sentence()}; the plan counts {fmt(e.planned_activations)} of activations, "
-            f"{fmt(e.planned_gathered)} of gathered parameters and {fmt(e.planned_buffers)} of buffers, and no "
-            "temporaries or library workspaces (cuDNN's convolution workspace, chosen on the GPU at run time), "
-            "which the probe counts as other."
+            f"{fmt(e.planned_gathered)} of gathered parameters, {fmt(e.planned_buffers)} of buffers and "
+            f"{fmt(e.planned_conv_workspace)} of cuDNN convolution workspace (for the convolution shapes measured), "
+            "and no other temporaries, which the probe counts as other."
         )
     if e.parts_compared:
         names = " and ".join(PART_WORDS[p] for p in e.parts_compared)
         return (
             f"The {names} match the plan, so the difference lies in what the probe does not measure part by "
             "part: activations, gathered parameters, the engine's buffers, the step's temporaries, or a library's "
-            "workspace (cuDNN's convolution workspace, chosen on the GPU at run time, is not planned)."
+            "workspace (cuDNN's convolution workspace is planned only for the convolution shapes measured)."
         )
     return (
         "The run recorded no per-part figures (no snapshot after the engine held the model), "

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 from shardtop.plan.cards import Gpu
 from shardtop.plan.description import ModelDescription
-from shardtop.plan.memory import PerRank, per_rank
+from shardtop.plan.memory import PerRank, convolutions_as_run, per_rank
 from shardtop.plan.options import alternatives
 from shardtop.plan.strategies import Strategy
 from shardtop.plan.verdict import Option, Verdict, judge, option
+from shardtop.plan.workspaces import workspace_note
 
 
 @dataclass(frozen=True)
@@ -80,5 +81,5 @@ def make_plan(
         preset=preset,
         build_note=asked.build_note,
         command=command,
-        notes=notes,
+        notes=(*notes, *filter(None, [workspace_note(convolutions_as_run(desc, asked), gpu=on_gpu)])),
     )

@@ -68,6 +68,7 @@ def describe_model(
         saved_float_upto=_running(saved.saved_float),
         saved_other_upto=_running(saved.saved_other),
         largest_output=saved.largest_output,
+        convolutions=saved.convolutions,
         input_bytes=input_bytes,
         batch_size=batch_size,
         trainable=trainable,

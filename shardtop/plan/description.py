@@ -18,6 +18,28 @@ from collections.abc import Iterable, Sequence
 import msgspec
 
 
+class Convolution(msgspec.Struct, frozen=True, kw_only=True):
+    """One shape of convolution the model's forward ran (a ``Conv*d`` or ``ConvTranspose*d`` call).
+
+    cuDNN picks an algorithm for each shape on the GPU, and its workspace with it: the plan looks the
+    shape up among measured ones (``workspaces.py``).
+    """
+
+    type: str
+    """``Conv2d``, ``ConvTranspose2d``..."""
+    input: tuple[int, ...]
+    """The input's shape, batch first."""
+    out_channels: int
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+    dtype_bytes: int
+    rows: tuple[int, ...]
+    """The rows of the modules that ran it."""
+
+
 class ModelDescription(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     """A model's structure, parameter sizes and one forward pass's saved activations.
 
@@ -56,6 +78,8 @@ class ModelDescription(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     input_bytes: int
     """Bytes of one batch as it reaches the model."""
     batch_size: int
+    convolutions: tuple[Convolution, ...] = ()
+    """Each shape of convolution one forward ran, in the order first run."""
     trainable: int | None = None
     """Elements of the parameters that require gradients (LoRA: the adapters); None where not known
     (every parameter is then taken as trained)."""

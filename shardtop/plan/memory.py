@@ -15,7 +15,8 @@ phases:
   saved so far (and last step's gradients, when the loop keeps them);
 - backward: activations are freed as gradients arrive, so it is the larger of
   the two, plus the gradients of the unit being reduced (and the buffers an
-  engine makes for backward alone);
+  engine makes for backward alone); a convolution's cuDNN workspace comes
+  with the gradients, since the stem convolutions' backward runs last;
 - optimizer step: gradients, state (created at the first step) and the step's
   own temporaries.
 
@@ -27,16 +28,21 @@ gradient partitions), so a run can pass them and fail at the first step:
 it run out".  DeepSpeed ZeRO is in ``zero``.
 
 The numbers come from the engines' code (torch 2.4-2.14, DeepSpeed 0.15-0.19,
-Lightning 2.4-2.6); none is fitted to a measurement.  Torch-free.
+Lightning 2.4-2.6); none is fitted to a measurement.  cuDNN's convolution
+workspaces are the exception: no code decides them before the GPU does, so
+they are measured (``workspaces.py``).  Torch-free.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from shardtop.plan.description import ModelDescription
+import msgspec
+
+from shardtop.plan.description import Convolution, ModelDescription
 from shardtop.plan.held import Held, step_temporary
 from shardtop.plan.strategies import Strategy
+from shardtop.plan.workspaces import conv_workspace, on_rows
 from shardtop.plan.zero import zero_held
 
 CUDA_WORKSPACES = 2 * 32 * 2**20
@@ -73,6 +79,8 @@ class PerRank:
     setup_requests: tuple[tuple[str, int], ...] = ()
     """Where the engine's own buffers decide set-up: its requests in order, named for the user, each with
     what set-up needs from the device once it is served."""
+    conv_workspace: int = 0
+    """cuDNN's largest measured convolution workspace, held in backward (``workspaces.py``)."""
 
     @property
     def peak(self) -> int:
@@ -104,6 +112,26 @@ def per_rank(desc: ModelDescription, s: Strategy, devices: int, *, gpu: bool, ba
     return _phases(desc, s, held, int(_activations(desc, s) * batch_scale), gpu=gpu, batch_scale=batch_scale)
 
 
+def convolutions_as_run(desc: ModelDescription, s: Strategy, rows: tuple[int, ...] | None = None
+                        ) -> tuple[Convolution, ...]:
+    """The model's convolutions (those in ``rows``' subtrees) in the dtype they run in under ``s``."""
+    convs = on_rows(desc, rows)
+    if not s.half:
+        return convs
+    units = desc.units(desc.numel_upto, s.units or tuple(desc.repeated_blocks)) if s.half_in_units_only else {}
+    spans = [(r, desc.end[r]) for r in units]
+
+    def half(c: Convolution) -> bool:
+        return not s.half_in_units_only or any(a <= row < b for row in c.rows for a, b in spans)
+
+    return tuple(msgspec.structs.replace(c, dtype_bytes=2) if half(c) else c for c in convs)
+
+
+def _conv_workspace(desc: ModelDescription, s: Strategy, rows: tuple[int, ...] | None, *, gpu: bool,
+                    batch_scale: float) -> int:
+    return conv_workspace(convolutions_as_run(desc, s, rows), batch_scale=batch_scale).bytes if gpu else 0
+
+
 def _activations(desc: ModelDescription, s: Strategy, rows: tuple[int, ...] | None = None) -> int:
     """Saved activations at the strategy's precision; ``rows``: only those subtrees (manual placement)."""
     b = desc.dtype_bytes
@@ -128,9 +156,12 @@ def _transient(desc: ModelDescription, s: Strategy) -> int:
 
 
 def _phases(
-    desc: ModelDescription, s: Strategy, held: Held, activations: int, *, gpu: bool, batch_scale: float = 1.0
+    desc: ModelDescription, s: Strategy, held: Held, activations: int, *, gpu: bool, batch_scale: float = 1.0,
+    rows: tuple[int, ...] | None = None,
 ) -> PerRank:
+    """``rows``: the subtrees on this device (manual placement), else the whole model."""
     workspace = CUDA_WORKSPACES if gpu else 0
+    conv = _conv_workspace(desc, s, rows, gpu=gpu, batch_scale=batch_scale)
     transient = int(_transient(desc, s) * batch_scale)
     persistent_grads = held.grads if held.grads_persist else 0
     first = held.params + held.optimizer_before_step + held.buffers + workspace + persistent_grads
@@ -149,7 +180,10 @@ def _phases(
         return gathered + autocast_copies + activations + transient
 
     def backward(gathered: int, reduced: int) -> int:
-        return gathered + max(activations, growing) + reduced + held.backward_buffers + 2 * transient
+        # A stem convolution's backward comes last, when the activations are freed and the gradients made:
+        # its workspace is held then, not beside the activations at the start of backward.
+        held_most = max(activations, growing + conv)
+        return gathered + held_most + reduced + held.backward_buffers + 2 * transient
 
     step = base + (0 if held.grads_persist else held.grads) + held.step_temporary
     timeline = (
@@ -173,6 +207,7 @@ def _phases(
         phases=(held.setup, timeline[4], timeline[5], step),
         timeline=timeline,
         setup_requests=held.setup_requests,
+        conv_workspace=conv,
     )
 
 
@@ -271,7 +306,7 @@ def _manual(desc: ModelDescription, s: Strategy, *, gpu: bool, batch_scale: floa
             setup=numel * b,
         )
         activations = int(_activations(desc, s, rows) * batch_scale)
-        part = _phases(desc, s, held, activations, gpu=gpu, batch_scale=batch_scale)
+        part = _phases(desc, s, held, activations, gpu=gpu, batch_scale=batch_scale, rows=tuple(rows))
         if best is None or part.peak > best.peak:
             best = part
     if best is None:

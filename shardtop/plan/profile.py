@@ -24,7 +24,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.conv import _ConvNd
 from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from shardtop.plan.description import Convolution
 
 Signature = tuple[Any, ...]
 
@@ -36,11 +39,13 @@ _TENSOR = object()
 
 @dataclass(frozen=True)
 class SavedCounts:
-    """Per row: floating elements and other bytes saved for backward; the largest output."""
+    """Per row: floating elements and other bytes saved for backward; the largest output; the shapes of
+    convolution the forward ran."""
 
     saved_float: list[int]
     saved_other: list[int]
     largest_output: int
+    convolutions: tuple[Convolution, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,8 @@ class _Profiler:
         self.saved_float = [0] * n
         self.saved_other = [0] * n
         self.largest_output = 0
+        self.convolutions: dict[tuple[Any, ...], list[int]] = {}
+        """A convolution's shape (``Convolution``'s fields but rows) -> the rows that ran it."""
         self.counted: set[int] = set()
         self.keep: list[torch.Tensor] = []
         self.stack: list[int] = [0]
@@ -138,6 +145,8 @@ class _Profiler:
         row = self.rows.get(id(module))
         if row is None:
             return original(module, *args, **kwargs)
+        if isinstance(module, _ConvNd) and args and isinstance(args[0], torch.Tensor):
+            self._convolution(module, args[0], row)
         flat = (
             list(args)
             if not kwargs and all(isinstance(a, torch.Tensor) for a in args)
@@ -167,6 +176,18 @@ class _Profiler:
         if key is not None and recording is not None:
             self.memo[key] = self._record(recording, flat, leaves, spec, largest)
         return out
+
+    def _convolution(self, conv: _ConvNd, x: torch.Tensor, row: int) -> None:
+        key = (type(conv).__name__, tuple(x.shape), conv.out_channels, tuple(conv.kernel_size), tuple(conv.stride),
+               _ints(conv.padding), tuple(conv.dilation), conv.groups, x.element_size())
+        self.convolutions.setdefault(key, []).append(row)
+
+    def convolution_shapes(self) -> tuple[Convolution, ...]:
+        return tuple(
+            Convolution(type=k[0], input=k[1], out_channels=k[2], kernel=k[3], stride=k[4], padding=k[5],
+                        dilation=k[6], groups=k[7], dtype_bytes=k[8], rows=tuple(rows))
+            for k, rows in self.convolutions.items()
+        )
 
     def _key(self, module: nn.Module, flat: list[Any]) -> Signature:
         parts: list[Any] = [self.signatures[id(module)], module.training, torch.is_grad_enabled()]
@@ -309,7 +330,15 @@ def saved_activations(
     ):
         loss = forward_loss(model)
     profiler.largest_output = max(profiler.largest_output, loss.numel())
-    return SavedCounts(profiler.saved_float, profiler.saved_other, profiler.largest_output)
+    return SavedCounts(profiler.saved_float, profiler.saved_other, profiler.largest_output,
+                       profiler.convolution_shapes())
+
+
+def _ints(padding: Any) -> tuple[int, ...]:
+    """A convolution's padding as numbers (``padding="same"`` is -1 in each dimension)."""
+    if isinstance(padding, str):
+        return (-1,)
+    return tuple(int(p) for p in padding)
 
 
 def module_signatures(modules: Sequence[nn.Module], parents: Sequence[int], names: Sequence[str]) -> dict[int, int]:

@@ -33,6 +33,7 @@ def planned_event(plan: Plan, made_by: str, notes: Sequence[str] = ()) -> Planne
             activations=p.activations,
             gathered=p.gathered,
             buffers=p.buffers,
+            conv_workspace=p.conv_workspace,
             peak=p.peak,
             peak_phase=p.peak_phase,
             timeline=list(p.timeline),

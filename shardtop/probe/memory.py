@@ -108,6 +108,11 @@ class MemorySampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def use_device(self, device: str) -> None:
+        """Sample ``device`` from now on: the rank's engine put it there after sampling began."""
+        self._cuda, self._total = self._resolve_cuda(device), None
+        self.device = device
+
     @staticmethod
     def _resolve_cuda(device: str) -> int | None:
         """The CUDA index, fixed now: the sampler thread's own current device is always 0."""

@@ -121,6 +121,9 @@ class Probe:
 
     def hello(self, device: str, engine: str = "", strategy: str = "", program: str = "") -> None:
         self.device = device
+        if self._sampler is not None and self._sampler.device != device:
+            with self.faults.guard("memory"):
+                self._sampler.use_device(device)
         if device.startswith("cuda"):
             with self.faults.guard("oom"):
                 install_cuda_oom_observer()
@@ -192,6 +195,7 @@ class Probe:
         if phase == self.phase_name:
             return
         self.phase_name = phase
+        self._say_pending_hello()  # training has begun: the engine, if any, is in place
         self.writer.write(Phase(phase=phase, step=self.step_index))
         if phase == "forward" and self.kept is not None and self.faults.working("kept"):
             with self.faults.guard("kept"):
@@ -295,10 +299,8 @@ class Probe:
         if read is not None and explainer is not None:
             with self.faults.guard("split"):
                 read = read[0], explainer.annotate(*read)
-        if not self.said_hello and self.pending_hello is not None:
-            pending = dict(self.pending_hello)
-            engine = pending.pop("engine", "") or (read[1].engine if read is not None else "")
-            self.hello(self.device, engine=engine, **pending)
+        if not (stage == "setup" and self._engine_may_move_it()):
+            self._say_pending_hello(read[1].engine if read is not None else "")
         if read is None:
             return None
         tree, shards = read
@@ -316,6 +318,24 @@ class Probe:
                 explainer.on_snapshot(stage, self.step_index)
         self.sample_memory()
         return tree, shards
+
+    def _engine_may_move_it(self) -> bool:
+        """Before the engine, a model on the CPU of a machine with a GPU: the engine may put it there
+        (a raw DeepSpeed script builds it on the CPU and ``deepspeed.initialize`` moves it)."""
+        if self.device != "cpu":
+            return False
+        torch = sys.modules.get("torch")
+        try:
+            return bool(torch is not None and torch.cuda.is_available())
+        except Exception:  # noqa: BLE001
+            return False
+
+    def _say_pending_hello(self, engine: str = "") -> None:
+        """The hello held back for the engine, written now with the device the rank is on."""
+        if self.said_hello or self.pending_hello is None:
+            return
+        pending = dict(self.pending_hello)
+        self.hello(self.device, engine=pending.pop("engine", "") or engine, **pending)
 
     # -- endings -----------------------------------------------------------------
 
@@ -339,6 +359,8 @@ class Probe:
         except Exception:  # noqa: BLE001
             return False
         OOM_RESERVE.release()
+        with self.faults.guard("run"):
+            self._say_pending_hello()
         event: Oom | None = None
         with self.faults.guard("oom"):
             event = attribute(
@@ -377,6 +399,8 @@ class Probe:
         if self._exited:
             return
         self._exited = True
+        with self.faults.guard("run"):
+            self._say_pending_hello()
         self._stop_sampler()
         self._close_explainer()
         try:

@@ -28,10 +28,10 @@ if TYPE_CHECKING:
     from shardtop.read.rank_facts import RankFacts
 
 MISS_RATIO = 0.10
-"""A measured peak further than this from the plan's is a miss.  The plan met four of five finished
-H200 recordings within 5 % (``tests/unit/test_plan_recordings.py``): twice that agreement leaves room for
-the allocator's rounding and run-to-run noise, and a miss then means a part of memory the plan does
-not model (the fifth recording, 15 % low, is cuDNN's convolution workspace)."""
+"""A measured peak further than this from the plan's is a miss.  The plan met each of five finished
+H200 preset recordings within 5 % (``tests/unit/test_plan_recordings.py``): twice that agreement leaves room
+for the allocator's rounding and run-to-run noise, and a miss then means a part of memory the plan does
+not model (such as the cuDNN workspace of a convolution shape not measured)."""
 MISS_MIN_BYTES = 64 * 2**20
 """Nor is a difference below 64 MiB a miss: that is the cuBLAS workspaces' size, which differs by GPU
 generation and library version; on a model that small, 10 % is noise of the libraries, not of the model."""

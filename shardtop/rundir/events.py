@@ -432,6 +432,8 @@ class PlannedRank(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     activations: int
     gathered: int = 0
     buffers: int = 0
+    conv_workspace: int = 0
+    """cuDNN's convolution workspace in backward, for the shapes measured (``plan/workspaces.py``)."""
     peak: int
     peak_phase: str
     timeline: list[int] = []

@@ -32,22 +32,7 @@ from shardtop.rundir.run_directory import RunDirectory
 RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
 TOLERANCE = 0.10
 
-KNOWN_MISSES = {
-    "h200/20261129-152401-manual-placement-7ff5": (
-        "cuDNN's convolution workspace is not planned: this run peaks at the end of backward, when the "
-        "stem convolutions' backward runs with every first-half gradient alive and takes about 0.2 GB of "
-        "workspace that only cuDNN's algorithm choice on the GPU decides (the plan is 15 % low)"
-    ),
-    "h200-split/20261201-045319-manual-placement-4ca9": (
-        "the same run recorded with the memory split: at its peak (end of backward, step 2) the trace "
-        "finds 292 MiB of temporaries ('other') beside parameters, gradients and optimizer state that "
-        "match the plan, the cuDNN workspace above (the plan is 15 % low)"
-    ),
-    "h200-over-time/20261202-003240-manual-placement-3c4f": (
-        "recorded again with library workspaces as a kind: cuBLAS's two (64 MiB) are planned; the 227 MiB of "
-        "backward temporaries ('other') around the stem convolutions' cuDNN workspace are not (15 % low)"
-    ),
-}
+KNOWN_MISSES: dict[str, str] = {}
 """Recordings the plan cannot meet today, and why."""
 
 
