@@ -42,7 +42,7 @@ import msgspec
 from shardtop.plan.description import Convolution, ModelDescription
 from shardtop.plan.held import Held, step_temporary
 from shardtop.plan.strategies import Strategy
-from shardtop.plan.workspaces import conv_workspace, on_rows
+from shardtop.plan.workspaces import conv_workspace, on_rows, run_within
 from shardtop.plan.zero import zero_held
 
 CUDA_WORKSPACES = 2 * 32 * 2**20
@@ -118,11 +118,10 @@ def convolutions_as_run(desc: ModelDescription, s: Strategy, rows: tuple[int, ..
     convs = on_rows(desc, rows)
     if not s.half:
         return convs
-    units = desc.units(desc.numel_upto, s.units or tuple(desc.repeated_blocks)) if s.half_in_units_only else {}
-    spans = [(r, desc.end[r]) for r in units]
+    units = tuple(s.units or desc.repeated_blocks)
 
     def half(c: Convolution) -> bool:
-        return not s.half_in_units_only or any(a <= row < b for row in c.rows for a, b in spans)
+        return not s.half_in_units_only or run_within(desc, c, units)
 
     return tuple(msgspec.structs.replace(c, dtype_bytes=2) if half(c) else c for c in convs)
 

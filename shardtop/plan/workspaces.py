@@ -57,12 +57,18 @@ def conv_workspace(convs: Iterable[Convolution], *, batch_scale: float = 1.0) ->
     return Workspace(max(measured, default=0), len(measured), len(found) - len(measured))
 
 
+def run_within(desc: ModelDescription, c: Convolution, rows: Iterable[int]) -> bool:
+    """Did a module in the subtree of one of ``rows`` run ``c``?"""
+    spans = [(r, desc.end[r]) for r in rows]
+    return any(a <= row < b for row in c.rows for a, b in spans)
+
+
 def on_rows(desc: ModelDescription, rows: Iterable[int] | None) -> tuple[Convolution, ...]:
     """The convolutions run by modules in the subtrees of ``rows`` (all of them for None)."""
     if rows is None:
         return desc.convolutions
-    spans = [(r, desc.end[r]) for r in rows]
-    return tuple(c for c in desc.convolutions if any(a <= row < b for row in c.rows for a, b in spans))
+    rows = tuple(rows)
+    return tuple(c for c in desc.convolutions if run_within(desc, c, rows))
 
 
 def workspace_note(convs: tuple[Convolution, ...], *, gpu: bool) -> str | None:
