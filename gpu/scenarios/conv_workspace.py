@@ -13,6 +13,7 @@ Two readings, printed as one JSON document (``--out FILE`` writes it there too):
    convolution's backward took for itself: its workspace.
 
     python gpu/scenarios/conv_workspace.py --out conv_workspace.json
+    python gpu/scenarios/conv_workspace.py --batches 4 --no-preset     # the convolutions at batch 4 alone
 """
 
 from __future__ import annotations
@@ -93,15 +94,15 @@ def preset_peak() -> dict[str, Any]:
     return found
 
 
-def _conv_inputs() -> list[tuple[str, nn.Module, tuple[int, ...]]]:
+def _conv_inputs(batch: int) -> list[tuple[str, nn.Module, tuple[int, ...]]]:
     m = build_segmenter(PRESET_MODEL)
     c, d, p = PRESET_MODEL["channels"], PRESET_MODEL["dim"], PRESET_MODEL["patch"]
     side = IMAGE // p
     return [
-        ("conv1", m.conv1, (BATCH, 3, IMAGE, IMAGE)),
-        ("conv2", m.conv2, (BATCH, c, IMAGE, IMAGE)),
-        ("conv_out", m.conv_out, (BATCH, d, side, side)),
-        ("out_layer", m.out_layer, (BATCH, c, IMAGE, IMAGE)),
+        ("conv1", m.conv1, (batch, 3, IMAGE, IMAGE)),
+        ("conv2", m.conv2, (batch, c, IMAGE, IMAGE)),
+        ("conv_out", m.conv_out, (batch, d, side, side)),
+        ("out_layer", m.out_layer, (batch, c, IMAGE, IMAGE)),
     ]
 
 
@@ -138,7 +139,10 @@ def conv_alone(name: str, conv: nn.Module, shape: tuple[int, ...]) -> dict[str, 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="")
+    parser.add_argument("--batches", default=str(BATCH), help="the batch sizes to measure each convolution at: 2,4")
+    parser.add_argument("--no-preset", action="store_true", help="measure the convolutions alone, not the preset")
     args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
     if not torch.cuda.is_available():
         print("conv_workspace: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -149,8 +153,8 @@ def main() -> int:
         "torch": torch.__version__,
         "cudnn": torch.backends.cudnn.version(),
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
-        "convs": [conv_alone(*c) for c in _conv_inputs()],
-        "preset": preset_peak(),
+        "convs": [conv_alone(*c) for b in batches for c in _conv_inputs(b)],
+        "preset": None if args.no_preset else preset_peak(),
     }
     text = json.dumps(result, indent=1)
     print(text)

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardtop.rundir.events import MemoryKinds, MemorySplit
+from shardtop.rundir.events import AllocationSite, MemoryKinds, MemorySplit
 
 KINDS = ("params", "grads", "optimizer", "comm", "other", "kept", "activations")
 """The kinds, in the order a census counts them: a storage held by two counts under the first
@@ -309,6 +309,10 @@ class Census:
     addresses: Mapping[int, str]
 
 
+SITES = 3
+"""How many places of allocation a split names for its unexplained bytes."""
+
+
 @dataclass
 class BlockSplit:
     """Bytes per kind of some blocks, and the bytes of those no source named."""
@@ -316,16 +320,48 @@ class BlockSplit:
     kinds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TRACE_KINDS, 0))
     unexplained: int = 0
     total: int = 0
+    unexplained_by_site: dict[str, int] = field(default_factory=dict)
 
-    def add(self, kind: str | None, size: int) -> None:
+    def add(self, kind: str | None, size: int, frames: Sequence[Frame] = ()) -> None:
         self.total += size
         if kind is None:
             self.unexplained += size
+            where = site_of(frames)
+            self.unexplained_by_site[where] = self.unexplained_by_site.get(where, 0) + size
         else:
             self.kinds[kind] += size
 
     def memory_kinds(self) -> MemoryKinds:
         return MemoryKinds(**self.kinds)
+
+    def largest_unexplained(self, count: int = SITES) -> list[AllocationSite]:
+        ranked = sorted(self.unexplained_by_site.items(), key=lambda item: (-item[1], item[0]))
+        return [AllocationSite(where=where, bytes=size) for where, size in ranked[:count]]
+
+
+_PACKAGE_ROOTS = ("site-packages/", "dist-packages/")
+
+
+def site_of(frames: Sequence[Frame]) -> str:
+    """``path:line in function`` of the innermost frame outside torch's own Python (the innermost of all
+    when every frame is torch's); ``""`` for none.  A path under ``site-packages`` is shown from there on,
+    any other by its file name."""
+    if not frames:
+        return ""
+    frame = next((f for f in frames if not _in_torch(str(f.get("filename", "")))), frames[0])
+    path = str(frame.get("filename", "")).replace("\\", "/")
+    for root in _PACKAGE_ROOTS:
+        if root in path:
+            path = path.rsplit(root, 1)[1]
+            break
+    else:
+        path = path.rsplit("/", 1)[-1]
+    return f"{path}:{frame.get('line', '?')} in {frame.get('name', '?')}"
+
+
+def _in_torch(filename: str) -> bool:
+    path = filename.replace("\\", "/")
+    return "/torch/" in path or path.startswith("torch/")
 
 
 HELD_KINDS = frozenset({"params", "grads", "optimizer", "comm"})
@@ -368,7 +404,7 @@ def split_blocks(
                     break
         if kind is None or kind == "activations":
             kind = _uncounted_kind(block, kind, forward, phase_at, step_at, now, first, workspaces, end)
-        split.add(kind, block.size)
+        split.add(kind, block.size, block.frames)
     return split
 
 
@@ -451,6 +487,7 @@ def peak_split(
         source="allocator-trace",
         phase=phase,
         step=step,
+        unexplained_at=split.largest_unexplained(),
     )
     return result, line
 

@@ -378,7 +378,8 @@ class MemoryExplainer:
             traced = self.history is not None and self.history.recording
             kinds = _only_measured(kinds, count.kinds)
             memory = MemorySplit(allocated=allocated, by_kind=kinds, unexplained=unexplained(allocated, kinds),
-                                 source="allocator-trace" if traced else "tensors", phase=event.phase, step=event.step)
+                                 source="allocator-trace" if traced else "tensors", phase=event.phase, step=event.step,
+                                 unexplained_at=blocks.largest_unexplained())
         elif count is not None:
             memory = MemorySplit(allocated=allocated, by_kind=count.kinds,
                                  unexplained=unexplained(allocated, count.kinds), phase=event.phase, step=event.step)

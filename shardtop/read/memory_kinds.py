@@ -129,14 +129,25 @@ def kinds_sentence(
 
 
 def split_dict(split: MemorySplit | None) -> dict[str, object] | None:
-    """The JSON form (docs/report-json.md): ``{allocated, by_kind, unexplained, phase, step, source}``."""
+    """The JSON form (docs/report-json.md): ``{allocated, by_kind, unexplained, unexplained_at, phase, step,
+    source}``."""
     if split is None:
         return None
     return {
         "allocated": split.allocated,
         "by_kind": bytes_by_kind(split),
         "unexplained": split.unexplained,
+        "unexplained_at": [{"where": site.where or None, "bytes": site.bytes} for site in split.unexplained_at],
         "phase": split.phase or None,
         "step": split.step,
         "source": split.source,
     }
+
+
+def sites_sentence(split: MemorySplit) -> str | None:
+    """Where the unexplained bytes of ``split`` were allocated, in words; None where the trace named no place."""
+    if not split.unexplained_at or not split.unexplained or split.unexplained <= 0:
+        return None
+    parts = [f"{format_bytes(site.bytes)} at {site.where}" if site.where else
+             f"{format_bytes(site.bytes)} from torch's C++ code (no Python frame)" for site in split.unexplained_at]
+    return "unexplained bytes allocated " + "; ".join(parts)

@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping
 
 from shardtop.diagnose import Severity
-from shardtop.read.memory_kinds import KINDS, bytes_by_kind, explained_share
+from shardtop.read.memory_kinds import KINDS, bytes_by_kind, explained_share, sites_sentence
 from shardtop.read.oom_story import OomStory
 from shardtop.report.document import (
     Block,
@@ -198,7 +198,9 @@ def memory_section(data: ReportData) -> list[Block]:
         "`outside PyTorch`: NVML's count for the process minus reserved, each in the latest sample that has it."
     )
     right = frozenset(range(2, len(headers)))
-    return [Heading("Memory at the peak, by kind"), Table(headers, tuple(rows), right=right), Para(notes)]
+    sites = [f"Rank {r.rank}: {words}." for r, split in peaks if split is not None and (words := sites_sentence(split))]
+    return [Heading("Memory at the peak, by kind"), Table(headers, tuple(rows), right=right), Para(notes),
+            *(Para(line) for line in sites)]
 
 
 def gpu_table(gpus: list[GpuMemory], ranks_by_pid: Mapping[int, int]) -> Table:

@@ -243,6 +243,15 @@ class MemoryKinds(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     allocator's trace."""
 
 
+class AllocationSite(msgspec.Struct, kw_only=True, frozen=True):
+    """Where some blocks were allocated: the innermost frame outside torch's own Python, as
+    ``path:line in function`` (the path from its last package folder on), or ``""`` where the
+    allocation had no Python frame (torch's C++ code, such as autograd's engine thread)."""
+
+    where: str
+    bytes: int
+
+
 class MemorySplit(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """What fills a rank's allocated memory at one moment: ``by_kind`` plus ``unexplained``."""
 
@@ -260,6 +269,9 @@ class MemorySplit(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     """The training step of that moment, when known."""
     phase: str = ""
     """The phase of that moment (setup, forward, backward, optimizer...), when known."""
+    unexplained_at: list[AllocationSite] = []
+    """Where the largest unexplained bytes were allocated, largest first (at most three); from
+    the allocator's trace only."""
 
 
 class AllocatorStats(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):

@@ -47,6 +47,7 @@ MACHINES = {
     "cpu-2hosts": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-2hosts",
     "cpu-rehearsal": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-rehearsal",
     "cpu-over-time": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-over-time",
+    "h200-over-time": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "h200-over-time",
 }
 """Where each machine's recordings are."""
 STORY2_OOM = "h200/zero3-linear"

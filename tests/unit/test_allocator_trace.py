@@ -316,6 +316,29 @@ def test_the_blocks_allocated_now_split_by_census_and_frames() -> None:
     assert largest_free_block(snapshot["segments"], 0) == 6 * MiB
 
 
+def test_the_unexplained_bytes_say_where_they_were_allocated() -> None:
+    """A block no source names keeps the place that allocated it: the innermost frame outside torch."""
+    trace = Trace()
+    helper = [frame("/venv/lib/python3.12/site-packages/torch/_tensor.py", "new_empty", 30),
+              frame("/venv/lib/python3.12/site-packages/deepspeed/runtime/utils.py", "pad_buffer", 812),
+              USER_LOOP]
+    trace.alloc(3 * MiB, helper)
+    trace.alloc(3 * MiB, helper)
+    trace.alloc(MiB, [frame("/home/u/train.py", "make_mask", 40), USER_LOOP])
+    trace.alloc(MiB // 2, [])
+    trace.mark()
+    found = peak_split(trace.snapshot(), 0, [{}], [("setup", 0)])
+    assert found is not None
+    split, _ = found
+    assert split.unexplained == 7 * MiB + MiB // 2
+    assert [(s.where, s.bytes) for s in split.unexplained_at] == [
+        ("deepspeed/runtime/utils.py:812 in pad_buffer", 6 * MiB),
+        ("train.py:40 in make_mask", MiB),
+        ("", MiB // 2),
+    ]
+    assert sum(s.bytes for s in split.unexplained_at) == split.unexplained
+
+
 def test_no_trace_no_peak_split() -> None:
     assert peak_split({"segments": [], "device_traces": []}, 0, []) is None
     assert peak_split({"segments": [], "device_traces": [[]]}, 0, []) is None
