@@ -5,7 +5,7 @@
 #
 #   gpu/record.sh PART...     PART: presets1 presets2 scenarios1 scenarios2 own benches (= probe_cost terminal)
 #                             rehearse_story2 rehearse_presets rehearse_own clients client_plans compiled
-#                             over_time story2_fixed_six workspaces unmeasured
+#                             over_time story2_fixed_six workspaces unmeasured split_rechecks
 #
 # presets1/scenarios1 and the rehearse_* parts need one GPU, presets2/scenarios2 two. Run from the project root with the
 # wheels of ../shared/gpu/wheels.sh in .whl/; everything lands under $OUT (or ./gpu-out):
@@ -94,6 +94,11 @@ workspaces() {  # what convolutions' backward takes beyond tensors (the plan's c
 unmeasured() {  # the plan where it has no measured workspace: manual-placement at batch 4, and cuDNN's figure there
   step 60 "conv workspace, batch 4" python3 gpu/scenarios/conv_workspace.py --batches 4 --no-preset --out "$OUT/conv_workspace_b4.json"
   launch 60 manual-placement batch_size=4 max_steps=5
+}
+
+split_rechecks() {  # the small OOM's peak (a second cuBLAS workspace) and Lightning ZeRO-3 rehearsed (its linear's backward)
+  step 40 "outside pytorch, OOM" python3 gpu/scenarios/outside_pytorch.py --outside-gib 128 --ask-gib 16
+  rehearse 80 devices=8 rank=0,last -- python3 gpu/scenarios/lightning_deepspeed_user.py --devices 8 --layers 4 --steps 3
 }
 
 scenarios1() {

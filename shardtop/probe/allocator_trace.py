@@ -30,9 +30,11 @@ the trace saw, with the blocks alive then.
    or buffer: kept from earlier steps (``kept``);
 5. else the code that allocated it: a module's forward (an activation,
    unless saved tensors were followed and this was not one of them), the
-   optimizer's temporaries; or, allocated without a Python frame during a
-   backward: autograd's engine made it on its own thread, a temporary of
-   the backward (other);
+   optimizer's temporaries; or, allocated during a backward without a Python
+   frame (autograd's engine made it on its own thread) or by the Python
+   ``backward`` of an autograd Function (DeepSpeed ZeRO-3's linear): a
+   temporary of the backward, such as an activation's gradient or a weight's
+   on its way to the engine's buffer (other);
 6. else it is ``unexplained``.
 
 Censuses are tied to trace positions by markers: the probe allocates a tiny
@@ -43,6 +45,7 @@ from the end of the trace is the n-th census from the end.
 from __future__ import annotations
 
 import bisect
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -339,21 +342,24 @@ class BlockSplit:
         return [AllocationSite(where=where, bytes=size) for where, size in ranked[:count]]
 
 
-_PACKAGE_ROOTS = ("site-packages/", "dist-packages/")
+_IMPORT_ROOTS = tuple(sorted({p.replace("\\", "/").rstrip("/") + "/" for p in sys.path if p and p != "."},
+                             key=len, reverse=True))
+"""Where this process imports from: a frame's path is shown from below the longest of them."""
 
 
 def site_of(frames: Sequence[Frame]) -> str:
     """``path:line in function`` of the innermost frame outside torch's own Python (the innermost of all
-    when every frame is torch's); ``""`` for none.  A path under ``site-packages`` is shown from there on,
-    any other by its file name."""
+    when every frame is torch's); ``""`` for none.  A path under ``site-packages`` (or another folder this
+    process imports from) is shown from there on, any other by its file name."""
     if not frames:
         return ""
     frame = next((f for f in frames if not _in_torch(str(f.get("filename", "")))), frames[0])
     path = str(frame.get("filename", "")).replace("\\", "/")
-    for root in _PACKAGE_ROOTS:
-        if root in path:
-            path = path.rsplit(root, 1)[1]
-            break
+    root = next((r for r in _IMPORT_ROOTS if path.startswith(r)), None)
+    if root is not None:
+        path = path[len(root):]
+    elif "-packages/" in path:
+        path = path.rsplit("-packages/", 1)[1]
     else:
         path = path.rsplit("/", 1)[-1]
     return f"{path}:{frame.get('line', '?')} in {frame.get('name', '?')}"
@@ -391,7 +397,8 @@ def split_blocks(
     followed = any("activations" in census.addresses.values() for census in censuses)
     forward = "other" if followed else "activations"
     now = step_at(position) if step_at is not None else None
-    first = min((s for c in censuses if (s := step_at(c.position)) is not None), default=None) if step_at else None
+    first = min((s for c in censuses if (s := step_at(c.position)) is not None
+                 and (phase_at is None or phase_at(c.position) not in ("setup", ""))), default=None) if step_at else None
     split = BlockSplit()
     for block in blocks:
         if not block.alive_at(position):
@@ -441,9 +448,18 @@ def _uncounted_kind(
         return "kept"
     if framed is not None:
         return framed
-    if not block.frames and block.start >= 0 and phase_at is not None:
-        return "other" if phase_at(block.start) == "backward" else None
+    if block.start >= 0 and phase_at is not None and phase_at(block.start) == "backward" and _backward_made(block.frames):
+        return "other"
     return None
+
+
+def _backward_made(frames: Sequence[Frame]) -> bool:
+    """Made by the backward itself: autograd's engine on its own thread (no Python frame), or the Python
+    ``backward`` of an autograd Function outside torch (DeepSpeed ZeRO-3's linear, a user's own)."""
+    if not frames:
+        return True
+    inner = next((f for f in frames if not _in_torch(str(f.get("filename", "")))), None)
+    return inner is not None and inner.get("name") == "backward"
 
 
 def align_censuses(markers: Sequence[int], censuses: Sequence[Mapping[int, str]]) -> list[Census]:

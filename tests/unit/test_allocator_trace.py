@@ -339,6 +339,44 @@ def test_the_unexplained_bytes_say_where_they_were_allocated() -> None:
     assert sum(s.bytes for s in split.unexplained_at) == split.unexplained
 
 
+def test_a_workspace_made_in_the_first_steps_backward_after_a_set_up_census() -> None:
+    """The backward thread's cuBLAS handle gets its own workspace in the first step; a census at set-up
+    (step 0) does not make that step a later one."""
+    trace = Trace()
+    weights = trace.alloc(4 * MiB, [frame("/x/torch/nn/modules/module.py", "_apply"), USER_LOOP])
+    trace.mark()  # set-up, step 0
+    trace.mark()  # forward of step 1
+    trace.mark()  # backward of step 1
+    trace.alloc(WORKSPACE, [])  # autograd's thread, alive to the end
+    trace.mark()  # the optimizer of step 1
+    trace.alloc(MiB, ADAM_STATE)
+    labels = [("setup", 0), ("forward", 1), ("backward", 1), ("optimizer", 1)]
+    census = {weights: "params"}
+    found = peak_split(trace.snapshot(), 0, [census] * 4, labels, frozenset({WORKSPACE}))
+    assert found is not None
+    split, _ = found
+    assert split.by_kind.workspace == WORKSPACE and split.unexplained == 0
+
+
+def test_what_an_autograd_functions_backward_makes_is_a_temporary_of_the_backward() -> None:
+    """DeepSpeed ZeRO-3 runs linear layers through its own autograd Function, whose Python backward makes
+    the gradients of input and weight; a user's helper called in the backward is not named."""
+    zero3_linear = [frame("/venv/lib/python3.12/site-packages/torch/_tensor.py", "matmul", 9),
+                    frame("/venv/lib/python3.12/site-packages/deepspeed/runtime/zero/linear.py", "backward", 137)]
+    trace = Trace()
+    trace.mark()  # forward
+    trace.mark()  # backward
+    trace.alloc(8 * MiB, zero3_linear)
+    trace.alloc(MiB, [frame("/home/u/train.py", "clip_hook", 12), *zero3_linear])
+    trace.mark()
+    found = peak_split(trace.snapshot(), 0, [{}, {}, {}], [("forward", 1), ("backward", 1), ("backward", 1)])
+    assert found is not None
+    split, _ = found
+    assert split.by_kind.other == 8 * MiB
+    assert split.unexplained == MiB
+    assert [s.where for s in split.unexplained_at] == ["train.py:12 in clip_hook"]
+
+
 def test_no_trace_no_peak_split() -> None:
     assert peak_split({"segments": [], "device_traces": []}, 0, []) is None
     assert peak_split({"segments": [], "device_traces": [[]]}, 0, []) is None

@@ -1,0 +1,120 @@
+"""Every GPU recording in ``tests/fixtures/runs``: each rank's peak explained to at least 95 %.
+
+A rank's peak is explained when the probe split it by kind (parameters, gradients, optimizer state,
+activations, kept from earlier steps, communication buffers, library workspaces, other) and what no
+source names is under 5 % of it.  The recordings that fall short are listed in ``SHORT`` with the
+reason, and each reason is checked against what the recording holds: a recording that no longer
+falls short, or falls short for another reason, fails here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from shardtop.read.memory_kinds import explained_share
+from shardtop.read.rank_facts import RankFacts
+from shardtop.read.whole_run import read_run
+from shardtop.rundir.run_directory import RunDirectory
+
+RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
+ENOUGH = 0.95
+
+
+def _no_split(rank: RankFacts) -> bool:
+    return rank.memory_peak is None and rank.state.peak_split is None
+
+
+def _sites(*wheres: str) -> Callable[[RankFacts], bool]:
+    """The unexplained bytes were all allocated at places whose names start with one of ``wheres``
+    (``""``: allocated with no Python frame)."""
+
+    def check(rank: RankFacts) -> bool:
+        split = rank.memory_peak
+        if split is None or not split.unexplained_at:
+            return False
+        prefixes = tuple(w for w in wheres if w)
+        named = sum(s.bytes for s in split.unexplained_at
+                    if (s.where.startswith(prefixes) if s.where else "" in wheres))
+        return named >= 0.99 * (split.unexplained or 0)
+
+    return check
+
+
+def _stopped_before_its_peak_was_split(rank: RankFacts) -> bool:
+    return rank.memory_peak is None and rank.state.peak_split is not None and rank.state.exit is None
+
+
+@dataclass(frozen=True)
+class Short:
+    why: str
+    holds: Callable[[RankFacts], bool]
+    """True where the rank is short for that reason."""
+
+
+BEFORE_THE_SPLIT = Short("recorded on 2026-11-29, before the probe split memory by kind: no split to check "
+                         "(h200-split holds the same presets, split)", _no_split)
+SHORT: dict[str, Short] = {
+    **{f"h200/{p.name}": BEFORE_THE_SPLIT for p in sorted((RUNS / "h200").iterdir()) if p.is_dir()},
+    **{f"h200x2/{p.name}": Short("two GPUs, recorded on 2026-11-29 before the probe split memory by kind",
+                                 _no_split) for p in sorted((RUNS / "h200x2").iterdir()) if p.is_dir()},
+    "h200-rehearsal/20261201-212155-zero3-linear-fixed-7c8d": Short(
+        "rank 1 was stopped by the recording's time limit in its first step, before its peak was split",
+        _stopped_before_its_peak_was_split),
+    "h200-split/20261203-102314-gpu-fragmentation-6b52": Short(
+        "the script's own tensors, made in its loop outside any module: no source names them",
+        _sites("fragmentation.py:")),
+    "h200-split/20261203-102326-gpu-fragmentation-3ef2": Short(
+        "the script's own tensors, made in its loop outside any module: no source names them",
+        _sites("fragmentation.py:")),
+    "h200-split/20261203-102350-gpu-outside-pytorch-83a7": Short(
+        "a second cuBLAS workspace, made on autograd's thread in the first step and alive to the end; "
+        "the probe that recorded it took the first step for a later one when a set-up census came first",
+        _sites("")),
+    "h200-rehearsal-own/20261203-102802-lightning_deepspeed_user-2f9e": Short(
+        "what DeepSpeed ZeRO-3's own linear backward makes (gradients of input and weight), which the probe "
+        "that recorded it did not yet take for the backward's temporaries",
+        _sites("linear.py:")),
+}
+
+
+def _gpu_recordings() -> list[str]:
+    found = []
+    for meta in sorted(RUNS.glob("*/*/run.json")):
+        model = read_run(RunDirectory(meta.parent))
+        if any(r.allocator_peak for r in model.ranks):
+            found.append(f"{meta.parent.parent.name}/{meta.parent.name}")
+    return found
+
+
+GPU_RECORDINGS = _gpu_recordings()
+
+
+def test_the_recordings_are_found() -> None:
+    assert len(GPU_RECORDINGS) >= 40
+    assert set(SHORT) <= set(GPU_RECORDINGS), "every recording said to fall short exists"
+
+
+@pytest.mark.parametrize("name", GPU_RECORDINGS)
+def test_each_ranks_peak_is_explained(name: str) -> None:
+    model = read_run(RunDirectory(RUNS / name))
+    short = [r for r in model.ranks if r.allocator_peak and _share(r) < ENOUGH]
+    if name not in SHORT:
+        assert not short, [(r.rank, _share(r), r.memory_peak) for r in short]
+        return
+    reason = SHORT[name]
+    assert short, f"{name} is explained now: take it off SHORT ({reason.why})"
+    for r in short:
+        assert reason.holds(r), (name, r.rank, reason.why, r.memory_peak)
+
+
+def _share(rank: RankFacts) -> float:
+    split = rank.memory_peak
+    if split is None or split.allocated is None or not rank.allocator_peak:
+        return 0.0
+    if split.allocated < ENOUGH * rank.allocator_peak:
+        return 0.0  # a split of an earlier, lower moment
+    return explained_share(split) or 0.0
