@@ -397,8 +397,7 @@ def split_blocks(
     followed = any("activations" in census.addresses.values() for census in censuses)
     forward = "other" if followed else "activations"
     now = step_at(position) if step_at is not None else None
-    first = min((s for c in censuses if (s := step_at(c.position)) is not None
-                 and (phase_at is None or phase_at(c.position) not in ("setup", ""))), default=None) if step_at else None
+    first = _first_training_step(censuses, phase_at, step_at)
     split = BlockSplit()
     for block in blocks:
         if not block.alive_at(position):
@@ -413,6 +412,18 @@ def split_blocks(
             kind = _uncounted_kind(block, kind, forward, phase_at, step_at, now, first, workspaces, end)
         split.add(kind, block.size, block.frames)
     return split
+
+
+def _first_training_step(
+    censuses: Sequence[Census],
+    phase_at: Callable[[int], str] | None,
+    step_at: Callable[[int], int | None] | None,
+) -> int | None:
+    """The step of the first census taken in training, not in set-up."""
+    if step_at is None:
+        return None
+    training = [c for c in censuses if phase_at is None or phase_at(c.position) not in ("setup", "")]
+    return min((s for c in training if (s := step_at(c.position)) is not None), default=None)
 
 
 def _uncounted_kind(
@@ -448,7 +459,8 @@ def _uncounted_kind(
         return "kept"
     if framed is not None:
         return framed
-    if block.start >= 0 and phase_at is not None and phase_at(block.start) == "backward" and _backward_made(block.frames):
+    in_backward = block.start >= 0 and phase_at is not None and phase_at(block.start) == "backward"
+    if in_backward and _backward_made(block.frames):
         return "other"
     return None
 

@@ -85,6 +85,8 @@ class Probe:
             self.faults.report("events", self.writer.stopped, then="nothing is recorded")
         self.names: dict[int, str] = {}
         self.phase_name = "setup"
+        self._forward_heap: int | None = None
+        """The C allocator's bytes in use at the start of this forward (CPU ranks): read once a step."""
         self.step_index = 0
         self.device = "cpu"
         limit = os.environ.get("SHARDTOP_MEM_LIMIT")
@@ -184,10 +186,10 @@ class Probe:
         if self._sampler is not None:
             self._sampler.limit = limit
 
-    def sample_memory(self, fresh_rss: bool = False) -> None:
+    def sample_memory(self, fresh_rss: bool = False, heap: int | None = None) -> None:
         if self._sampler is not None and self.faults.working("memory"):
             with self.faults.guard("memory"):
-                self._sampler.sample_now(fresh_rss=fresh_rss)
+                self._sampler.sample_now(fresh_rss=fresh_rss, heap=heap)
 
     def phase(self, phase: str, step: int | None = None) -> None:
         if step is not None:
@@ -197,6 +199,8 @@ class Probe:
         self.phase_name = phase
         self._say_pending_hello()  # training has begun: the engine, if any, is in place
         self.writer.write(Phase(phase=phase, step=self.step_index))
+        forward_on_cpu = phase == "forward" and not self.device.startswith("cuda")
+        self._forward_heap = self._heap_now() if forward_on_cpu else None  # once a step: the growth check's too
         if phase == "forward" and self.kept is not None and self.faults.working("kept"):
             with self.faults.guard("kept"):
                 kept = self.kept.on_forward(self.step_index)
@@ -206,7 +210,7 @@ class Probe:
         if explainer is not None:
             with self.faults.guard("split"):
                 explainer.on_phase(phase, self.step_index)
-        self.sample_memory(fresh_rss=phase == "forward" and not self.device.startswith("cuda"))
+        self.sample_memory(fresh_rss=forward_on_cpu, heap=self._forward_heap)
 
     def step(self, step: int, loss: float | None = None, seconds: float | None = None) -> None:
         self.step_index = step
@@ -449,12 +453,21 @@ class Probe:
             self.kept.close()
         self.writer.close()
 
+    def _heap_now(self) -> int | None:
+        """The C allocator's bytes in use, read now (through the sampler, which keeps it for its samples)."""
+        if self._sampler is not None and self.faults.working("memory"):
+            with self.faults.guard("memory"):
+                return self._sampler.heap_now()
+        return None
+
     def _memory_reading(self) -> int:
         """This rank's memory now: allocated on its GPU, else what the C allocator has in use (else RSS)."""
         if self.device.startswith("cuda"):
             import torch
 
             return int(torch.cuda.memory_allocated(self.device))
+        if self._forward_heap is not None:
+            return self._forward_heap
         from shardtop.probe.heap import heap_in_use
 
         if heap_in_use is not None:

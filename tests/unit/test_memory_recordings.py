@@ -118,7 +118,8 @@ def test_a_peak_of_the_scripts_own_tensors_is_unexplained_and_says_where_they_we
     ]
     assert [f["code"] for f in data["findings"]] == ["allocator-fragmentation"]
     markdown = report(path, "markdown")
-    assert "Rank 0: unexplained bytes allocated 7.73 GiB at fragmentation.py:46 in fill_and_free_every_other." in markdown
+    line = "Rank 0: unexplained bytes allocated 7.73 GiB at fragmentation.py:46 in fill_and_free_every_other."
+    assert line in markdown
 
 
 def test_memory_outside_pytorch_recorded_on_an_h200() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from shardtop.gpus import nvml_or_none
+from shardtop.probe.heap import heap_in_use
 from shardtop.probe.memory import MemorySampler, allocator_numbers, cuda_device_index
 from shardtop.rundir.events import EventWriter, Memory, read_all
 
@@ -100,3 +101,23 @@ def test_a_failing_writer_never_stops_the_thread() -> None:
     assert len(calls) >= 3 and sampler.failures == len(calls)
     sampler.sample_now()  # on the training thread too: counted, not raised
     assert sampler.failures == len(calls)
+
+
+@pytest.mark.skipif(heap_in_use is None, reason="this C library has no mallinfo2")
+def test_the_heap_is_read_at_each_forward_and_kept_for_the_other_phases() -> None:
+    """A heap reading costs up to a millisecond on a fragmented heap: the training thread reads it at the start
+    of each forward, where steps are compared, and its other phases' samples carry that reading."""
+    written: list[Memory] = []
+    sampler = MemorySampler(written.append, device="cpu", sample_gpus=False, limit=None)
+    kept = [bytearray(1 << 20) for _ in range(4)]  # the heap grows by these between the forwards
+    first = sampler.sample_now(fresh_rss=True)
+    kept += [bytearray(8 << 20) for _ in range(4)]
+    backward = sampler.sample_now()
+    second = sampler.sample_now(fresh_rss=True)
+    assert first is not None and backward is not None and second is not None
+    assert first.host_heap is not None and second.host_heap is not None
+    assert backward.host_heap == first.host_heap, "a phase's sample reuses the forward's reading"
+    assert second.host_heap - first.host_heap >= 32 << 20, "the next forward reads it anew"
+    given = sampler.sample_now(fresh_rss=True, heap=12345)
+    assert given is not None and given.host_heap == 12345, "a reading just taken is used as it is"
+    del kept
