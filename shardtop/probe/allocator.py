@@ -20,7 +20,8 @@ import os
 import sys
 from typing import Any
 
-from shardtop.probe.allocator_trace import MARKER_FUNCTION, block_bytes
+from shardtop.probe.allocating_code import MARKER_FUNCTION
+from shardtop.probe.allocator_trace import block_bytes
 from shardtop.rundir.events import AllocatorStats
 
 DEFAULT_MAX_ENTRIES = 100_000

@@ -12,16 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardtop.probe.allocating_code import MARKER_FUNCTION, kind_of_frames
 from shardtop.probe.allocator import allocator_stats
-from shardtop.probe.allocator_trace import (
-    MARKER_FUNCTION,
-    block_bytes,
-    current_split,
-    kind_of_frames,
-    largest_free_block,
-    peak_split,
-    timeline,
-)
+from shardtop.probe.allocator_trace import block_bytes, current_split, largest_free_block, peak_split, timeline
 from shardtop.rundir.events import AllocatorStats
 
 MiB = 1 << 20

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from shardtop.probe.allocator_trace import MARKER_FUNCTION
+from shardtop.probe.allocating_code import MARKER_FUNCTION
 from shardtop.probe.memory_explain import MemoryExplainer, MemoryOptions
 from shardtop.rundir.events import Memory
 
