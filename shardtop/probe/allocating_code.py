@@ -133,7 +133,7 @@ def site_of(frames: Sequence[Frame]) -> str:
     process imports from) is shown from there on, any other by its file name."""
     if not frames:
         return ""
-    frame = next((f for f in frames if not _in_torch(str(f.get("filename", "")))), frames[0])
+    frame = _innermost_outside_torch(frames) or frames[0]
     path = str(frame.get("filename", "")).replace("\\", "/")
     root = next((r for r in _IMPORT_ROOTS if path.startswith(r)), None)
     if root is not None:
@@ -145,9 +145,13 @@ def site_of(frames: Sequence[Frame]) -> str:
     return f"{path}:{frame.get('line', '?')} in {frame.get('name', '?')}"
 
 
-def _in_torch(filename: str) -> bool:
-    path = filename.replace("\\", "/")
-    return "/torch/" in path or path.startswith("torch/")
+def _innermost_outside_torch(frames: Sequence[Frame]) -> Frame | None:
+    """The innermost frame whose file is not torch's own Python, or None."""
+    for frame in frames:
+        path = str(frame.get("filename", "")).replace("\\", "/")
+        if "/torch/" not in path and not path.startswith("torch/"):
+            return frame
+    return None
 
 
 def backward_made(frames: Sequence[Frame]) -> bool:
@@ -155,5 +159,5 @@ def backward_made(frames: Sequence[Frame]) -> bool:
     ``backward`` of an autograd Function outside torch (DeepSpeed ZeRO-3's linear, a user's own)."""
     if not frames:
         return True
-    inner = next((f for f in frames if not _in_torch(str(f.get("filename", "")))), None)
+    inner = _innermost_outside_torch(frames)
     return inner is not None and inner.get("name") == "backward"

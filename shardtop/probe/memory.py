@@ -224,10 +224,9 @@ class MemorySampler:
         """The C allocator's bytes in use: ``taken`` (a reading just taken), else read anew if ``fresh``,
         else the last reading.
 
-        Reading it walks every arena's free lists under their locks: under a microsecond on a fresh heap,
-        0.1 to 0.75 ms on a fragmented one with a few threads' arenas (measured on a 2-core machine without
-        GPU).  So the training thread reads it once a step, at the start of the forward, where steps are
-        compared; the sampler's thread reads it at each of its samples (ctypes lets go of the GIL meanwhile).
+        A reading can take most of a millisecond (``heap.py``), so the training thread reads it once a step,
+        at the start of the forward, where steps are compared; the sampler's thread reads it at each of its
+        samples (ctypes lets go of the GIL meanwhile).
         """
         if heap_in_use is None:
             return None

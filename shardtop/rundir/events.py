@@ -245,7 +245,8 @@ class MemoryKinds(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
 
 class AllocationSite(msgspec.Struct, kw_only=True, frozen=True):
     """Where some blocks were allocated: the innermost frame outside torch's own Python, as
-    ``path:line in function`` (the path from its last package folder on), or ``""`` where the
+    ``path:line in function`` (the path from below the folder the process imported it from, such as
+    ``site-packages``, else the file's name), or ``""`` where the
     allocation had no Python frame (torch's C++ code, such as autograd's engine thread)."""
 
     where: str
