@@ -15,7 +15,7 @@
 3. Tree + shards of a 100 000-module model: read, encode and write time, and
    bytes on disk per rank; a census of it.
 
-    python bench/bench_probe.py [--device cuda] [--blocks 8] [--steps 25]
+    python bench/bench_probe.py [--device cuda] [--blocks 8] [--steps 25] [--profile STEPS]
     python bench/bench_probe.py --explained RUN_DIR [RUN_DIR...]
 
 The second form reads recorded runs (GPU ones) and prints, per rank, how much of
@@ -52,7 +52,9 @@ def model_of(n_blocks: int, width: int) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def step_times(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int, probe: bool) -> list[float]:
+def step_times(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int, probe: bool,
+               in_probe: list[float] | None = None) -> list[float]:
+    """Each step's wall time; ``in_probe`` gets, per step, the time spent inside the probe's own calls."""
     import shardtop.probe as st
 
     times = []
@@ -60,26 +62,55 @@ def step_times(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, st
         if x.is_cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
+        spent = 0.0
         if probe:
+            c = time.perf_counter()
             st.phase("forward", i)
+            spent += time.perf_counter() - c
         loss = model(x).pow(2).mean()
         if probe:
+            c = time.perf_counter()
             st.phase("backward")
+            spent += time.perf_counter() - c
         loss.backward()
         if probe:
+            c = time.perf_counter()
             st.phase("optimizer")
+            spent += time.perf_counter() - c
         opt.step()
         opt.zero_grad(set_to_none=True)
         if x.is_cuda:
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
         if probe:
+            c = time.perf_counter()
             st.step(i, loss=float(loss.detach()), seconds=elapsed)
+            spent += time.perf_counter() - c
+            if in_probe is not None:
+                in_probe.append(spent)
         times.append(elapsed)
     return times
 
 
-def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int) -> None:
+def profile_on_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int) -> None:
+    """Where the probe's steady steps spend their time: cProfile of ``steps`` of them, the probe's
+    functions by time of their own."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    step_times(model, opt, x, steps, probe=True)
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("cumulative").print_stats(r"shardtop|cuda", 25)
+    print(f"  cProfile of {steps} steady steps with the probe (functions of shardtop and torch.cuda, cumulative):")
+    print("\n".join("    " + line for line in out.getvalue().splitlines() if line.strip()))
+
+
+def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int, profile: int = 0) -> None:
     import shardtop.probe as st
     from shardtop.probe.memory_explain import CENSUS_BUDGET, MemoryExplainer, MemoryOptions
     from shardtop.probe.session import current
@@ -103,17 +134,20 @@ def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int)
         sampler = probe._sampler
         off: list[float] = []
         on: list[float] = []
+        in_probe: list[float] = []
         explained: list[float] = []
         for _ in range(blocks):
             sampler.stop()
             off += step_times(model, opt, x, steps, probe=False)
             sampler.start()
             probe._explainer = steady
-            on += step_times(model, opt, x, steps, probe=True)
+            on += step_times(model, opt, x, steps, probe=True, in_probe=in_probe)
             probe._explainer = explaining
             explained += step_times(model, opt, x, steps, probe=True)
         probe._explainer = steady
         explaining.close()
+        if profile:
+            profile_on_steps(model, opt, x, profile)
         census = [steady.census.count() for _ in range(21)]
         faults = dict(probe.faults.told)
         probe.exit(0)
@@ -124,6 +158,8 @@ def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int)
           f"{blocks} alternating blocks of {steps} steps")
     print(f"  median step without probe {m_off * 1e3:.3f} ms, with probe {m_on * 1e3:.3f} ms, "
           f"ratio {m_on / m_off:.4f} ({(m_on / m_off - 1) * 100:+.2f} %); event file {event_bytes / 1e6:.2f} MB")
+    print(f"  inside the probe's calls on the training thread: median {statistics.median(in_probe) * 1e3:.3f} ms "
+          f"a step, mean {statistics.fmean(in_probe) * 1e3:.3f} ms")
     print(f"  explained steps (the first {len(first) - 1} of a run, or on request): median {m_ex * 1e3:.3f} ms, "
           f"ratio {m_ex / m_off:.4f} ({(m_ex / m_off - 1) * 100:+.2f} %); "
           f"{explaining.activations.saved / max(1, len(explained)):.0f} saved tensors followed per step")
@@ -233,6 +269,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--modules", type=int, default=100_000)
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="also profile STEPS steady steps with the probe (cProfile)")
     parser.add_argument("--explained", type=Path, nargs="+", help="recorded run directories to read instead")
     args = parser.parse_args()
     if args.explained:
@@ -240,7 +278,7 @@ def main() -> None:
         return
     os.environ.pop("SHARDTOP_RUN_DIR", None)
     print(f"torch {torch.__version__}, {os.cpu_count()} cpus, device {args.device}")
-    bench_overhead(args.device, args.blocks, args.steps, args.width, args.batch)
+    bench_overhead(args.device, args.blocks, args.steps, args.width, args.batch, args.profile)
     bench_kept(args.device, args.blocks, args.width, args.batch)
     bench_big_tree(args.modules)
 
