@@ -347,22 +347,55 @@ def peak_split(
     placed, oldest first; the phase of the peak is the label of the last
     marker before it.  ``workspaces``: the libraries' workspace block sizes.
     """
+    found = traced_splits(snapshot, device, censuses, labels, workspaces)
+    return (found.peak, found.line) if found is not None else None
+
+
+@dataclass(frozen=True)
+class TracedSplits:
+    """What a trace says at its peak and at its end."""
+
+    peak: MemorySplit
+    at_end: BlockSplit
+    """The blocks alive when the snapshot was taken (at an OOM: what held the memory then)."""
+    line: Timeline
+
+
+def traced_splits(
+    snapshot: Mapping[str, Any],
+    device: int,
+    censuses: Sequence[Mapping[int, str]],
+    labels: Sequence[tuple[str, int]] = (),
+    workspaces: frozenset[int] = frozenset(),
+    now: Mapping[int, str] | None = None,
+) -> TracedSplits | None:
+    """``peak_split``'s split, and the split of the blocks alive at the trace's end, from one reading.
+
+    ``now``: a census taken at the snapshot with no marker of its own (at an OOM, where a marker's
+    allocation could fail): it sees the blocks alive at the trace's end.  Unlike ``current_split``,
+    the trace's lifetimes name the libraries' workspaces there.
+    """
     traces = snapshot.get("device_traces") or []
     if device >= len(traces) or not traces[device]:
         return None
     line = timeline(traces[device], live_blocks(snapshot.get("segments", ()), device))
     offset = len(labels) - len(line.markers)
+    aligned = align_censuses(line.markers, censuses)
+    if now is not None:
+        aligned.append(Census(line.length - 1, now))
 
     def label_at(position: int) -> tuple[str, int | None]:
         """The label of the last marker at or before ``position``: the phase running there."""
         index = bisect.bisect_right(line.markers, position) - 1 + offset
         return labels[index] if index >= offset and 0 <= index < len(labels) else ("", None)
 
-    split = split_blocks(line.blocks, line.peak_position, align_censuses(line.markers, censuses),
-                         lambda position: label_at(position)[0], lambda position: label_at(position)[1],
-                         workspaces, line.length)
+    def split_at(position: int) -> BlockSplit:
+        return split_blocks(line.blocks, position, aligned, lambda at: label_at(at)[0], lambda at: label_at(at)[1],
+                            workspaces, line.length)
+
+    split = split_at(line.peak_position)
     phase, step = label_at(line.peak_position)
-    result = MemorySplit(
+    peak = MemorySplit(
         allocated=line.peak,
         by_kind=split.memory_kinds(),
         unexplained=line.peak - sum(split.kinds.values()),
@@ -371,7 +404,7 @@ def peak_split(
         step=step,
         unexplained_at=split.largest_unexplained(),
     )
-    return result, line
+    return TracedSplits(peak, split_at(line.length - 1), line)
 
 
 def current_split(snapshot: Mapping[str, Any], device: int, census: Mapping[int, str]) -> BlockSplit:

@@ -72,6 +72,15 @@ def cuda_allocator_stats(torch: Any, index: int) -> dict[str, Any]:
     return stats
 
 
+def cuda_allocated(torch: Any, device: str) -> int:
+    """Bytes allocated on a CUDA device (``cuda`` is the current one), read as cheaply as
+    ``cuda_allocator_stats`` reads them: ``torch.cuda.memory_allocated`` goes through the flat stats."""
+    index = cuda_device_index(device)
+    if index is None or index < 0:
+        index = int(torch.cuda.current_device())
+    return allocator_numbers(cuda_allocator_stats(torch, index))[0]
+
+
 class MemorySampler:
     """Writes ``Memory`` events in the background at ``1 / interval`` Hz (2 Hz by default)."""
 

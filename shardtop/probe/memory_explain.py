@@ -43,7 +43,13 @@ from shardtop.probe.allocator import (
     library_workspaces,
     memory_snapshot,
 )
-from shardtop.probe.allocator_trace import TRACE_KINDS, current_split, largest_free_block, peak_split
+from shardtop.probe.allocator_trace import (
+    TRACE_KINDS,
+    current_split,
+    largest_free_block,
+    peak_split,
+    traced_splits,
+)
 from shardtop.probe.memory_kinds import KindCount, MemoryCensus
 from shardtop.probe.memory_options import REQUEST_FILE, MemoryOptions
 from shardtop.rundir.events import AllocatorStats, Memory, MemoryKinds, MemorySplit, Oom, Shards, Tree
@@ -371,30 +377,27 @@ class MemoryExplainer:
             free_block = largest_free_block(snapshot.get("segments", ()), self.cuda_index)
             stats = msgspec.structs.replace(stats, largest_free_block=free_block)
         allocated = stats.allocated if stats is not None else None
+        recording = self.history is not None and self.history.recording
+        traced = None
+        if snapshot is not None and recording:
+            # the trace since set-up: the split at the peak, which a set-up OOM often comes after
+            try:
+                traced = traced_splits(snapshot, self.cuda_index, self._censuses, self._labels, self.workspaces,
+                                       now=count.addresses if count is not None else None)
+            except Exception as e:  # noqa: BLE001 - told as a fault; the split at this moment remains
+                if self.on_failure is not None:
+                    self.on_failure(e)
         memory: MemorySplit | None = None
         if snapshot is not None and count is not None:
-            blocks = current_split(snapshot, self.cuda_index, count.addresses)
-            kinds = blocks.memory_kinds()
-            traced = self.history is not None and self.history.recording
-            kinds = _only_measured(kinds, count.kinds)
+            blocks = traced.at_end if traced is not None else current_split(snapshot, self.cuda_index, count.addresses)
+            kinds = _only_measured(blocks.memory_kinds(), count.kinds)
             memory = MemorySplit(allocated=allocated, by_kind=kinds, unexplained=unexplained(allocated, kinds),
-                                 source="allocator-trace" if traced else "tensors", phase=event.phase, step=event.step,
-                                 unexplained_at=blocks.largest_unexplained())
+                                 source="allocator-trace" if recording else "tensors", phase=event.phase,
+                                 step=event.step, unexplained_at=blocks.largest_unexplained())
         elif count is not None:
             memory = MemorySplit(allocated=allocated, by_kind=count.kinds,
                                  unexplained=unexplained(allocated, count.kinds), phase=event.phase, step=event.step)
-        at_peak = event.peak_split
-        if snapshot is not None and self.history is not None and self.history.recording:
-            # the trace since set-up: the split at the peak, which a set-up OOM often comes after
-            try:
-                found = peak_split(snapshot, self.cuda_index, [*self._censuses, *( [count.addresses] if count else [])],
-                                   [*self._labels, (event.phase, event.step)], self.workspaces)
-            except Exception as e:  # noqa: BLE001 - told as a fault; the split at this moment remains
-                found = None
-                if self.on_failure is not None:
-                    self.on_failure(e)
-            if found is not None:
-                at_peak = found[0]
+        at_peak = traced.peak if traced is not None else event.peak_split
         if self.history is not None:
             self.history.stop()
         return msgspec.structs.replace(

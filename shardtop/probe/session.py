@@ -27,7 +27,7 @@ from shardtop.probe.exits import install as install_exit_hooks
 from shardtop.probe.faults import Faults, describe, say
 from shardtop.probe.host import host_facts
 from shardtop.probe.kept import KeptTracker, held_storages
-from shardtop.probe.memory import MemorySampler
+from shardtop.probe.memory import MemorySampler, cuda_allocated
 from shardtop.probe.memory_explain import MemoryExplainer
 from shardtop.probe.names import module_names
 from shardtop.probe.oom import (
@@ -465,7 +465,7 @@ class Probe:
         if self.device.startswith("cuda"):
             import torch
 
-            return int(torch.cuda.memory_allocated(self.device))
+            return cuda_allocated(torch, self.device)
         if self._forward_heap is not None:
             return self._forward_heap
         from shardtop.probe.heap import heap_in_use

@@ -14,7 +14,14 @@ from typing import Any
 
 from shardtop.probe.allocating_code import MARKER_FUNCTION, kind_of_frames
 from shardtop.probe.allocator import allocator_stats
-from shardtop.probe.allocator_trace import block_bytes, current_split, largest_free_block, peak_split, timeline
+from shardtop.probe.allocator_trace import (
+    block_bytes,
+    current_split,
+    largest_free_block,
+    peak_split,
+    timeline,
+    traced_splits,
+)
 from shardtop.rundir.events import AllocatorStats
 
 MiB = 1 << 20
@@ -349,6 +356,33 @@ def test_a_workspace_made_in_the_first_steps_backward_after_a_set_up_census() ->
     assert found is not None
     split, _ = found
     assert split.by_kind.workspace == WORKSPACE and split.unexplained == 0
+
+
+def test_an_oom_census_taken_without_a_marker_does_not_shift_the_others() -> None:
+    """At an OOM the probe counts what is alive without placing a marker: the census at each marker
+    still names that marker's blocks, so the first step's gradients, made by autograd's thread with no
+    Python frame and freed by ``zero_grad``, are gradients at the peak, and the peak is the backward's."""
+    trace = Trace()
+    weights = trace.alloc(32 * MiB, [frame("/x/torch/nn/modules/module.py", "_apply"), USER_LOOP])
+    trace.mark()  # forward of step 1
+    trace.alloc(WORKSPACE, LINEAR_FORWARD)  # cuBLAS's, for the training thread's handle
+    trace.mark()  # backward of step 1
+    trace.alloc(WORKSPACE, [])  # for autograd's thread's handle
+    grads = trace.alloc(32 * MiB, [])
+    trace.mark()  # optimizer of step 1
+    trace.mark()  # step 1
+    trace.free(grads)
+    trace.mark()  # forward of step 2, where the OOM comes
+    labels = [("forward", 1), ("backward", 1), ("optimizer", 1), ("step", 1), ("forward", 2)]
+    censuses = [{weights: "params"}, {weights: "params"}, {weights: "params", grads: "grads"},
+                {weights: "params"}, {weights: "params"}]
+    found = traced_splits(trace.snapshot(), 0, censuses, labels, frozenset({WORKSPACE}), now={weights: "params"})
+    assert found is not None
+    peak, at_oom = found.peak, found.at_end
+    assert peak.by_kind.grads == 32 * MiB and peak.by_kind.workspace == 2 * WORKSPACE and peak.unexplained == 0
+    assert (peak.phase, peak.step) == ("backward", 1)
+    assert at_oom.kinds["workspace"] == 2 * WORKSPACE and at_oom.kinds["params"] == 32 * MiB
+    assert at_oom.unexplained == 0 and at_oom.total == 32 * MiB + 2 * WORKSPACE
 
 
 def test_what_an_autograd_functions_backward_makes_is_a_temporary_of_the_backward() -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from shardtop.gpus import nvml_or_none
 from shardtop.probe.heap import heap_in_use
-from shardtop.probe.memory import MemorySampler, allocator_numbers, cuda_device_index
+from shardtop.probe.memory import MemorySampler, allocator_numbers, cuda_allocated, cuda_device_index
 from shardtop.rundir.events import EventWriter, Memory, read_all
 
 no_driver = pytest.mark.skipif(nvml_or_none() is not None, reason="an NVIDIA driver is present")
@@ -32,6 +34,22 @@ def test_allocator_numbers() -> None:
         "reserved_bytes": {"all": {"current": 20, "peak": 20}},
     }
     assert allocator_numbers(nested) == (10, 20, 15)
+
+
+def test_cuda_allocated_reads_the_nested_stats_of_the_named_or_current_device() -> None:
+    """CI has no GPU: torch's CUDA entry points stand in, as torch 2.11-2.14 name them."""
+    asked: list[int] = []
+
+    def nested(index: int) -> dict[str, Any]:
+        asked.append(index)
+        return {"allocated_bytes": {"all": {"current": 100 + index, "peak": 0}},
+                "reserved_bytes": {"all": {"current": 0, "peak": 0}}}
+
+    torch = SimpleNamespace(_C=SimpleNamespace(_cuda_memoryStats=nested),
+                            cuda=SimpleNamespace(current_device=lambda: 5))
+    assert cuda_allocated(torch, "cuda:2") == 102
+    assert cuda_allocated(torch, "cuda") == 105
+    assert asked == [2, 5]
 
 
 def test_sampler_writes_at_least_twice_a_second(tmp_path: Path) -> None:
