@@ -6,6 +6,7 @@
 #   gpu/record.sh PART...     PART: presets1 presets2 scenarios1 scenarios2 own benches (= probe_cost terminal)
 #                             rehearse_story2 rehearse_presets rehearse_own clients client_plans compiled
 #                             over_time story2_fixed_six workspaces unmeasured split_rechecks
+#                             presets_again oom_recheck
 #
 # presets1/scenarios1 and the rehearse_* parts need one GPU, presets2/scenarios2 two. Run from the project root with the
 # wheels of ../shared/gpu/wheels.sh in .whl/; everything lands under $OUT (or ./gpu-out):
@@ -95,6 +96,18 @@ unmeasured() {  # the plan where it has no measured workspace: manual-placement 
   step 60 "conv workspace, batch 4" python3 gpu/scenarios/conv_workspace.py --batches 4 --no-preset --out "$OUT/conv_workspace_b4.json"
   launch 60 manual-placement batch_size=4 max_steps=5
 }
+
+presets_again() {  # h200/'s seven runs of 2026-11-29, with the same settings, by today's probe
+  launch 150 zero3-linear gpu_mem_limit=$CAP max_steps=5
+  launch 150 zero3-linear-fixed gpu_mem_limit=$CAP max_steps=5
+  launch 60 fsdp-not-sharding max_steps=5
+  launch 60 fsdp-auto-wrap max_steps=5
+  launch 50 ddp-baseline max_steps=5
+  launch 50 manual-placement max_steps=5
+  launch 50 fsdp2-mlp max_steps=20
+}
+
+oom_recheck() { step 40 "outside pytorch, OOM" python3 gpu/scenarios/outside_pytorch.py --outside-gib 128 --ask-gib 16; }
 
 split_rechecks() {  # the small OOM's peak (a second cuBLAS workspace) and Lightning ZeRO-3 rehearsed (its linear's backward)
   step 40 "outside pytorch, OOM" python3 gpu/scenarios/outside_pytorch.py --outside-gib 128 --ask-gib 16
