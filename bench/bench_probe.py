@@ -233,7 +233,7 @@ def explained_report(run_dirs: list[Path]) -> None:
 
 def bench_big_tree(n_modules: int) -> None:
     from shardtop.probe.shards import read_shards
-    from shardtop.rundir.events import EventWriter, event_file
+    from shardtop.rundir.event_files import EventWriter, event_file
 
     model = nn.Sequential(*(nn.Linear(4, 4) for _ in range(n_modules)))
     with tempfile.TemporaryDirectory() as tmp:

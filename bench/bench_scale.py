@@ -43,19 +43,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.terminal import Terminal  # noqa: E402
-from shardtop.rundir.events import (  # noqa: E402
-    Event,
-    GpuMemory,
-    Hello,
-    Memory,
-    Phase,
-    Shards,
-    Step,
-    Tree,
-    Unit,
-    encode,
-    event_file,
-)
+from shardtop.rundir.event_files import event_file  # noqa: E402
+from shardtop.rundir.events import Event, Hello, Memory, Phase, Shards, Step, Tree, Unit, encode  # noqa: E402
+from shardtop.rundir.memory_figures import GpuMemory  # noqa: E402
 
 E = TypeVar("E", bound=Event)
 

@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from shardtop.rundir.cluster import host_name
-from shardtop.rundir.events import GpuMemory
+from shardtop.rundir.memory_figures import GpuMemory
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ from shardtop.diagnose.facts import OomEvidence, fmt
 from shardtop.diagnose.finding import Evidence, Finding, Rule
 from shardtop.read.rank_facts import RankFacts
 from shardtop.read.run_model import RunModel
-from shardtop.rundir.events import GpuMemory
+from shardtop.rundir.memory_figures import GpuMemory
 
 _CUDA_INDEX = re.compile(r"^cuda:(\d+)$")
 

@@ -14,7 +14,8 @@ from typing import Literal
 from shardtop.read.memory_kinds import bytes_by_kind, kinds_sentence
 from shardtop.read.oom_story import OomStory
 from shardtop.read.run_model import RunModel
-from shardtop.rundir.events import MemorySplit, PhaseName
+from shardtop.rundir.events import PhaseName
+from shardtop.rundir.memory_figures import MemorySplit
 from shardtop.units import format_bytes
 
 SHARDED_ENGINES = frozenset({"fsdp1", "fsdp2", "zero3"})

@@ -22,7 +22,7 @@ from typing import Any
 
 from shardtop.probe.allocating_code import MARKER_FUNCTION
 from shardtop.probe.allocator_trace import block_bytes
-from shardtop.rundir.events import AllocatorStats
+from shardtop.rundir.memory_figures import AllocatorStats
 
 DEFAULT_MAX_ENTRIES = 100_000
 """Trace entries kept (each some hundred bytes of host memory plus its stack): set-up and about

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardtop.probe.allocating_code import Frame, backward_made, is_marker, kind_of_frames, site_of
-from shardtop.rundir.events import AllocationSite, MemoryKinds, MemorySplit
+from shardtop.rundir.memory_figures import AllocationSite, MemoryKinds, MemorySplit
 
 KINDS = ("params", "grads", "optimizer", "comm", "other", "kept", "activations")
 """The kinds, in the order a census counts them: a storage held by two counts under the first

@@ -30,7 +30,8 @@ import psutil
 
 from shardtop.gpus import Nvml, nvml_or_none
 from shardtop.probe.heap import heap_in_use
-from shardtop.rundir.events import GpuMemory, Memory
+from shardtop.rundir.events import Memory
+from shardtop.rundir.memory_figures import GpuMemory
 
 JOIN_TIMEOUT_S = 5.0
 OBSERVATION_TTL_S = 60.0

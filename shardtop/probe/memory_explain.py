@@ -52,7 +52,8 @@ from shardtop.probe.allocator_trace import (
 )
 from shardtop.probe.memory_kinds import KindCount, MemoryCensus
 from shardtop.probe.memory_options import REQUEST_FILE, MemoryOptions
-from shardtop.rundir.events import AllocatorStats, Memory, MemoryKinds, MemorySplit, Oom, Shards, Tree
+from shardtop.rundir.events import Memory, Oom, Shards, Tree
+from shardtop.rundir.memory_figures import AllocatorStats, MemoryKinds, MemorySplit
 
 __all__ = ["CENSUS_BUDGET", "REQUEST_FILE", "MemoryExplainer", "MemoryOptions"]
 

@@ -44,7 +44,7 @@ from shardtop.probe.engine_buffers import (
 )
 from shardtop.probe.shards import resolve_target
 from shardtop.probe.shards.table import local_tensor
-from shardtop.rundir.events import MemoryKinds
+from shardtop.rundir.memory_figures import MemoryKinds
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 

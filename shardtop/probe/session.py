@@ -40,20 +40,8 @@ from shardtop.probe.oom import (
 from shardtop.probe.shards import read_shards
 from shardtop.probe.tracker import ModuleTracker
 from shardtop.rundir.cluster import SlurmIds
-from shardtop.rundir.events import (
-    EventWriter,
-    Exit,
-    Fault,
-    Hello,
-    Memory,
-    Oom,
-    Phase,
-    Shards,
-    SnapshotStage,
-    Step,
-    Tree,
-    event_file,
-)
+from shardtop.rundir.event_files import EventWriter, event_file
+from shardtop.rundir.events import Exit, Fault, Hello, Memory, Oom, Phase, Shards, SnapshotStage, Step, Tree
 from shardtop.rundir.run_directory import RunDirectory
 
 try:

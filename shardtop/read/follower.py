@@ -20,7 +20,7 @@ import os
 from shardtop.read.run_meta import RunMeta
 from shardtop.read.run_model import RunModel
 from shardtop.read.run_state import RunState, RunStateBuilder
-from shardtop.rundir.events import EventReader
+from shardtop.rundir.event_files import EventReader
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.rundir.run_status import RunStatus
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from shardtop.rundir.events import MemorySplit
+from shardtop.rundir.memory_figures import MemorySplit
 from shardtop.units import format_bytes
 
 Kind = Literal["params", "grads", "optimizer", "activations", "kept", "comm", "workspace", "other"]

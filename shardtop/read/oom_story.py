@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shardtop.read.memory_kinds import split_sentence
-from shardtop.rundir.events import ATTRIBUTED_BY_WORDS, MemorySplit, Oom
+from shardtop.rundir.events import ATTRIBUTED_BY_WORDS, Oom
+from shardtop.rundir.memory_figures import MemorySplit
 from shardtop.units import format_bytes
 from shardtop.words import module_label
 

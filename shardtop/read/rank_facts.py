@@ -17,7 +17,8 @@ from typing import Literal
 
 from shardtop.read.memory_kinds import total_of
 from shardtop.read.run_state import RankState
-from shardtop.rundir.events import Exit, Hello, Memory, MemorySplit, Oom, Shards
+from shardtop.rundir.events import Exit, Hello, Memory, Oom, Shards
+from shardtop.rundir.memory_figures import MemorySplit
 from shardtop.rundir.run_status import RankExit, RunStatus
 
 RankStateName = Literal[

@@ -27,7 +27,8 @@ from shardtop.read.run_state import TRAINING_PHASES, GpuSample, RunState
 from shardtop.read.shard_model import subtree_sums
 from shardtop.read.stalls import Stall, find_stalls
 from shardtop.read.tree_facts import Block, find_block
-from shardtop.rundir.events import Fault, GpuMemory, Memory, Scalar, Shards, Tree
+from shardtop.rundir.events import Fault, Memory, Scalar, Shards, Tree
+from shardtop.rundir.memory_figures import GpuMemory
 from shardtop.rundir.run_status import RunStatus
 
 PHASE_ORDER = {"forward": 0, "backward": 1, "optimizer": 2}

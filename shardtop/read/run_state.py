@@ -28,11 +28,9 @@ from shardtop.rundir.events import (
     AnyEvent,
     Exit,
     Fault,
-    GpuMemory,
     Hello,
     Kept,
     Memory,
-    MemorySplit,
     Oom,
     Phase,
     PhaseName,
@@ -42,6 +40,7 @@ from shardtop.rundir.events import (
     Tree,
     tree_paths,
 )
+from shardtop.rundir.memory_figures import GpuMemory, MemorySplit
 
 MEMORY_HISTORY = 120
 """Samples of allocator memory kept per rank for sparklines."""

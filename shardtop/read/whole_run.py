@@ -13,7 +13,7 @@ from pathlib import Path
 from shardtop.read.run_meta import RunMeta
 from shardtop.read.run_model import RunModel
 from shardtop.read.run_state import fold
-from shardtop.rundir.events import read_all
+from shardtop.rundir.event_files import read_all
 from shardtop.rundir.run_directory import RunDirectory
 
 LOG_TAIL_LINES = 12

@@ -23,7 +23,8 @@ from shardtop.report.document import (
 )
 from shardtop.report.gather import ReportData
 from shardtop.report.tree_summary import summarize_tree
-from shardtop.rundir.events import GpuMemory, when
+from shardtop.rundir.events import when
+from shardtop.rundir.memory_figures import GpuMemory
 from shardtop.units import count_words, format_bytes
 from shardtop.words import module_label, noun
 

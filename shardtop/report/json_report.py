@@ -20,7 +20,7 @@ from shardtop.read.rank_facts import RankFacts
 from shardtop.read.run_model import RunModel
 from shardtop.read.stalls import Stall
 from shardtop.report.gather import ReportData
-from shardtop.rundir.events import GpuMemory
+from shardtop.rundir.memory_figures import GpuMemory
 
 REPORT_SCHEMA = "shardtop.report"
 REPORT_SCHEMA_VERSION = 2

@@ -2,8 +2,8 @@
 
 Ranks append one JSON object per line to ``events/rank-<N>.jsonl`` in the run
 directory; the TUI, ``shardtop report`` and ``shardtop runs`` read them back.
-This module is the only one both sides import, so it imports neither torch nor
-textual.
+These modules are the only ones both sides import, so they import neither torch
+nor textual.
 
 Every event carries the schema version ``v``, the ``rank``, the ``host`` and a
 wall-clock timestamp ``t``.  Readers skip (and count) lines they cannot parse,
@@ -19,25 +19,18 @@ off while training went on: ``part`` names which (``FAULT_PARTS``), ``error``
 what went wrong, so a reader can say "the probe's shard reader failed on
 rank 1: ...".  Readers older than it skip it as an unknown kind.
 
-Writing never takes training down (``EventWriter``): a full disk stops the
-ordinary events, once, with a ``Fault`` of part ``events``, and the last
-records (``Oom``, ``Fault``, ``Exit``) still go into room kept for them.
+The memory figures the events carry are in ``memory_figures.py``; writing and
+reading the files, in ``event_files.py``.
 """
 
 from __future__ import annotations
 
-import os
-import threading
-import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Literal
 
 import msgspec
 
-from shardtop.rundir.cluster import host_name
-from shardtop.rundir.reserved_file import ReservedAppendFile
+from shardtop.rundir.memory_figures import AllocatorStats, GpuMemory, MemorySplit
 
 SCHEMA_VERSION = 1
 """Bumped when a field changes meaning; new optional fields do not bump it."""
@@ -187,111 +180,6 @@ class Shards(Event, tag="shards", frozen=True):
     not counted), measured in the probe's first explained steps; None before a forward was explained."""
     info: dict[str, Scalar] = {}
     """Engine-wide facts: sharding strategy, mesh shape, data-parallel size, precision..."""
-
-
-class GpuMemory(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
-    """One GPU as NVML saw it."""
-
-    index: int
-    name: str = ""
-    uuid: str = ""
-    used: int = 0
-    total: int = 0
-    util: int | None = None
-    temperature: int | None = None
-    power_w: float | None = None
-    pids: list[int] = []
-
-
-class MemoryKinds(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
-    """Bytes of a rank's device memory by what holds them; each None where its source was not read.
-
-    Every kind is measured from its own source (tensors found, engine buffers read, allocator
-    blocks traced); none is the remainder of the others.  A storage is counted once, under the
-    first kind that holds it in this order: params, grads, optimizer, comm, other, activations;
-    the trace's blocks no census saw as one of those are workspaces, or kept from earlier steps.
-    On CUDA each storage counts as the allocator's block (rounded up to 512 bytes), as
-    ``allocated`` does.
-    """
-
-    params: int | None = None
-    """Parameters: the stored shards (whole parameters, FSDP flat or DTensor shards, ZeRO-3
-    ``ds_tensor``), plus gathered, unsharded or low-precision copies while they exist."""
-    grads: int | None = None
-    """Gradients: ``param.grad``, FSDP sharded gradients and reduce-scatter output, ZeRO-1/2
-    gradient partitions, ZeRO-3's partitioned gradient buffer."""
-    optimizer: int | None = None
-    """Optimizer state: torch optimizers' state tensors; ZeRO's fp32 master partitions and state."""
-    activations: int | None = None
-    """Tensors saved for backward by the forward, parameters excluded.  Measured only while the
-    probe explains a step (its first steps, a request, or ``SHARDTOP_MEMORY_DETAIL=always``)."""
-    comm: int | None = None
-    """Communication buffers: ZeRO reduce buckets, DDP gradient buckets, FSDP all-gather and
-    reduce-scatter buffers."""
-    other: int | None = None
-    """Module buffers (BatchNorm statistics...) and, from the allocator's trace, temporaries of
-    the optimizer step and other blocks allocated by recognised code."""
-    kept: int | None = None
-    """Kept from earlier steps: tensors an earlier step made that are still alive, and no
-    parameter, gradient, optimizer state or buffer (a list of each step's logits, a hook's stored
-    activations).  From the allocator's trace (a block allocated in an earlier step), and from
-    the outputs of the modules whose outputs were seen kept (``Kept``), followed from then on."""
-    workspace: int | None = None
-    """Library workspaces: cuBLAS and cuBLASLt workspaces, blocks of the size the running torch
-    gives them (``torch._C._cuda_getCublasWorkspaceSize``), allocated with no tensor behind them
-    and kept for the process's life (one per thread and stream that ran a matmul).  From the
-    allocator's trace."""
-
-
-class AllocationSite(msgspec.Struct, kw_only=True, frozen=True):
-    """Where some blocks were allocated: the innermost frame outside torch's own Python, as
-    ``path:line in function`` (the path from below the folder the process imported it from, such as
-    ``site-packages``, else the file's name), or ``""`` where the
-    allocation had no Python frame (torch's C++ code, such as autograd's engine thread)."""
-
-    where: str
-    bytes: int
-
-
-class MemorySplit(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
-    """What fills a rank's allocated memory at one moment: ``by_kind`` plus ``unexplained``."""
-
-    allocated: int | None = None
-    """The allocator's allocated bytes at that moment; None on CPU (no caching allocator)."""
-    by_kind: MemoryKinds = msgspec.field(default_factory=MemoryKinds)
-    unexplained: int | None = None
-    """``allocated`` minus every kind measured: what no source accounts for (rarely exactly 0;
-    negative only if the sources and the allocator were read a moment apart).  None on CPU."""
-    source: str = "tensors"
-    """``tensors``: the tensors and engine buffers found at that moment (``by_kind`` summed);
-    ``allocator-trace``: the CUDA allocator's recorded blocks at that moment, each classified
-    by the tensor found at its address or by the code that allocated it."""
-    step: int | None = None
-    """The training step of that moment, when known."""
-    phase: str = ""
-    """The phase of that moment (setup, forward, backward, optimizer...), when known."""
-    unexplained_at: list[AllocationSite] = []
-    """Where the largest unexplained bytes were allocated, largest first (at most three); from
-    the allocator's trace only."""
-
-
-class AllocatorStats(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
-    """The CUDA caching allocator's key numbers (``torch.cuda.memory_stats``), in bytes and counts."""
-
-    allocated: int
-    reserved: int
-    active: int | None = None
-    """Allocated plus blocks freed but still in use by another stream."""
-    inactive_split: int | None = None
-    """Free bytes inside split blocks: fragmentation the allocator cannot hand out whole."""
-    peak_allocated: int | None = None
-    """``max_memory_allocated``: the highest ``allocated`` since the process started."""
-    peak_reserved: int | None = None
-    num_alloc_retries: int | None = None
-    """How often a cudaMalloc failed and the allocator freed its cache to retry."""
-    num_ooms: int | None = None
-    largest_free_block: int | None = None
-    """The largest free block inside reserved memory; only where a memory snapshot was taken (at an OOM)."""
 
 
 class Memory(Event, tag="memory", frozen=True):
@@ -550,191 +438,6 @@ def decode(line: bytes) -> AnyEvent | str:
     if not isinstance(kind, str) or kind not in KNOWN_KINDS:
         return SkipReason.UNKNOWN
     return SkipReason.BAD
-
-
-def event_file(events_dir: Path, rank: int) -> Path:
-    return events_dir / f"{EVENT_FILE_PREFIX}{rank}{EVENT_FILE_SUFFIX}"
-
-
-class EventWriter:
-    """Appends one rank's events to its file: flushed per event, fsynced for the last records.
-
-    Thread-safe (the memory sampler writes from its own thread), and it never
-    raises: a rank must not die because its record cannot be written.  When
-    the disk fills up (or the file cannot be written at all) ordinary events
-    stop, ``stopped`` says why, ``on_stop`` is told once, and the last records
-    (``LAST_RECORDS``) are still written into the room ``ReservedAppendFile``
-    keeps for them.  ``path=None`` writes nowhere (the run directory could
-    not be made).
-    """
-
-    def __init__(
-        self,
-        path: Path | None,
-        rank: int,
-        host: str | None = None,
-        on_stop: Callable[[str], None] | None = None,
-    ) -> None:
-        self.path = path
-        self.rank = rank
-        self.host = host or host_name()
-        self.on_stop = on_stop
-        self.stopped: str | None = None
-        """Why ordinary events are no longer written (``No space left on device``); None while they are."""
-        self._lock = threading.RLock()  # a signal handler may write the exit while the same thread writes
-        self._file = ReservedAppendFile(path) if path is not None else None
-        if self._file is None:
-            self.stopped = "no run directory to write to"
-        elif self._file.broken is not None:
-            self.stopped = f"cannot open {path}: {_reason(self._file.broken)}"
-        elif self._file.full is not None:
-            self.stopped = _reason(self._file.full)
-
-    def write(self, event: Event) -> bool:
-        """Append ``event`` stamped with this rank, host and the time now; False if it was not written.
-
-        Events are frozen: the stamped copy is what is written, ``event`` itself is left as it was.
-        """
-        last = isinstance(event, LAST_RECORDS)
-        try:
-            line = encode(msgspec.structs.replace(event, rank=self.rank, host=self.host, t=time.time()))
-        except Exception:  # noqa: BLE001 - an event that cannot be encoded (or no memory left) is dropped
-            return False
-        with self._lock:
-            if self._file is None or not self._file.open or (self.stopped is not None and not last):
-                return False
-            error = self._file.append(line, sync=last)
-            newly_stopped = self._note_stop() if self.stopped is None else None
-        if newly_stopped is not None and self.on_stop is not None:
-            self.on_stop(newly_stopped)
-        return error is None
-
-    def _note_stop(self) -> str | None:
-        file = self._file
-        if file is None:
-            return None
-        problem = file.broken or file.full
-        if problem is not None:
-            self.stopped = _reason(problem)
-        return self.stopped
-
-    def close(self) -> None:
-        with self._lock:
-            if self._file is not None:
-                self._file.close()
-
-
-def _reason(error: OSError) -> str:
-    return error.strerror or str(error)
-
-
-@dataclass
-class _Tail:
-    offset: int = 0
-    pending: bytes = b""
-    size: int = 0
-    """The file's size when it was last opened."""
-
-
-@dataclass
-class EventReader:
-    """Follows every rank's event file in a directory, returning only new events.
-
-    A line without its newline yet is held back until it is complete; call
-    ``finish()`` once the writers are gone to count such a torn last line.
-    """
-
-    events_dir: Path
-    skipped: dict[str, int] = field(default_factory=lambda: {"bad": 0, "unknown": 0, "newer": 0, "torn": 0})
-    _tails: dict[str, _Tail] = field(default_factory=dict)
-    _listed: tuple[list[str], list[str]] = field(default_factory=lambda: ([], []))
-
-    def files(self) -> list[Path]:
-        return [Path(p) for p in self._paths()]
-
-    @property
-    def file_count(self) -> int:
-        """Event files seen at the last read."""
-        return len(self._listed[1])
-
-    def _paths(self) -> list[str]:
-        """The event files in name order, as strings: a follower lists 512 of them several times a second."""
-        try:
-            names = os.listdir(self.events_dir)
-        except OSError:
-            return []
-        if names != self._listed[0]:
-            directory = os.fspath(self.events_dir)
-            paths = sorted(
-                os.path.join(directory, n)
-                for n in names
-                if n.startswith(EVENT_FILE_PREFIX) and n.endswith(EVENT_FILE_SUFFIX)
-            )
-            self._listed = (names, paths)
-        return self._listed[1]
-
-    def read_new(self, limit: int | None = None) -> list[AnyEvent]:
-        """Every event appended since the last call, file by file; at most ``limit`` bytes of each file.
-
-        Each file is opened anew every time: on shared storage (NFS) opening is
-        what fetches what other hosts appended (close-to-open consistency); a
-        file kept open, or a size from ``stat``, can lag by seconds.  What a
-        ``limit`` leaves unread (``unread_bytes``) is read by the next call.
-        """
-        events: list[AnyEvent] = []
-        for path in self._paths():
-            events.extend(self._read_file(path, limit))
-        return events
-
-    @property
-    def unread_bytes(self) -> int:
-        """Bytes the files held at the last read beyond what was read (a ``limit`` left them)."""
-        return sum(max(0, t.size - t.offset) for t in self._tails.values())
-
-    def _read_file(self, path: str, limit: int | None = None) -> Iterator[AnyEvent]:
-        tail = self._tails.setdefault(path, _Tail())
-        try:
-            with open(path, "rb", buffering=0) as f:
-                size = tail.size = os.fstat(f.fileno()).st_size
-                if size < tail.offset:  # a writer cut a torn line off: read again from that line's start
-                    tail.offset = min(size, tail.offset - len(tail.pending))
-                    tail.pending = b""
-                f.seek(tail.offset)
-                chunk = f.read() if limit is None else f.read(limit)
-        except OSError:
-            return
-        if not chunk:
-            return
-        tail.offset += len(chunk)
-        data = tail.pending + chunk
-        *lines, tail.pending = data.split(b"\n")
-        for line in lines:
-            if not line.strip():
-                continue
-            result = decode(line)
-            if isinstance(result, str):
-                self.skipped[result] += 1
-            else:
-                yield result
-
-    def finish(self) -> None:
-        """Count lines left without a newline (a writer died mid-line) as torn."""
-        for tail in self._tails.values():
-            if tail.pending.strip():
-                self.skipped["torn"] += 1
-                tail.pending = b""
-
-    @property
-    def skipped_total(self) -> int:
-        return sum(self.skipped.values())
-
-
-def read_all(events_dir: Path) -> tuple[list[AnyEvent], dict[str, int]]:
-    """Every event of a finished (or live) run at once, with the skip counts."""
-    reader = EventReader(events_dir)
-    events = reader.read_new()
-    reader.finish()
-    return events, dict(reader.skipped)
 
 
 def tree_paths(names: Iterable[str], parents: Iterable[int]) -> list[str]:

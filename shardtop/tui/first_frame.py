@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from textual.driver import Driver
 
     from shardtop.gpus import GpuProcessInfo
-    from shardtop.rundir.events import GpuMemory
+    from shardtop.rundir.memory_figures import GpuMemory
 
 Frame = Callable[[int, int], list[str]]
 """A frame's lines for a terminal of (columns, lines)."""

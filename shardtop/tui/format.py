@@ -15,7 +15,7 @@ from shardtop.units import GiB, format_bytes, short_bytes
 
 if TYPE_CHECKING:
     from shardtop.gpus import GpuProcessInfo
-    from shardtop.rundir.events import GpuMemory
+    from shardtop.rundir.memory_figures import GpuMemory
     from shardtop.rundir.run_status import RunState
     from shardtop.tui.watch.run_catalog import RankOwner
 

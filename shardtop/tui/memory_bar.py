@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from rich.cells import cell_len
 
 from shardtop.read.memory_kinds import KIND_SHORT, TRACE_SHARE, measured
-from shardtop.rundir.events import MemorySplit
+from shardtop.rundir.memory_figures import MemorySplit
 from shardtop.tui.format import BAR_EMPTY, BAR_FULL, BAR_RESERVED
 from shardtop.units import short_bytes
 

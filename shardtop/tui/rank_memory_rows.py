@@ -15,7 +15,7 @@ from shardtop.read.memory_growth import Growth
 from shardtop.read.rank_facts import RankStatus
 from shardtop.read.run_model import RunModel
 from shardtop.read.run_state import RankState
-from shardtop.rundir.events import GpuMemory
+from shardtop.rundir.memory_figures import GpuMemory
 from shardtop.tui.bar_scale import may_use_words
 from shardtop.tui.memory_bar import BarPart, bar_parts
 from shardtop.tui.over_time import shows_over_time

@@ -26,20 +26,9 @@ from shardtop.read.run_model import RunModel
 from shardtop.read.run_state import RunState, fold
 from shardtop.read.shard_model import subtree_sums
 from shardtop.read.tree_facts import covering_rows, find_block
-from shardtop.rundir.events import (
-    Event,
-    Exit,
-    GpuMemory,
-    Hello,
-    Memory,
-    Oom,
-    Phase,
-    Shards,
-    Tree,
-    Unit,
-    read_all,
-    tree_paths,
-)
+from shardtop.rundir.event_files import read_all
+from shardtop.rundir.events import Event, Exit, Hello, Memory, Oom, Phase, Shards, Tree, Unit, tree_paths
+from shardtop.rundir.memory_figures import GpuMemory
 from shardtop.words import list_names
 from tests.diagnose_scripts.real_runs import codes, report_json, runs_base, story
 from tests.support.recorded import zero3_oom_run

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import psutil
 
-from shardtop.rundir.events import Exit, Hello, Step, read_all
+from shardtop.rundir.event_files import read_all
+from shardtop.rundir.events import Exit, Hello, Step
 from shardtop.rundir.run_directory import list_runs
 from tests.support.cli import shardtop
 

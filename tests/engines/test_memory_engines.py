@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from shardtop.rundir.events import Memory, MemorySplit, Oom, Shards, Tree, read_all, tree_paths
+from shardtop.rundir.event_files import read_all
+from shardtop.rundir.events import Memory, Oom, Shards, Tree, tree_paths
+from shardtop.rundir.memory_figures import MemorySplit
 from tests.support.distributed import run_ranks
 from tests.support.memory_expect import saved_by_the_loss, saved_per_module
 

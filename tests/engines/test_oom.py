@@ -26,7 +26,9 @@ from shardtop.probe.oom import (
     unique_paths,
 )
 from shardtop.probe.tracker import ModuleTracker, tracked_modules
-from shardtop.rundir.events import Exit, MemoryKinds, Oom, Shards, Tree, read_all, tree_paths
+from shardtop.rundir.event_files import read_all
+from shardtop.rundir.events import Exit, Oom, Shards, Tree, tree_paths
+from shardtop.rundir.memory_figures import MemoryKinds
 from tests.support.distributed import run_ranks
 from tests.support.oom_workers import BATCH, D, Net
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from shardtop.inject import command_env
-from shardtop.rundir.events import Hello, Step, read_all
+from shardtop.rundir.event_files import read_all
+from shardtop.rundir.events import Hello, Step
 from shardtop.rundir.run_directory import RunDirectory
 from tests.support.own_job_runs import SCRIPTS, run_own, user_env
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from shardtop.rundir.events import Hello, read_all
+from shardtop.rundir.event_files import read_all
+from shardtop.rundir.events import Hello
 from shardtop.rundir.run_directory import RunDirectory
 from tests.support.own_job_runs import user_env
 from tests.support.two_hosts import HOSTS, run_two_hosts, unshare_refused

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from shardtop.rundir.cluster import STALE_AFTER_S
-from shardtop.rundir.events import Hello, Step, read_all
+from shardtop.rundir.event_files import read_all
+from shardtop.rundir.events import Hello, Step
 from shardtop.rundir.json_files import write_json_atomic
 from shardtop.rundir.liveness import process_start_time
 from shardtop.rundir.run_directory import RunDirectory

@@ -26,7 +26,8 @@ from shardtop.read.plan_check import MISS_RATIO
 from shardtop.read.run_model import RunModel
 from shardtop.read.whole_run import read_run
 from shardtop.report import render_report
-from shardtop.rundir.events import Planned, read_all
+from shardtop.rundir.event_files import read_all
+from shardtop.rundir.events import Planned
 from shardtop.rundir.run_directory import RunDirectory
 from tests.diagnose_scripts.real_runs import report_json, runs_base, story
 from tests.support.plan_runs import with_plan

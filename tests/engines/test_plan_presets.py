@@ -19,7 +19,8 @@ import pytest
 
 from shardtop.plan import recipes
 from shardtop.plan.presets import plan_config
-from shardtop.rundir.events import Shards, read_all
+from shardtop.rundir.event_files import read_all
+from shardtop.rundir.events import Shards
 from tests.diagnose_scripts.real_runs import runs_base, story
 from tests.support.distributed import run_ranks
 

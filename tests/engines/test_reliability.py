@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from shardtop.report import render_report
-from shardtop.rundir.events import Exit, Fault, Memory, Oom, Step, read_all
+from shardtop.rundir.event_files import read_all
+from shardtop.rundir.events import Exit, Fault, Memory, Oom, Step
 from shardtop.rundir.run_directory import RunDirectory, list_runs
 from shardtop.rundir.run_status import RunExit
 from tests.support.cli import ROOT, shardtop
@@ -99,7 +100,7 @@ def test_a_disk_that_fills_up_stops_the_events_not_the_training(small_disk: Path
 
 
 def test_the_oom_and_exit_records_fit_on_a_full_disk(small_disk: Path) -> None:
-    from shardtop.rundir.events import EventWriter, event_file
+    from shardtop.rundir.event_files import EventWriter, event_file
 
     reasons: list[str] = []
     writer = EventWriter(event_file(small_disk / "events", 0), 0, host="box", on_stop=reasons.append)

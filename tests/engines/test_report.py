@@ -18,7 +18,8 @@ from shardtop.report import render_report
 from shardtop.report.document import Details, Facts, Heading, Para, Table, to_markdown, to_text
 from shardtop.report.json_report import REPORT_SCHEMA_VERSION
 from shardtop.report.tree_summary import TREE_MAX_ROWS, summarize_tree
-from shardtop.rundir.events import EventWriter, Exit, Hello, Tree, event_file, tree_paths
+from shardtop.rundir.event_files import EventWriter, event_file
+from shardtop.rundir.events import Exit, Hello, Tree, tree_paths
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.units import count_words as count
 from tests.diagnose_scripts.real_runs import RealRun, runs_base, story

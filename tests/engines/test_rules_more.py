@@ -29,7 +29,9 @@ from shardtop.diagnose.allocator import (
 from shardtop.read.run_model import RunModel
 from shardtop.read.run_state import fold
 from shardtop.read.whole_run import read_run
-from shardtop.rundir.events import Event, GpuMemory, Hello, Memory, Oom, Phase, read_all
+from shardtop.rundir.event_files import read_all
+from shardtop.rundir.events import Event, Hello, Memory, Oom, Phase
+from shardtop.rundir.memory_figures import GpuMemory
 from shardtop.rundir.run_directory import RunDirectory
 from tests.diagnose_scripts.cgroup import entering, memory_cgroup, remove
 from tests.diagnose_scripts.real_runs import codes, report_json, runs_base, scenario_runs

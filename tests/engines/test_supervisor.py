@@ -19,7 +19,8 @@ import pytest
 from shardtop.config import resolve
 from shardtop.launch import resolve_devices, start, stop
 from shardtop.read.whole_run import read_run
-from shardtop.rundir.events import Step, read_all
+from shardtop.rundir.event_files import read_all
+from shardtop.rundir.events import Step
 from shardtop.rundir.run_directory import RunDirectory, list_runs
 from tests.support.cli import ROOT, shardtop
 from tests.support.waiting import wait_until

@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shardtop.rundir.events import Exit, Hello, Shards, Step, read_all
+from shardtop.rundir.event_files import read_all
+from shardtop.rundir.events import Exit, Hello, Shards, Step
 from shardtop.rundir.run_directory import list_runs
 from tests.support.cli import ROOT, shardtop
 

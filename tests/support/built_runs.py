@@ -17,21 +17,9 @@ from typing import Any
 
 import msgspec
 
-from shardtop.rundir.events import (
-    Event,
-    Exit,
-    GpuMemory,
-    Hello,
-    Memory,
-    Oom,
-    Phase,
-    Shards,
-    Step,
-    Tree,
-    Unit,
-    encode,
-    event_file,
-)
+from shardtop.rundir.event_files import event_file
+from shardtop.rundir.events import Event, Exit, Hello, Memory, Oom, Phase, Shards, Step, Tree, Unit, encode
+from shardtop.rundir.memory_figures import GpuMemory
 
 T0 = 1795960000.0
 """2026-11-29 13:46:40 UTC: every built run starts here."""

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardtop.rundir.events import AnyEvent, read_all
+from shardtop.rundir.event_files import read_all
+from shardtop.rundir.events import AnyEvent
 from shardtop.rundir.run_directory import RunDirectory, list_runs
 from tests.support.cli import ROOT, shardtop
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from shardtop.plan.cards import card
-from shardtop.rundir.events import EventWriter, Memory, event_file, read_all
+from shardtop.rundir.event_files import EventWriter, event_file, read_all
+from shardtop.rundir.events import Memory
 from shardtop.rundir.run_config import RunConfig
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.runner.plan_at_setup import plan_event

@@ -31,8 +31,10 @@ from pathlib import Path
 import msgspec
 
 from shardtop.gpus import GpuProcessInfo, GpuProcessUse, GpuUnavailable, HostSample
-from shardtop.rundir.events import GpuMemory, Memory, Oom, read_all
+from shardtop.rundir.event_files import read_all
+from shardtop.rundir.events import Memory, Oom
 from shardtop.rundir.liveness import process_start_time
+from shardtop.rundir.memory_figures import GpuMemory
 
 # built runs, importable from here for bench/, tests/engines/test_report.py and tests/engines/test_diagnose.py
 from tests.support.built_runs import PIDS, T0, big_tree_run, fsdp2_cpu_run, zero3_oom_run  # noqa: F401

@@ -9,7 +9,8 @@ from pathlib import Path
 import msgspec
 
 from shardtop.gpus import GpuProcessUse, HostProbe
-from shardtop.rundir.events import Hello, Oom, Step, encode, event_file
+from shardtop.rundir.event_files import event_file
+from shardtop.rundir.events import Hello, Oom, Step, encode
 from shardtop.rundir.liveness import process_start_time
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.tui.watch.gpu_feed import GpuFeed

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from shardtop.read.rank_facts import RankStatus, worst_status
-from shardtop.rundir.events import GpuMemory
+from shardtop.rundir.memory_figures import GpuMemory
 from shardtop.tui.host_groups import by_host, hosts_caption, rank_columns, rank_spans
 from shardtop.tui.host_memory import fitted, host_memory_rows
 from shardtop.tui.rank_memory_rows import RankMemoryRow

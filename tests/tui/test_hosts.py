@@ -13,7 +13,8 @@ from pathlib import Path
 
 from textual.widgets import Static
 
-from shardtop.rundir.events import Oom, encode, event_file
+from shardtop.rundir.event_files import event_file
+from shardtop.rundir.events import Oom, encode
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.home import HomeScreen
 from shardtop.tui.widgets.gpu_panel import GpuPanel

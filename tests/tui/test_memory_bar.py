@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from shardtop.read.rank_facts import RankFacts
 from shardtop.read.whole_run import read_run
-from shardtop.rundir.events import MemoryKinds, MemorySplit
+from shardtop.rundir.memory_figures import MemoryKinds, MemorySplit
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.tui.memory_bar import (
     FREE,

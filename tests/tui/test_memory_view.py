@@ -18,7 +18,8 @@ import pytest
 from rich.text import Text
 from textual.widgets import Static
 
-from shardtop.rundir.events import Hello, encode, event_file, read_all
+from shardtop.rundir.event_files import event_file, read_all
+from shardtop.rundir.events import Hello, encode
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.memory_bar import PEAK
 from shardtop.tui.screens.run_view import RunScreen

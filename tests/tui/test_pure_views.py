@@ -16,7 +16,8 @@ from shardtop.gpus import GpuProcessInfo
 from shardtop.read.oom_story import OomStory, under_zero_init
 from shardtop.read.run_model import RunModel
 from shardtop.read.run_state import fold
-from shardtop.rundir.events import GpuMemory, Hello, Memory, Oom
+from shardtop.rundir.events import Hello, Memory, Oom
+from shardtop.rundir.memory_figures import GpuMemory
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.tui.rank_memory_rows import device_index, rank_rows
 from shardtop.tui.screens.launch_prompt import check_launch

@@ -20,7 +20,8 @@ from shardtop.read.shard_model import (
     translate_expanded,
     visible_lines,
 )
-from shardtop.rundir.events import Shards, Tree, Unit, read_all
+from shardtop.rundir.event_files import read_all
+from shardtop.rundir.events import Shards, Tree, Unit
 from tests.support.recorded import recorded_run
 
 

@@ -22,7 +22,7 @@ from shardtop.probe.allocator_trace import (
     timeline,
     traced_splits,
 )
-from shardtop.rundir.events import AllocatorStats
+from shardtop.rundir.memory_figures import AllocatorStats
 
 MiB = 1 << 20
 

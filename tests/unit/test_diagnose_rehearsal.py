@@ -22,7 +22,8 @@ from shardtop.read.run_meta import Rehearsal, RunMeta
 from shardtop.read.run_model import RunModel
 from shardtop.read.run_state import fold
 from shardtop.read.whole_run import read_run
-from shardtop.rundir.events import Event, Exit, GpuMemory, Hello, Memory, Phase, Shards, Tree
+from shardtop.rundir.events import Event, Exit, Hello, Memory, Phase, Shards, Tree
+from shardtop.rundir.memory_figures import GpuMemory
 from shardtop.rundir.run_directory import RunDirectory
 from tests.support.recorded import copy_runs, live_copy
 

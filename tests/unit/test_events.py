@@ -9,22 +9,9 @@ import msgspec
 import pytest
 
 from shardtop.read.oom_story import OomStory
-from shardtop.rundir.events import (
-    SCHEMA_VERSION,
-    EventReader,
-    EventWriter,
-    Exit,
-    GpuMemory,
-    Hello,
-    Memory,
-    MemorySplit,
-    Oom,
-    Step,
-    Tree,
-    event_file,
-    read_all,
-    tree_paths,
-)
+from shardtop.rundir.event_files import EventReader, EventWriter, event_file, read_all
+from shardtop.rundir.events import SCHEMA_VERSION, Exit, Hello, Memory, Oom, Step, Tree, tree_paths
+from shardtop.rundir.memory_figures import GpuMemory, MemorySplit
 
 
 def writer(tmp_path: Path, rank: int = 0) -> EventWriter:

@@ -16,11 +16,11 @@ import msgspec
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from shardtop.rundir.event_files import EventReader, event_file, read_all
 from shardtop.rundir.events import (
     EVENT_TYPES,
     SCHEMA_VERSION,
     Event,
-    EventReader,
     Exit,
     Fault,
     Hello,
@@ -31,8 +31,6 @@ from shardtop.rundir.events import (
     Step,
     decode,
     encode,
-    event_file,
-    read_all,
 )
 
 FUZZ = settings(max_examples=150, deadline=None)

@@ -20,7 +20,9 @@ from shardtop.probe.activations import SavedActivations
 from shardtop.probe.memory_explain import REQUEST_FILE, MemoryExplainer, MemoryOptions
 from shardtop.probe.memory_kinds import MemoryCensus
 from shardtop.probe.session import Probe
-from shardtop.rundir.events import Memory, MemoryKinds, MemorySplit, Oom, Shards, decode, encode, read_all, tree_paths
+from shardtop.rundir.event_files import read_all
+from shardtop.rundir.events import Memory, Oom, Shards, decode, encode, tree_paths
+from shardtop.rundir.memory_figures import MemoryKinds, MemorySplit
 from tests.support.shard_workers import TinyNet
 
 B, F, H, OUT = 8, 16, 32, 4

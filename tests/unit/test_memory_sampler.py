@@ -13,7 +13,8 @@ import pytest
 from shardtop.gpus import nvml_or_none
 from shardtop.probe.heap import heap_in_use
 from shardtop.probe.memory import MemorySampler, allocator_numbers, cuda_allocated, cuda_device_index
-from shardtop.rundir.events import EventWriter, Memory, read_all
+from shardtop.rundir.event_files import EventWriter, read_all
+from shardtop.rundir.events import Memory
 
 no_driver = pytest.mark.skipif(nvml_or_none() is not None, reason="an NVIDIA driver is present")
 

@@ -26,7 +26,8 @@ import pytest
 
 from shardtop.plan.cards import Gpu, card, limited
 from shardtop.plan.presets import plan_config
-from shardtop.rundir.events import TIMELINE, Event, Memory, Oom, Phase, read_all
+from shardtop.rundir.event_files import read_all
+from shardtop.rundir.events import TIMELINE, Event, Memory, Oom, Phase
 from shardtop.rundir.run_directory import RunDirectory
 
 RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"

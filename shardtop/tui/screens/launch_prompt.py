@@ -35,7 +35,7 @@ from shardtop.config import ConfigError, Preset, resolve, settable_keys, split_o
 from shardtop.launch import TooManyDevices, rehearsal_settings, resolve_devices
 from shardtop.plan.description import ModelDescription
 from shardtop.plan.presets import DescriptionKey, description_key
-from shardtop.rundir.events import GpuMemory
+from shardtop.rundir.memory_figures import GpuMemory
 from shardtop.tui.watch import model_describer
 from shardtop.tui.watch.model_describer import Described, DescribeFailed
 from shardtop.tui.widgets.plan_bars import PlanBars, prompt_plan

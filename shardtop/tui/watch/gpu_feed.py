@@ -20,7 +20,7 @@ from shardtop.gpus import (
     ProcessListing,
     uses_from_pids,
 )
-from shardtop.rundir.events import GpuMemory
+from shardtop.rundir.memory_figures import GpuMemory
 
 HISTORY = 120
 """Memory samples kept per GPU for the sparkline."""

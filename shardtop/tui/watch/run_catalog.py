@@ -22,7 +22,7 @@ from shardtop.read.run_model import RunModel
 from shardtop.read.run_state import RankState, RunState
 from shardtop.read.run_summary import RunSummary, summarize
 from shardtop.rundir.cluster import host_name
-from shardtop.rundir.events import GpuMemory
+from shardtop.rundir.memory_figures import GpuMemory
 from shardtop.rundir.run_directory import RunDirectory, list_runs
 from shardtop.rundir.run_status import RunStatus
 from shardtop.tui.watch.gpu_feed import gpus_as_shown

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from rich.text import Text
 from textual.reactive import reactive
 
-from shardtop.rundir.events import GpuMemory
+from shardtop.rundir.memory_figures import GpuMemory
 from shardtop.tui.format import bar, fraction, gpu_line_parts, short_run_id, sparkline, truncate
 from shardtop.tui.repaint import PiecedLine
 from shardtop.tui.watch.run_catalog import RankOwner

@@ -14,7 +14,7 @@ from textual.widgets import Static
 from shardtop.diagnose import Finding
 from shardtop.read.oom_story import OomStory
 from shardtop.read.run_model import RunModel
-from shardtop.rundir.events import GpuMemory, MemorySplit
+from shardtop.rundir.memory_figures import GpuMemory, MemorySplit
 from shardtop.tui.format import bar, format_bytes, fraction
 from shardtop.tui.widgets.findings_list import finding_text
 from shardtop.units import short_bytes

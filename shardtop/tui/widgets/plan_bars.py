@@ -24,7 +24,8 @@ from shardtop.plan.compare import Plan
 from shardtop.plan.description import ModelDescription
 from shardtop.plan.presets import plan_described
 from shardtop.plan.verdict import fits, runs_out_at
-from shardtop.rundir.events import GpuMemory, when
+from shardtop.rundir.events import when
+from shardtop.rundir.memory_figures import GpuMemory
 from shardtop.units import short_bytes
 
 BAR_WIDTH = 22

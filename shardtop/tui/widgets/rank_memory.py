@@ -21,7 +21,7 @@ from textual.reactive import reactive
 
 from shardtop.read.rank_facts import RankStatus
 from shardtop.read.run_model import RunModel
-from shardtop.rundir.events import GpuMemory
+from shardtop.rundir.memory_figures import GpuMemory
 from shardtop.tui.bar_scale import scale_title
 from shardtop.tui.format import bar, fraction, sparkline, split_bar
 from shardtop.tui.host_groups import by_host, rank_spans

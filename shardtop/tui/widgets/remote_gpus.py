@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from rich.text import Text
 from textual.reactive import reactive
 
-from shardtop.rundir.events import GpuMemory
+from shardtop.rundir.memory_figures import GpuMemory
 from shardtop.tui.format import bar, fraction, gpu_line_parts, truncate
 from shardtop.tui.repaint import PaintsChanges
 from shardtop.tui.watch.run_catalog import HostGpus
