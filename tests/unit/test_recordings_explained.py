@@ -74,10 +74,6 @@ SHORT: dict[str, Short] = {
         "a second cuBLAS workspace, made on autograd's thread in the first step and alive to the end; "
         "the probe that recorded it took the first step for a later one when a set-up census came first",
         _sites("")),
-    "h200-rehearsal-own/20261203-102802-lightning_deepspeed_user-2f9e": Short(
-        "what DeepSpeed ZeRO-3's own linear backward makes (gradients of input and weight), which the probe "
-        "that recorded it did not yet take for the backward's temporaries",
-        _sites("linear.py:")),
 }
 
 
