@@ -6,8 +6,8 @@ evidence, ``explain`` words a ``Finding`` from that evidence alone.  Stable code
 
 - ``zero3.py``: ``zero3-not-partitioned-at-init``; ``zero3-single-rank`` and
   ``fsdp-single-rank`` (sharding on one rank)
-- ``fsdp.py``: ``fsdp-single-unit``, ``fsdp-manual-wrap-ignored``,
-  ``fsdp2-no-data-parallel``, ``precision-mismatch``, ``cpu-offload-not-applied``
+- ``fsdp.py``: ``fsdp-single-unit``, ``fsdp-manual-wrap-ignored``, ``fsdp2-no-data-parallel``
+- ``fsdp_settings.py``: ``precision-mismatch``, ``cpu-offload-not-applied``
 - ``placement.py``: ``placement-imbalance``, ``cuda-context-on-wrong-gpu``
 - ``memory.py``: ``optimizer-state-dominates``; ``oom``, which names the culprit
   when no other finding explains an OOM; ``nothing-recorded``
@@ -36,6 +36,7 @@ from shardtop.diagnose import (
     allocator,
     frozen,
     fsdp,
+    fsdp_settings,
     growth,
     host_memory,
     hybrid,
@@ -61,9 +62,9 @@ RULES: tuple[Rule[Any], ...] = (
     zero3.SINGLE_RANK,
     placement.IMBALANCE,
     placement.WRONG_GPU,
-    fsdp.FP16_UNSCALED,
+    fsdp_settings.FP16_UNSCALED,
     memory.OPTIMIZER_HEAVY,
-    fsdp.OFFLOAD_MISSING,
+    fsdp_settings.OFFLOAD_MISSING,
     reshard.NOT_RESHARDED,
     frozen.FROZEN_IN_UNIT,
     hybrid.HYBRID_SHARD,
