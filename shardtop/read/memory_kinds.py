@@ -8,12 +8,13 @@ JSON object shows, in one order, so the TUI, the report and the JSON agree.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from shardtop.rundir.memory_figures import MemorySplit
 from shardtop.units import format_bytes
+from shardtop.words import list_names, noun
 
 Kind = Literal["params", "grads", "optimizer", "activations", "kept", "comm", "workspace", "other"]
 
@@ -144,10 +145,29 @@ def split_dict(split: MemorySplit | None) -> dict[str, object] | None:
     }
 
 
+SITES_WORTH_SAYING = 0.01
+"""The share of a split's bytes left unexplained from which the places that allocated them are said: below
+it, a few bytes of a loss scaler's or a script's scalars would read as a problem."""
+
+
 def sites_sentence(split: MemorySplit) -> str | None:
-    """Where the unexplained bytes of ``split`` were allocated, in words; None where the trace named no place."""
+    """Where the unexplained bytes of ``split`` were allocated, in words; None where the trace named no place
+    or they are under ``SITES_WORTH_SAYING`` of the split."""
     if not split.unexplained_at or not split.unexplained or split.unexplained <= 0:
+        return None
+    if split.allocated and split.unexplained < SITES_WORTH_SAYING * split.allocated:
         return None
     parts = [f"{format_bytes(site.bytes)} at {site.where}" if site.where else
              f"{format_bytes(site.bytes)} from torch's C++ code (no Python frame)" for site in split.unexplained_at]
     return "unexplained bytes allocated " + "; ".join(parts)
+
+
+def sites_lines(peaks: Iterable[tuple[int, MemorySplit | None]]) -> list[str]:
+    """A line per set of ranks whose peaks' unexplained bytes came from the same places (``sites_sentence``):
+    the ranks of a rehearsal tell the same ones, once."""
+    said: dict[str, list[int]] = {}
+    for rank, split in peaks:
+        if split is not None and (words := sites_sentence(split)):
+            said.setdefault(words, []).append(rank)
+    return [f"{noun(len(ranks), 'Rank')} {list_names([str(n) for n in ranks], limit=8)}: {words}."
+            for words, ranks in said.items()]

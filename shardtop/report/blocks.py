@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping
 
 from shardtop.diagnose import Severity
-from shardtop.read.memory_kinds import KINDS, bytes_by_kind, explained_share, sites_sentence
+from shardtop.read.memory_kinds import KINDS, bytes_by_kind, explained_share, sites_lines
 from shardtop.read.oom_story import OomStory
 from shardtop.report.document import (
     Block,
@@ -199,7 +199,7 @@ def memory_section(data: ReportData) -> list[Block]:
         "`outside PyTorch`: NVML's count for the process minus reserved, each in the latest sample that has it."
     )
     right = frozenset(range(2, len(headers)))
-    sites = [f"Rank {r.rank}: {words}." for r, split in peaks if split is not None and (words := sites_sentence(split))]
+    sites = sites_lines((r.rank, split) for r, split in peaks)
     return [Heading("Memory at the peak, by kind"), Table(headers, tuple(rows), right=right), Para(notes),
             *(Para(line) for line in sites)]
 
