@@ -177,6 +177,8 @@ compiled() {
   planned_run 120 compile-fsdp2 torchrun --standalone --nproc_per_node 1 tests/own_scripts/fsdp2_train.py --cuda --compile --dim 2048 --steps 5
 }
 
+rehearse_story2_two() { rehearse 330 zero3-linear-fixed devices=2 rank=all model.n_layers=2000 gpu_mem_limit=$CAP max_steps=3; }
+
 story2_fixed_six() { rehearse 300 zero3-linear-fixed devices=6 gpu_mem_limit=$CAP max_steps=3; }
 
 over_time() {  # memory that grows: a loop keeping its logits under a 24 GiB cap; the small recordings again
