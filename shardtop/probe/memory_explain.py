@@ -47,7 +47,6 @@ from shardtop.probe.allocator_trace import (
     TRACE_KINDS,
     current_split,
     largest_free_block,
-    peak_split,
     traced_splits,
 )
 from shardtop.probe.memory_kinds import KindCount, MemoryCensus
@@ -117,6 +116,8 @@ class MemoryExplainer:
         self.on_failure = on_failure
         """Told the error of such a failure (the probe writes it as a fault)."""
         self._workspaces: frozenset[int] | None = None
+        self.workspace_alive = 0
+        """The libraries' workspaces alive when the last explained window closed (its trace names them)."""
         self.trace_seconds: tuple[float, float] | None = None
         """(snapshot, split) seconds of the last trace read: the explained steps' one-off cost."""
 
@@ -222,7 +223,8 @@ class MemoryExplainer:
             return
         stats = self._stats()
         allocated = stats.allocated if stats is not None else None
-        split = MemorySplit(allocated=allocated, by_kind=count.kinds, unexplained=unexplained(allocated, count.kinds),
+        kinds = with_lasting_workspaces(count.kinds, allocated, self.workspace_alive)
+        split = MemorySplit(allocated=allocated, by_kind=kinds, unexplained=unexplained(allocated, kinds),
                             phase=phase, step=step)
         self._pending = split
         self._offer_peak(split)
@@ -266,7 +268,7 @@ class MemoryExplainer:
     ) -> None:
         started = time.perf_counter()
         try:
-            found = peak_split(snapshot, self.cuda_index, censuses, labels, self.workspaces)
+            found = traced_splits(snapshot, self.cuda_index, censuses, labels, self.workspaces)
         except Exception as e:  # noqa: BLE001 - told as a fault; the censuses' splits remain
             self.failures += 1
             if self.on_failure is not None:
@@ -274,9 +276,9 @@ class MemoryExplainer:
             return
         self.trace_seconds = (taken, time.perf_counter() - started)
         if found is not None:
-            split, _ = found
-            self._trace_peak = split.allocated
-            self._offer_peak(split, trace=True)
+            self.workspace_alive = found.at_end.kinds.get("workspace", 0)
+            self._trace_peak = found.peak.allocated
+            self._offer_peak(found.peak, trace=True)
 
     def _offer_peak(self, split: MemorySplit, trace: bool = False) -> None:
         """Keep the split of the peak: a higher one replaces it, but within ``PEAK_SAME`` of it the better
@@ -330,7 +332,8 @@ class MemoryExplainer:
         self._census_due = now + count.seconds / CENSUS_BUDGET
         stats = self._stats()
         allocated = stats.allocated if stats is not None else None
-        split = MemorySplit(allocated=allocated, by_kind=count.kinds, unexplained=unexplained(allocated, count.kinds),
+        kinds = with_lasting_workspaces(count.kinds, allocated, self.workspace_alive)
+        split = MemorySplit(allocated=allocated, by_kind=kinds, unexplained=unexplained(allocated, kinds),
                             phase=phase, step=step)
         self._pending = split
         self._offer_peak(split)
@@ -427,6 +430,17 @@ class MemoryExplainer:
 
 PEAK_SAME = 0.05
 """Two peaks within 5 % of each other are the same peak, seen at different steps."""
+
+
+def with_lasting_workspaces(kinds: MemoryKinds, allocated: int | None, alive: int) -> MemoryKinds:
+    """A census's kinds with the libraries' workspaces a trace saw alive (``alive`` bytes), up to what the
+    census left unexplained.  No census sees a workspace (no tensor stands behind it), but a library
+    keeps it once made (cuBLAS: one per handle and stream, to the process's end), so the trace's figure
+    holds after its window; where less is unexplained, some was freed, and only that much is named."""
+    left = unexplained(allocated, kinds)
+    if not alive or left is None or left <= 0 or kinds.workspace is not None:
+        return kinds
+    return msgspec.structs.replace(kinds, workspace=min(alive, left))
 
 
 def _explained(split: MemorySplit) -> int:

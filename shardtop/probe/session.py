@@ -378,9 +378,14 @@ class Probe:
         return True
 
     def _snapshot_at_oom(self) -> None:
-        """How the model was held at the OOM: during a set-up move, which modules had reached the device."""
-        if self._last_target is not None:
-            self.snapshot(self._last_target, stage="oom")  # guarded inside: a failure is the shards' fault
+        """How the model was held at the OOM: during a set-up move, which modules had reached the device.
+
+        Nothing when the model holds no parameter yet (an OOM while its modules were being built, as under
+        ``deepspeed.zero.Init``): a tree of an empty root would say less than the OOM alone.
+        """
+        target = self._last_target
+        if target is not None and _holds_parameters(target):
+            self.snapshot(target, stage="oom")  # guarded inside: a failure is the shards' fault
 
     def _bare_oom(self, exc: BaseException) -> Oom:
         return Oom(phase=self.phase_name, step=self.step_index, device=self.device, limit=self.memory_limit,
@@ -463,6 +468,13 @@ class Probe:
         import psutil
 
         return int(psutil.Process().memory_info().rss)
+
+
+def _holds_parameters(target: Any) -> bool:
+    try:
+        return next(iter(target.parameters()), None) is not None
+    except Exception:  # noqa: BLE001  (not a module: let the shard reader say what it is)
+        return True
 
 
 def _first_line_of(exc: BaseException) -> str:

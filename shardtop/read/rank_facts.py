@@ -230,11 +230,11 @@ class RankFacts:
 
     @property
     def cache_bytes(self) -> int | None:
-        """The allocator's cache: reserved minus allocated, in the latest reading (CUDA only)."""
-        m = self.memory
-        if m is None or m.reserved is None or m.allocated is None:
+        """The allocator's cache: reserved minus allocated, as ``held`` reads them (CUDA only)."""
+        allocated, reserved, _ = held(self.state)
+        if reserved is None or allocated is None:
             return None
-        return max(0, m.reserved - m.allocated)
+        return max(0, reserved - allocated)
 
     @property
     def outside_pytorch_bytes(self) -> int | None:
@@ -245,6 +245,24 @@ class RankFacts:
         if m is None or m.process_used is None or m.reserved is None:
             return None
         return max(0, m.process_used - m.reserved)
+
+
+def held(rs: RankState) -> tuple[int | None, int | None, int | None]:
+    """Allocated, reserved and peak bytes: the latest sample's, or the OOM's if it came later or ended the rank.
+
+    The allocator is sampled a few times a second; the OOM reports what the rank
+    held at the moment it failed, which is the figure the bar must end on (full).
+    A sample taken while a rank the OOM ended was unwinding says only what was freed.
+    A rank that caught its OOM and went on shows its latest sample.
+    """
+    m, oom = rs.memory, rs.oom
+    allocated, reserved, peak = (m.allocated, m.reserved, m.peak) if m else (None, None, None)
+    ended_by_it = rs.exit is not None and rs.exit.status == "oom"
+    if oom is not None and oom.allocated is not None and (m is None or oom.t >= m.t or ended_by_it):
+        allocated = oom.allocated
+        reserved = oom.reserved if oom.reserved is not None else reserved
+        peak = max(p for p in (peak, oom.reserved, oom.allocated) if p is not None)
+    return allocated, reserved, peak
 
 
 def rank_facts(rs: RankState, run: RunStatus | None) -> RankFacts:

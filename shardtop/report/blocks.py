@@ -196,7 +196,8 @@ def memory_section(data: ReportData) -> list[Block]:
         "other (module buffers and temporaries): each kind measured from its own source (tensors found, "
         "engine buffers read, allocator blocks traced); "
         "`unexplained` is what no source accounts for. `cache`: the allocator's reserved minus allocated, "
-        "`outside PyTorch`: NVML's count for the process minus reserved, each in the latest sample that has it."
+        "`outside PyTorch`: NVML's count for the process minus reserved, each in the latest sample that has it "
+        "(the cache at the OOM for a rank the OOM ended)."
     )
     right = frozenset(range(2, len(headers)))
     sites = sites_lines((r.rank, split) for r, split in peaks)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.read.memory_growth import Growth
-from shardtop.read.rank_facts import RankStatus
+from shardtop.read.rank_facts import RankStatus, held
 from shardtop.read.run_model import RunModel
 from shardtop.read.run_state import RankState
 from shardtop.rundir.memory_figures import GpuMemory
@@ -97,21 +97,6 @@ def gpu_of(rs: RankState, gpus: tuple[GpuMemory, ...]) -> GpuMemory | None:
                 return g
     index = device_index(rs.device)
     return next((g for g in gpus if g.index == index), None)
-
-
-def held(rs: RankState) -> tuple[int | None, int | None, int | None]:
-    """Allocated, reserved and peak bytes: the latest sample's, or the OOM's if it came later.
-
-    The allocator is sampled a few times a second; the OOM reports what the rank
-    held at the moment it failed, which is the figure the bar must end on (full).
-    """
-    m, oom = rs.memory, rs.oom
-    allocated, reserved, peak = (m.allocated, m.reserved, m.peak) if m else (None, None, None)
-    if oom is not None and oom.allocated is not None and (m is None or oom.t >= m.t):
-        allocated = oom.allocated
-        reserved = oom.reserved if oom.reserved is not None else reserved
-        peak = max(p for p in (peak, oom.reserved, oom.allocated) if p is not None)
-    return allocated, reserved, peak
 
 
 def rank_rows(model: RunModel) -> tuple[RankMemoryRow, ...]:

@@ -585,6 +585,8 @@ def test_real_oom_while_zero_init_builds_names_the_type_being_built(
     oom, _ = _oom_of(tmp_path)
     # Under construction the layer is in no tree yet: its type is all there is to name.
     assert (oom.module, oom.module_type, oom.attributed_by) == (None, "Linear", "init-frame")
+    events, _ = read_all(tmp_path / "run" / "events")
+    assert not [e for e in events if isinstance(e, (Tree, Shards))], "the wrapper held no parameter: no tree"
     if failing == "partition":
         assert oom.engine_step is not None and oom.engine_step.startswith("Init.")
     else:  # the layer's own weight, allocated in Linear.__init__ inside zero.Init's wrapper

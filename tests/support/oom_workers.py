@@ -231,11 +231,12 @@ def zero_init_oom(rank: int, world_size: int, out_dir: Path, headroom_mib: int =
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
-    probe = _probe(out_dir, rank, world_size, None, "setup")
+    root = nn.Module()  # the user's wrapper (a LightningModule), known to the probe before its layers exist
+    probe = _probe(out_dir, rank, world_size, root, "setup")
     config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
 
     def build() -> None:
         with deepspeed.zero.Init(config_dict_or_path=config):
-            nn.Sequential(*(nn.Linear(2048, 2048) for _ in range(4)))  # 64 MiB in all
+            root.net = nn.Sequential(*(nn.Linear(2048, 2048) for _ in range(4)))  # 64 MiB in all
 
     return _record(probe, build, headroom_mib * MiB)

@@ -32,8 +32,8 @@ async def test_a_run_with_a_plan_shows_it_and_marks_a_miss(tmp_path: Path) -> No
 
 
 async def test_a_run_without_a_plan_has_no_plan_tab(tmp_path: Path) -> None:
-    runs = copy_runs(tmp_path / "runs", "h200/fsdp2-mlp")
-    app = app_for(tmp_path / "runs", str(runs["h200/fsdp2-mlp"]))
+    runs = copy_runs(tmp_path / "runs", "cpu/fsdp2-mlp")
+    app = app_for(tmp_path / "runs", str(runs["cpu/fsdp2-mlp"]))
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: getattr(app.screen, "snapshot", None) is not None, what="the run view")
         tabs = app.screen.query_one(TabbedContent)

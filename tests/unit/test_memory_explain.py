@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from shardtop.probe.allocating_code import MARKER_FUNCTION
-from shardtop.probe.memory_explain import MemoryExplainer, MemoryOptions
+from shardtop.probe.memory_explain import MemoryExplainer, MemoryOptions, unexplained, with_lasting_workspaces
 from shardtop.rundir.events import Memory
+from shardtop.rundir.memory_figures import MemoryKinds
 
 MiB = 1 << 20
 SAVED_IN_FORWARD = [{"filename": "/x/torch/nn/modules/linear.py", "name": "forward", "line": 1}]
@@ -103,3 +104,34 @@ def test_the_first_steps_peak_is_split_from_the_trace_and_sampled() -> None:
     assert (split.phase, split.step) == ("backward", 1)  # the temporary came after the backward's marker
     again = explainer.sample(Memory(), None, fresh=True)
     assert again.peak_split is None  # written once, when it changes
+
+
+def test_a_workspace_the_trace_saw_is_named_by_later_censuses() -> None:
+    """cuBLAS's workspace, made in the first step's backward (autograd's thread, no Python frame) and kept:
+    the trace names it; a census after the window sees no tensor behind it, and names it from the trace."""
+    workspace = 32 * MiB
+    model = nn.Linear(64, 64)
+    explainer = MemoryExplainer("cpu", MemoryOptions(explain_steps=1))
+    recorded = RecordedAllocator()
+    explainer.history = recorded  # type: ignore[assignment]
+    explainer._workspaces = frozenset({workspace})  # what library_workspaces reads off a GPU
+    explainer.set_target(model)
+    explainer.start()
+    recorded.alloc(model.weight.untyped_storage().data_ptr(), 16 * 1024)
+    explainer.on_phase("forward", 1)
+    explainer.on_phase("backward", 1)
+    recorded.alloc(0x9000000, workspace)  # never freed
+    explainer.on_phase("optimizer", 1)
+    explainer.on_step(1)
+    deadline = time.monotonic() + 5
+    while explainer.trace_seconds is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert explainer.workspace_alive == workspace
+
+    census = MemoryKinds(params=16 * 1024, grads=16 * 1024, optimizer=32 * 1024)
+    named = with_lasting_workspaces(census, 64 * 1024 + workspace + MiB, explainer.workspace_alive)
+    assert named.workspace == workspace and unexplained(64 * 1024 + workspace + MiB, named) == MiB
+    freed = with_lasting_workspaces(census, 64 * 1024 + MiB, explainer.workspace_alive)
+    assert freed.workspace == MiB, "never more than the census left unexplained"
+    assert with_lasting_workspaces(census, 64 * 1024, workspace) == census
+    assert with_lasting_workspaces(census, None, workspace) == census, "no allocator reading (CPU): nothing said"

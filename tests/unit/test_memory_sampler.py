@@ -136,7 +136,8 @@ def test_the_heap_is_read_at_each_forward_and_kept_for_the_other_phases() -> Non
     assert first is not None and backward is not None and second is not None
     assert first.host_heap is not None and second.host_heap is not None
     assert backward.host_heap == first.host_heap, "a phase's sample reuses the forward's reading"
-    assert second.host_heap - first.host_heap >= 32 << 20, "the next forward reads it anew"
+    # 32 MiB more, less what Python freed meanwhile (a few KiB)
+    assert second.host_heap - first.host_heap >= 31 << 20, "the next forward reads it anew"
     given = sampler.sample_now(fresh_rss=True, heap=12345)
     assert given is not None and given.host_heap == 12345, "a reading just taken is used as it is"
     del kept

@@ -44,10 +44,6 @@ def _sites(*wheres: str) -> Callable[[RankFacts], bool]:
     return check
 
 
-def _stopped_before_its_peak_was_split(rank: RankFacts) -> bool:
-    return rank.memory_peak is None and rank.state.peak_split is not None and rank.state.exit is None
-
-
 @dataclass(frozen=True)
 class Short:
     why: str
@@ -55,25 +51,15 @@ class Short:
     """True where the rank is short for that reason."""
 
 
-BEFORE_THE_SPLIT = Short("recorded on 2026-11-29, before the probe split memory by kind: no split to check "
-                         "(h200-split holds the same presets, split)", _no_split)
 SHORT: dict[str, Short] = {
-    **{f"h200/{p.name}": BEFORE_THE_SPLIT for p in sorted((RUNS / "h200").iterdir()) if p.is_dir()},
     **{f"h200x2/{p.name}": Short("two GPUs, recorded on 2026-11-29 before the probe split memory by kind",
                                  _no_split) for p in sorted((RUNS / "h200x2").iterdir()) if p.is_dir()},
-    "h200-rehearsal/20261201-212155-zero3-linear-fixed-7c8d": Short(
-        "rank 1 was stopped by the recording's time limit in its first step, before its peak was split",
-        _stopped_before_its_peak_was_split),
     "h200-split/20261203-102314-gpu-fragmentation-6b52": Short(
         "the script's own tensors, made in its loop outside any module: no source names them",
         _sites("fragmentation.py:")),
     "h200-split/20261203-102326-gpu-fragmentation-3ef2": Short(
         "the script's own tensors, made in its loop outside any module: no source names them",
         _sites("fragmentation.py:")),
-    "h200-split/20261203-102350-gpu-outside-pytorch-83a7": Short(
-        "a second cuBLAS workspace, made on autograd's thread in the first step and alive to the end; "
-        "the probe that recorded it took the first step for a later one when a set-up census came first",
-        _sites("")),
 }
 
 
