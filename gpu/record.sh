@@ -6,7 +6,7 @@
 #   gpu/record.sh PART...     PART: presets1 presets2 scenarios1 scenarios2 own benches (= probe_cost terminal)
 #                             rehearse_story2 rehearse_presets rehearse_own clients client_plans compiled
 #                             over_time story2_fixed_six workspaces unmeasured split_rechecks
-#                             presets_again oom_recheck
+#                             presets_again oom_recheck what_is_kept
 #
 # presets1/scenarios1 and the rehearse_* parts need one GPU, presets2/scenarios2 two. Run from the project root with the
 # wheels of ../shared/gpu/wheels.sh in .whl/; everything lands under $OUT (or ./gpu-out):
@@ -105,6 +105,12 @@ presets_again() {  # h200/'s seven runs of 2026-11-29, with the same settings, b
   launch 50 ddp-baseline max_steps=5
   launch 50 manual-placement max_steps=5
   launch 50 fsdp2-mlp max_steps=20
+}
+
+what_is_kept() {  # the blocks a loop that keeps nothing holds from its first steps, and where they were made
+  for args in "" "--amp" "--conv" "--conv --amp"; do
+    step 40 "what is kept $args" python3 gpu/scenarios/what_is_kept.py $args
+  done
 }
 
 oom_recheck() { step 40 "outside pytorch, OOM" python3 gpu/scenarios/outside_pytorch.py --outside-gib 128 --ask-gib 16; }

@@ -142,31 +142,32 @@ def library_workspaces(index: int = 0) -> frozenset[int]:
     """The block sizes of cuBLAS's and cuBLASLt's workspaces in this process, as the running torch sizes
     them (``torch._C._cuda_getCublasWorkspaceSize`` and its cuBLASLt twin); empty off CUDA.
 
-    A torch without those getters sizes the cuBLAS workspace from ``CUBLAS_WORKSPACE_CONFIG``
-    (``:KiB:count`` pairs), else by its default: 32 MiB on compute capability 9 and later, 8.125 MiB
-    before.
+    A torch without a getter sizes the cuBLAS workspace from ``CUBLAS_WORKSPACE_CONFIG`` (``:KiB:count``
+    pairs), else by its default: 32 MiB on compute capability 9 and later, 8.125 MiB before; and the
+    cuBLASLt one from ``CUBLASLT_WORKSPACE_SIZE`` (KiB), else 1 MiB.  Measured on an H200 with torch
+    2.11: a 32 MiB block per cuBLAS handle and a 1 MiB block made by ``getCUDABlasLtWorkspace``.
     """
     torch = _torch()
     if torch is None:
         return frozenset()
-    sizes: set[int] = set()
-    for name in ("_cuda_getCublasWorkspaceSize", "_cuda_getCublasLtWorkspaceSize"):
+
+    def got(name: str) -> int:
         getter = getattr(torch._C, name, None)
         try:
-            size = int(getter()) if getter is not None else 0
+            return int(getter()) if getter is not None else 0
         except Exception:  # noqa: BLE001
-            size = 0
-        if size > 0:
-            sizes.add(block_bytes(size, cuda=True))
-    if not sizes:
+            return 0
+
+    cublas = got("_cuda_getCublasWorkspaceSize")
+    if not cublas:
         try:
             major = torch.cuda.get_device_capability(index)[0]
         except Exception:  # noqa: BLE001
             major = 0
-        size = cublas_workspace_size(os.environ.get("CUBLAS_WORKSPACE_CONFIG"), major)
-        if size:
-            sizes.add(block_bytes(size, cuda=True))
-    return frozenset(sizes)
+        cublas = cublas_workspace_size(os.environ.get("CUBLAS_WORKSPACE_CONFIG"), major)
+    cublaslt = got("_cuda_getCublasLtWorkspaceSize")
+    cublaslt = cublaslt or cublaslt_workspace_size(os.environ.get("CUBLASLT_WORKSPACE_SIZE"))
+    return frozenset(block_bytes(size, cuda=True) for size in (cublas, cublaslt) if size > 0)
 
 
 def cublas_workspace_size(config: str | None, major: int) -> int:
@@ -180,6 +181,14 @@ def cublas_workspace_size(config: str | None, major: int) -> int:
         if pairs:
             return sum(kib * 1024 * count for kib, count in pairs)
     return 4096 * 1024 * 8 if major >= 9 else 4096 * 1024 * 2 + 16 * 1024 * 8
+
+
+def cublaslt_workspace_size(config: str | None) -> int:
+    """cuBLASLt's workspace bytes for ``CUBLASLT_WORKSPACE_SIZE`` (KiB), else torch's default of 1 MiB."""
+    try:
+        return int(config) * 1024 if config and int(config) >= 0 else 1024 * 1024
+    except ValueError:
+        return 1024 * 1024
 
 
 def memory_snapshot() -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardtop.probe.allocating_code import MARKER_FUNCTION, kind_of_frames
-from shardtop.probe.allocator import allocator_stats
+from shardtop.probe.allocator import allocator_stats, cublas_workspace_size, cublaslt_workspace_size
 from shardtop.probe.allocator_trace import (
     block_bytes,
     current_split,
@@ -424,3 +424,14 @@ def test_allocator_stats_nested_and_flat() -> None:
                               peak_reserved=22, num_alloc_retries=2, num_ooms=1)
     assert allocator_stats(nested) == allocator_stats(flat) == expected
     assert allocator_stats({}) is None
+
+
+def test_the_workspaces_are_sized_as_torch_sizes_them() -> None:
+    """Without torch's getters: ``CUBLAS_WORKSPACE_CONFIG`` and ``CUBLASLT_WORKSPACE_SIZE``, else the defaults
+    (on an H200 with torch 2.11 the trace showed a 32 MiB block per cuBLAS handle and one of 1 MiB for
+    cuBLASLt)."""
+    assert cublas_workspace_size(":4096:8", 9) == cublas_workspace_size(None, 9) == 32 * MiB
+    assert cublas_workspace_size(":4096:2:16:8", 8) == cublas_workspace_size(None, 8) == 8 * MiB + 128 * 1024
+    assert cublas_workspace_size(":16:8", 9) == 128 * 1024
+    assert cublaslt_workspace_size(None) == cublaslt_workspace_size("not a size") == MiB
+    assert cublaslt_workspace_size("4096") == 4 * MiB
