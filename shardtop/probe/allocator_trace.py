@@ -24,7 +24,8 @@ the trace saw, with the blocks alive then.
    construction or move;
 3. else, a block of a library workspace's size (``workspaces``: cuBLAS's
    and cuBLASLt's, as the running torch sizes them) that lives to the end of
-   the trace and was allocated before its first step ended: a workspace;
+   the trace and was allocated before its first step ended: a workspace,
+   unless more than ``MAX_WORKSPACE_BLOCKS`` blocks of that size live to the end;
 4. else, allocated in an earlier step than the moment split (not in set-up)
    and still alive, by code that makes no parameter, gradient, optimizer state
    or buffer: kept from earlier steps (``kept``);
@@ -45,6 +46,7 @@ from the end of the trace is the n-th census from the end.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +58,10 @@ KINDS = ("params", "grads", "optimizer", "comm", "other", "kept", "activations")
 """The kinds, in the order a census counts them: a storage held by two counts under the first
 (a BatchNorm's running statistics are saved for backward, yet they are module buffers)."""
 
+MAX_WORKSPACE_BLOCKS = 8
+"""More blocks of one workspace size than this alive at the trace's end are a model's tensors of that
+size (a 512 × 512 float32 weight is 1 MiB, as cuBLASLt's workspace is), not workspaces: a library keeps
+one per handle and stream."""
 TRACE_KINDS = (*KINDS, "workspace")
 """The kinds of the trace's blocks: a census's, and the library workspaces only a block's size and
 lifetime tell (no census sees them: no tensor stands behind them)."""
@@ -256,7 +262,11 @@ def split_blocks(
     ``workspaces``: the block sizes of the libraries' workspaces; ``end``: the
     trace's length (a block alive there was never freed).
     """
+    blocks = tuple(blocks)
     ordered = sorted(censuses, key=lambda c: abs(c.position - position))
+    if end is not None and workspaces:
+        lasting = Counter(b.size for b in blocks if b.size in workspaces and b.end >= end)
+        workspaces = frozenset(s for s in workspaces if lasting[s] <= MAX_WORKSPACE_BLOCKS)
     followed = any("activations" in census.addresses.values() for census in censuses)
     forward = "other" if followed else "activations"
     now = step_at(position) if step_at is not None else None
@@ -308,6 +318,9 @@ def _uncounted_kind(
     )
     if census_kind is not None:  # a saved tensor: of this step's forward, or kept with an earlier step's graph
         return "kept" if earlier else census_kind
+    framed = kind_of_frames(block.frames, forward)
+    if framed in HELD_KINDS:
+        return framed
     if (
         block.size in workspaces
         and end is not None
@@ -315,9 +328,6 @@ def _uncounted_kind(
         and (block.start < 0 or made_step is None or first is None or made_step <= first)
     ):
         return "workspace"
-    framed = kind_of_frames(block.frames, forward)
-    if framed in HELD_KINDS:
-        return framed
     if earlier:
         return "kept"
     if framed is not None:

@@ -15,6 +15,7 @@ from typing import Any
 from shardtop.probe.allocating_code import MARKER_FUNCTION, kind_of_frames
 from shardtop.probe.allocator import allocator_stats, cublas_workspace_size, cublaslt_workspace_size
 from shardtop.probe.allocator_trace import (
+    MAX_WORKSPACE_BLOCKS,
     block_bytes,
     current_split,
     largest_free_block,
@@ -435,3 +436,30 @@ def test_the_workspaces_are_sized_as_torch_sizes_them() -> None:
     assert cublas_workspace_size(":16:8", 9) == 128 * 1024
     assert cublaslt_workspace_size(None) == cublaslt_workspace_size("not a size") == MiB
     assert cublaslt_workspace_size("4096") == 4 * MiB
+
+
+def test_a_models_weights_of_a_workspaces_size_are_parameters_not_workspaces() -> None:
+    """Story 2 fixed: under zero.Init each 512 × 512 float32 weight is a 1 MiB block made in set-up and kept,
+    the size of cuBLASLt's workspace. Made in a module's constructor, they are parameters; without frames,
+    so many blocks of one size are no library's workspaces either."""
+    lt = MiB
+    layer_init = [frame("/venv/site-packages/torch/nn/modules/linear.py", "__init__"), USER_LOOP]
+    for frames in (layer_init, []):
+        trace = Trace()
+        trace.mark()
+        for _ in range(MAX_WORKSPACE_BLOCKS + 1):
+            trace.alloc(lt, frames)
+        trace.mark()
+        found = peak_split(trace.snapshot(), 0, [{}, {}], [("setup", 0), ("setup", 0)], frozenset({lt}))
+        assert found is not None
+        split, _ = found
+        assert split.by_kind.workspace == 0, frames
+        if frames:
+            assert split.by_kind.params == (MAX_WORKSPACE_BLOCKS + 1) * lt
+
+    trace = Trace()  # the one real workspace of that size, made in the first step, is still named
+    trace.mark()
+    trace.alloc(lt, LINEAR_FORWARD)
+    trace.mark()
+    found = peak_split(trace.snapshot(), 0, [{}, {}], [("forward", 1), ("backward", 1)], frozenset({lt}))
+    assert found is not None and found[0].by_kind.workspace == lt
