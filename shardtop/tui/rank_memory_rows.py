@@ -15,7 +15,7 @@ from shardtop.read.memory_growth import Growth
 from shardtop.read.rank_facts import RankStatus, held
 from shardtop.read.run_model import RunModel
 from shardtop.read.run_state import RankState
-from shardtop.rundir.memory_figures import GpuMemory
+from shardtop.rundir.memory_figures import GpuMemory, MemorySplit
 from shardtop.tui.bar_scale import may_use_words
 from shardtop.tui.memory_bar import BarPart, bar_parts
 from shardtop.tui.over_time import shows_over_time
@@ -99,6 +99,19 @@ def gpu_of(rs: RankState, gpus: tuple[GpuMemory, ...]) -> GpuMemory | None:
     return next((g for g in gpus if g.index == index), None)
 
 
+SAME_MOMENT = 0.05
+"""A split whose allocated bytes are this close to the bar's describes the memory the bar shows."""
+
+
+def split_of(split: MemorySplit | None, allocated: int | None) -> MemorySplit | None:
+    """``split`` where it describes ``allocated`` (within ``SAME_MOMENT``), else None: a split taken at a
+    census (a phase's start, a few times a second at most) stays the latest while samples move on, and
+    its kinds would stack to another moment's total."""
+    if split is None or split.allocated is None or allocated is None:
+        return split
+    return split if abs(split.allocated - allocated) <= SAME_MOMENT * max(allocated, split.allocated) else None
+
+
 def rank_rows(model: RunModel) -> tuple[RankMemoryRow, ...]:
     rows = []
     for r in model.ranks:
@@ -106,7 +119,7 @@ def rank_rows(model: RunModel) -> tuple[RankMemoryRow, ...]:
         m = rs.memory
         gpus = model.state.gpus.get(rs.host, ())
         allocated, reserved, peak = held(rs)
-        parts = bar_parts(r.memory_now, r.cache_bytes, r.outside_pytorch_bytes)
+        parts = bar_parts(split_of(r.memory_now, allocated), r.cache_bytes, r.outside_pytorch_bytes)
         if parts and r.allocator_peak is not None:
             peak = r.allocator_peak  # the mark on a stacked bar is allocated memory's peak
         rows.append(

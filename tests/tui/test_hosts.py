@@ -60,7 +60,7 @@ async def test_the_home_screen_lists_a_run_by_its_hosts(tmp_path: Path) -> None:
         runs = app.screen.query_one(RunList)
         await wait_for(pilot, lambda: runs.row_count == 2, what="the run list")
         hosts = {runs.get_row_at(i)[0]: runs.get_row_at(i)[COLUMNS.index("HOSTS")] for i in range(2)}
-        assert hosts == {"fsdp2_train-2h": "2", "zero3-linear-36b9": "vm"}, "two hosts counted; one host named"
+        assert hosts == {"fsdp2_train-2h": "2", "zero3-linear-21d1": "vm"}, "two hosts counted; one host named"
 
 
 async def test_a_login_node_without_gpus_shows_the_gpus_the_runs_report(tmp_path: Path) -> None:

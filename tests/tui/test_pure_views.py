@@ -150,7 +150,7 @@ def test_header_words_for_story_2(tmp_path: Path) -> None:
     info = header_info(snap)
     assert (info.preset, info.engine, info.strategy) == ("zero3-linear", "zero3", "deepspeed_stage_3")
     assert info.ranks == "1 rank on vm" and info.phase == "setup" and info.status == "failed (exit 1)"
-    assert info.ended is not None and info.started is not None and round(info.ended - info.started) == 80
+    assert info.ended is not None and info.started is not None and round(info.ended - info.started) == 91
 
 
 def test_the_memory_bar_ends_at_the_oom(tmp_path: Path) -> None:
@@ -175,6 +175,19 @@ def test_a_rank_that_went_on_after_its_oom_shows_its_latest_sample(tmp_path: Pat
     going_on = replace(rank, exit=None)
     assert held(going_on)[0] == rank.memory.allocated == 1_051_136
     assert held(rank)[0] == rank.oom.allocated
+
+
+def test_the_bar_stacks_kinds_only_of_the_moment_it_shows(tmp_path: Path) -> None:
+    """fsdp-not-sharding, finished: the latest split was taken as step 5's backward began (584 MB allocated),
+    the latest sample at teardown (144 MB). Its kinds would stack to the backward's total: the bar is plain.
+    At story 2's OOM the split and the figures are the OOM's: its kinds stack."""
+    snap = story2_snapshot(tmp_path, "h200/fsdp-not-sharding")
+    (row,) = rank_rows(snap.model)
+    split = snap.model.ranks[0].memory_now
+    assert split is not None and split.allocated is not None and row.allocated is not None
+    assert split.allocated > 3 * row.allocated and row.parts == ()
+    (oom_row,) = rank_rows(story2_snapshot(tmp_path / "oom").model)
+    assert [p.name for p in oom_row.parts][:1] == ["params"]
 
 
 def test_memory_layout_by_width_and_ranks() -> None:

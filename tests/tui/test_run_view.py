@@ -48,8 +48,11 @@ async def test_enter_on_a_run_opens_it(recorded_root: Path) -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         runs = app.screen.query_one(RunList)
         await wait_for(pilot, lambda: runs.row_count == 3, what="the run list")
-        assert runs.selected() is not None and runs.selected().summary.id == ZERO3_FIXED, "newest first"  # type: ignore[union-attr]
+        assert runs.selected() is not None and runs.selected().summary.id == ZERO3, "newest first"  # type: ignore[union-attr]
         await pilot.press("down")
+        row = runs.selected()
+        assert row is not None and row.summary.id == ZERO3_FIXED
+        await pilot.press("up")
         row = runs.selected()
         assert row is not None and row.summary.id == ZERO3
         await pilot.press("enter")
