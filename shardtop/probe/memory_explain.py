@@ -221,13 +221,7 @@ class MemoryExplainer:
             count = self.census.count(self.activations if self._follows() else None)
         if count is None:
             return
-        stats = self._stats()
-        allocated = stats.allocated if stats is not None else None
-        kinds = with_lasting_workspaces(count.kinds, allocated, self.workspace_alive)
-        split = MemorySplit(allocated=allocated, by_kind=kinds, unexplained=unexplained(allocated, kinds),
-                            phase=phase, step=step)
-        self._pending = split
-        self._offer_peak(split)
+        self._split_census(count, phase, step)
         if self.history is not None and self.history.mark():
             self._labels.append((phase, step))
             self._censuses.append(count.addresses)
@@ -319,6 +313,16 @@ class MemoryExplainer:
         """When (``time.monotonic()``) the budget lets the next census outside explained steps run."""
         return self._census_due
 
+    def _split_census(self, count: KindCount, phase: str, step: int) -> None:
+        """The split of a census just taken, for the next training-thread sample and the peak."""
+        stats = self._stats()
+        allocated = stats.allocated if stats is not None else None
+        kinds = with_lasting_workspaces(count.kinds, allocated, self.workspace_alive)
+        split = MemorySplit(allocated=allocated, by_kind=kinds, unexplained=unexplained(allocated, kinds),
+                            phase=phase, step=step)
+        self._pending = split
+        self._offer_peak(split)
+
     def _census_when_due(self, phase: str, step: int) -> None:
         """A census on the training thread, as often as ``CENSUS_BUDGET`` allows."""
         if not self.options.census or not self.census.has_target:
@@ -330,13 +334,7 @@ class MemoryExplainer:
         if count is None:
             return
         self._census_due = now + count.seconds / CENSUS_BUDGET
-        stats = self._stats()
-        allocated = stats.allocated if stats is not None else None
-        kinds = with_lasting_workspaces(count.kinds, allocated, self.workspace_alive)
-        split = MemorySplit(allocated=allocated, by_kind=kinds, unexplained=unexplained(allocated, kinds),
-                            phase=phase, step=step)
-        self._pending = split
-        self._offer_peak(split)
+        self._split_census(count, phase, step)
 
     def _check_request(self, stats: AllocatorStats | None) -> None:
         """A reader asked for an explanation, or the peak rose past the explained one."""
