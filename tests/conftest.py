@@ -47,6 +47,30 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     return True
 
 
+QUICK_WORKERS = 3
+"""Processes for the quick layers (tests/unit and tests/tui), where pytest-xdist is installed: one more than
+two cores, since a Pilot-driven test spends about a fifth of its time waiting for the app to go idle."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Run the quick layers on ``QUICK_WORKERS`` processes: ``-m "not engines"`` answers within a minute on two cores.
+
+    Only where ``-m`` leaves tests/engines out, pytest-xdist is installed, the command names no
+    ``-n`` (``-n 0``: one process) and no snapshot is being updated.  The engines' layer stays in one
+    process: its ranks and runs take the cores themselves, and some of its tests time a rank's step.
+    """
+    if getattr(config.option, "numprocesses", "no xdist") is not None or hasattr(config, "workerinput"):
+        return
+    if layer_selected(config.option.markexpr, "engines") or config.getoption("--snapshot-update", False):
+        return
+    if config.option.collectonly or config.getoption("usepdb", False):
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cores > 1:
+        config.option.numprocesses = min(QUICK_WORKERS, cores + 1)
+
+
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """Leave a layer's directory unimported where ``-m`` deselects every test in it.
 

@@ -15,7 +15,8 @@ only the region that differs, through the public ``Widget.refresh(*regions)``:
   whole line.  As pieces, a changed figure resends only its own piece.
 - ``CellsTable``: for a ``DataTable``; a row's cells are written only where
   they differ, and only those cells are refreshed (``update_cell`` alone
-  refreshes the whole table).
+  refreshes the whole table); rows painted before their columns were measured
+  are painted again.
 """
 
 from __future__ import annotations
@@ -218,6 +219,17 @@ class CellsTable(DataTable[Any]):
         if self._cells_only and not regions and not layout and not recompose:
             return self  # update_cell's whole-table refresh; the changed cells are refreshed one by one
         return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
+
+    def watch_virtual_size(self, old: Size, new: Size) -> None:
+        """Repaint every row when the columns widen.
+
+        A ``DataTable`` measures new rows' cells once its message queue runs dry.  Rows it painted
+        before that, at their columns' old widths, stay in its caches under the same keys, so on a
+        busy loop a run list could keep showing ``fsd`` for ``fsdp2-mlp-4644`` until something
+        else repainted it.  ``notify_style_update`` empties those caches.
+        """
+        if new.width != old.width:
+            self.notify_style_update()
 
     def update_row(self, row_key: str, cells: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> int:
         """Write the cells of a row that differ (by column key); returns how many did."""

@@ -85,7 +85,8 @@ def run_ready(*keys: str) -> Callable[[Any], Any]:
             what="the run view",
         )
         await settled(pilot)
-        await pilot.press(*keys)
-        await settled(pilot)
+        if keys:
+            await pilot.press(*keys)
+            await settled(pilot)
 
     return run_before

@@ -11,7 +11,7 @@ from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import DataTable
 
-QUIET_S = 0.15
+QUIET_S = 0.1
 """How long the screen must stay the same before it counts as settled."""
 
 
@@ -21,7 +21,7 @@ async def wait_for(pilot: object, condition: Callable[[], object], timeout: floa
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
-        await pilot.pause(0.05)  # type: ignore[attr-defined]
+        await pilot.pause()  # type: ignore[attr-defined]
 
 
 def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
@@ -53,17 +53,17 @@ def measured(table: DataTable[Any]) -> bool:
 async def settled(pilot: object, timeout: float = 10.0) -> None:
     """Let the app run until its tables are laid out and the screen has stayed the same for ``QUIET_S``.
 
-    The data being there is not enough for a snapshot: a ``DataTable`` lays out its
-    rows when its message queue next runs dry, which on a loaded machine can come
-    after the test would have taken the picture, and the feeds' threads compete with
-    the app's loop for the interpreter.
+    The data being there is not enough for a snapshot: a ``DataTable`` lays out its rows when its
+    message queue next runs dry, which on a loaded machine can come after the test would have taken
+    the picture, and the feeds' threads compete with the app's loop for the interpreter.  Between two
+    pictures, ``pilot.pause()`` lets every queued message be handled and waits for the process (its
+    threads too) to use no CPU for a moment.
     """
     app = pilot.app  # type: ignore[attr-defined]
     deadline = time.monotonic() + timeout
     before, since = None, 0.0
     while time.monotonic() < deadline:
         await pilot.pause()  # type: ignore[attr-defined]
-        await pilot.pause(0.05)  # type: ignore[attr-defined]
         if not all(measured(table) for table in app.screen.query(DataTable)):
             before = None
             continue

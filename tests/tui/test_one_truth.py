@@ -20,7 +20,10 @@ from typing import Any
 import pytest
 
 from shardtop.cli import main
-from shardtop.report import render_report
+from shardtop.report import gather
+from shardtop.report.blocks import report_blocks
+from shardtop.report.document import to_markdown, to_text
+from shardtop.report.json_report import to_json
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.run_view import RunScreen
@@ -165,10 +168,12 @@ async def from_tui(
 @pytest.mark.parametrize("run", RECORDED, ids=[f"{p.parent.name}/{p.name}" for p in RECORDED])
 async def test_every_view_tells_the_same_facts(run: Path, tmp_path: Path) -> None:
     path = _copy(run, tmp_path)
-    data = json.loads(render_report(RunDirectory(path), "json"))
+    facts = gather(RunDirectory(path))  # what `shardtop report` renders, in each of its formats
+    data = json.loads(to_json(facts))
     told = from_json(data)
-    assert from_text(render_report(RunDirectory(path), "text")) == told, "text report"
-    assert from_markdown(render_report(RunDirectory(path), "markdown")) == told, "markdown report"
+    text = to_text(report_blocks(facts))
+    assert from_text(text) == told, "text report"
+    assert from_markdown(to_markdown(report_blocks(facts))) == told, "markdown report"
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -189,7 +194,6 @@ async def test_every_view_tells_the_same_facts(run: Path, tmp_path: Path) -> Non
         if module["ranks"] and module["params"]:  # a row of saved activations alone holds no parameters
             expected = [(r["rank"], r["state"], r["device"]) for r in module["ranks"]]
             assert cells[module["path"]] == expected, module["path"]
-    text = render_report(RunDirectory(path), "text")
     rows = rows_named(text[text.index("Shard tree\n") :])
     checked = 0
     types = {m["path"]: m["type"] for m in data["modules"]}
