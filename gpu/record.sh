@@ -6,7 +6,7 @@
 #   gpu/record.sh PART...     PART: presets1 presets2 scenarios1 scenarios2 own benches (= probe_cost terminal)
 #                             rehearse_story2 rehearse_presets rehearse_own clients client_plans compiled
 #                             over_time story2_fixed_six workspaces unmeasured split_rechecks
-#                             presets_again oom_recheck what_is_kept
+#                             presets_again oom_recheck what_is_kept script_tensors
 #
 # presets1/scenarios1 and the rehearse_* parts need one GPU, presets2/scenarios2 two. Run from the project root with the
 # wheels of ../shared/gpu/wheels.sh in .whl/; everything lands under $OUT (or ./gpu-out):
@@ -114,6 +114,12 @@ what_is_kept() {  # the blocks a loop that keeps nothing holds from its first st
 }
 
 oom_recheck() { step 40 "outside pytorch, OOM" python3 gpu/scenarios/outside_pytorch.py --outside-gib 128 --ask-gib 16; }
+
+script_tensors() {  # the fragmentation script's own tensors (the split's "made by the script"); the small OOM again
+  step 60 "fragmentation" python3 gpu/scenarios/fragmentation.py
+  step 60 "fragmentation, expandable segments" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 gpu/scenarios/fragmentation.py
+  oom_recheck
+}
 
 split_rechecks() {  # the small OOM's peak (a second cuBLAS workspace) and Lightning ZeRO-3 rehearsed (its linear's backward)
   step 40 "outside pytorch, OOM" python3 gpu/scenarios/outside_pytorch.py --outside-gib 128 --ask-gib 16

@@ -4,8 +4,8 @@ A trace entry's frames (innermost first) are the Python stack that asked for
 the block.  ``kind_of_frames`` reads them against ``FRAME_RULES`` (an
 optimizer's state initialisation, an engine's gather, bucket or gradient
 code, a module's construction or move, a forward); ``site_of`` names the
-place, for the bytes nothing names; ``backward_made`` tells what the backward
-itself made.  Nothing here imports torch.
+place; ``backward_made`` tells what the backward itself made, and
+``script_made`` what the training script's own code made.  Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -152,6 +152,21 @@ def _innermost_outside_torch(frames: Sequence[Frame]) -> Frame | None:
         if "/torch/" not in path and not path.startswith("torch/"):
             return frame
     return None
+
+
+_LIBRARY_PATHS = ("-packages/", "/lib/python3", "shardtop/probe/", "shardtop/inject/")
+"""Where a file is an installed library's (``site-packages``, ``dist-packages``), the standard library's or
+shardtop's own probe, not the training script's."""
+
+
+def script_made(frames: Sequence[Frame]) -> bool:
+    """Made by the training script's own code: the innermost frame outside torch's own Python is in a file
+    of none of the installed libraries, the standard library or the probe (``_LIBRARY_PATHS``)."""
+    inner = _innermost_outside_torch(frames)
+    if inner is None:
+        return False
+    path = str(inner.get("filename", "")).replace("\\", "/")
+    return bool(path) and not path.startswith("<") and not any(p in path for p in _LIBRARY_PATHS)
 
 
 def backward_made(frames: Sequence[Frame]) -> bool:

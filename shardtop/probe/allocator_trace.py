@@ -36,7 +36,10 @@ the trace saw, with the blocks alive then.
    ``backward`` of an autograd Function (DeepSpeed ZeRO-3's linear): a
    temporary of the backward, such as an activation's gradient or a weight's
    on its way to the engine's buffer (other);
-6. else it is ``unexplained``.
+6. else, allocated outside a backward by the training script's own code
+   (``allocating_code.script_made``: its inputs, its own buffers): made by the
+   script (``script``), with the place;
+7. else it is ``unexplained``.
 
 Censuses are tied to trace positions by markers: the probe allocates a tiny
 tensor from ``MARKER_FUNCTION`` whenever it takes one, so the n-th marker
@@ -51,7 +54,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardtop.probe.allocating_code import Frame, backward_made, is_marker, kind_of_frames, site_of
+from shardtop.probe.allocating_code import Frame, backward_made, is_marker, kind_of_frames, script_made, site_of
 from shardtop.rundir.memory_figures import AllocationSite, MemoryKinds, MemorySplit
 
 KINDS = ("params", "grads", "optimizer", "comm", "other", "kept", "activations")
@@ -62,9 +65,10 @@ MAX_WORKSPACE_BLOCKS = 8
 """More blocks of one workspace size than this alive at the trace's end are a model's tensors of that
 size (a 512 × 512 float32 weight is 1 MiB, as cuBLASLt's workspace is), not workspaces: a library keeps
 one per handle and stream."""
-TRACE_KINDS = (*KINDS, "workspace")
-"""The kinds of the trace's blocks: a census's, and the library workspaces only a block's size and
-lifetime tell (no census sees them: no tensor stands behind them)."""
+TRACE_KINDS = (*KINDS, "workspace", "script")
+"""The kinds of the trace's blocks: a census's, the library workspaces only a block's size and
+lifetime tell (no census sees them: no tensor stands behind them), and what the script made, which
+only a block's frames tell."""
 
 BLOCK = 512
 """The CUDA caching allocator rounds every block up to a multiple of 512 bytes."""
@@ -210,33 +214,47 @@ class Census:
 
 
 SITES = 3
-"""How many places of allocation a split names for its unexplained bytes."""
+"""How many places of allocation a split names for its unexplained bytes, and for the script's."""
 
 
 @dataclass
 class BlockSplit:
-    """Bytes per kind of some blocks, and the bytes of those no source named."""
+    """Bytes per kind of some blocks, and the bytes of those no source named; where those, and the script's,
+    were allocated."""
 
     kinds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TRACE_KINDS, 0))
     unexplained: int = 0
     total: int = 0
     unexplained_by_site: dict[str, int] = field(default_factory=dict)
+    script_by_site: dict[str, int] = field(default_factory=dict)
 
     def add(self, kind: str | None, size: int, frames: Sequence[Frame] = ()) -> None:
         self.total += size
         if kind is None:
             self.unexplained += size
-            where = site_of(frames)
-            self.unexplained_by_site[where] = self.unexplained_by_site.get(where, 0) + size
+            _count_at(self.unexplained_by_site, site_of(frames), size)
         else:
             self.kinds[kind] += size
+            if kind == "script":
+                _count_at(self.script_by_site, site_of(frames), size)
 
     def memory_kinds(self) -> MemoryKinds:
         return MemoryKinds(**self.kinds)
 
     def largest_unexplained(self, count: int = SITES) -> list[AllocationSite]:
-        ranked = sorted(self.unexplained_by_site.items(), key=lambda item: (-item[1], item[0]))
-        return [AllocationSite(where=where, bytes=size) for where, size in ranked[:count]]
+        return _largest(self.unexplained_by_site, count)
+
+    def largest_script(self, count: int = SITES) -> list[AllocationSite]:
+        return _largest(self.script_by_site, count)
+
+
+def _count_at(sites: dict[str, int], where: str, size: int) -> None:
+    sites[where] = sites.get(where, 0) + size
+
+
+def _largest(sites: Mapping[str, int], count: int) -> list[AllocationSite]:
+    ranked = sorted(sites.items(), key=lambda item: (-item[1], item[0]))
+    return [AllocationSite(where=where, bytes=size) for where, size in ranked[:count]]
 
 
 HELD_KINDS = frozenset({"params", "grads", "optimizer", "comm"})
@@ -310,7 +328,7 @@ def _uncounted_kind(
     workspaces: frozenset[int],
     end: int | None,
 ) -> str | None:
-    """The kind of a block no census named as the model's state (rules 3 to 6 of the module docstring)."""
+    """The kind of a block no census named as the model's state (rules 3 to 7 of the module docstring)."""
     made_step = step_at(block.start) if step_at is not None and block.start >= 0 else None
     earlier = (
         made_step is not None and now is not None and made_step < now
@@ -333,8 +351,10 @@ def _uncounted_kind(
     if framed is not None:
         return framed
     in_backward = block.start >= 0 and phase_at is not None and phase_at(block.start) == "backward"
-    if in_backward and backward_made(block.frames):
-        return "other"
+    if in_backward:  # the backward's own, or autograd's called from the script: not the script's tensors
+        return "other" if backward_made(block.frames) else None
+    if script_made(block.frames):
+        return "script"
     return None
 
 
@@ -413,6 +433,7 @@ def traced_splits(
         phase=phase,
         step=step,
         unexplained_at=split.largest_unexplained(),
+        script_at=split.largest_script(),
     )
     return TracedSplits(peak, split_at(line.length - 1), line)
 

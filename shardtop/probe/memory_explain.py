@@ -395,7 +395,8 @@ class MemoryExplainer:
             kinds = _only_measured(blocks.memory_kinds(), count.kinds)
             memory = MemorySplit(allocated=allocated, by_kind=kinds, unexplained=unexplained(allocated, kinds),
                                  source="allocator-trace" if recording else "tensors", phase=event.phase,
-                                 step=event.step, unexplained_at=blocks.largest_unexplained())
+                                 step=event.step, unexplained_at=blocks.largest_unexplained(),
+                                 script_at=blocks.largest_script())
         elif count is not None:
             memory = MemorySplit(allocated=allocated, by_kind=count.kinds,
                                  unexplained=unexplained(allocated, count.kinds), phase=event.phase, step=event.step)

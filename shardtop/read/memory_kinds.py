@@ -12,13 +12,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from shardtop.rundir.memory_figures import MemorySplit
+from shardtop.rundir.memory_figures import AllocationSite, MemorySplit
 from shardtop.units import format_bytes
 from shardtop.words import list_names, noun
 
-Kind = Literal["params", "grads", "optimizer", "activations", "kept", "comm", "workspace", "other"]
+Kind = Literal["params", "grads", "optimizer", "activations", "kept", "script", "comm", "workspace", "other"]
 
-KINDS: tuple[Kind, ...] = ("params", "grads", "optimizer", "activations", "kept", "comm", "workspace", "other")
+KINDS: tuple[Kind, ...] = (
+    "params", "grads", "optimizer", "activations", "kept", "script", "comm", "workspace", "other",
+)
 """The kinds, in the order bars stack them and sentences list them (largest first there)."""
 
 KIND_WORDS: dict[str, str] = {
@@ -27,6 +29,7 @@ KIND_WORDS: dict[str, str] = {
     "optimizer": "optimizer state",
     "activations": "activations",
     "kept": "kept from earlier steps",
+    "script": "made by the script",
     "comm": "communication buffers",
     "workspace": "library workspaces",
     "other": "other",
@@ -39,6 +42,7 @@ KIND_SHORT: dict[str, str] = {
     "optimizer": "optim",
     "activations": "act",
     "kept": "kept",
+    "script": "script",
     "comm": "comm",
     "workspace": "wksp",
     "other": "other",
@@ -130,8 +134,8 @@ def kinds_sentence(
 
 
 def split_dict(split: MemorySplit | None) -> dict[str, object] | None:
-    """The JSON form (docs/report-json.md): ``{allocated, by_kind, unexplained, unexplained_at, phase, step,
-    source}``."""
+    """The JSON form (docs/report-json.md): ``{allocated, by_kind, unexplained, unexplained_at, script_at,
+    phase, step, source}``."""
     if split is None:
         return None
     return {
@@ -139,6 +143,7 @@ def split_dict(split: MemorySplit | None) -> dict[str, object] | None:
         "by_kind": bytes_by_kind(split),
         "unexplained": split.unexplained,
         "unexplained_at": [{"where": site.where or None, "bytes": site.bytes} for site in split.unexplained_at],
+        "script_at": [{"where": site.where, "bytes": site.bytes} for site in split.script_at],
         "phase": split.phase or None,
         "step": split.step,
         "source": split.source,
@@ -146,24 +151,32 @@ def split_dict(split: MemorySplit | None) -> dict[str, object] | None:
 
 
 SITES_WORTH_SAYING = 0.01
-"""The share of a split's bytes left unexplained from which the places that allocated them are said: below
-it, a few bytes of a loss scaler's or a script's scalars would read as a problem."""
+"""The share of a split's bytes from which the places that allocated the script's tensors, or the bytes left
+unexplained, are said: below it, a few bytes of a loss scaler's or a script's scalars would read as a problem."""
 
 
 def sites_sentence(split: MemorySplit) -> str | None:
-    """Where the unexplained bytes of ``split`` were allocated, in words; None where the trace named no place
-    or they are under ``SITES_WORTH_SAYING`` of the split."""
-    if not split.unexplained_at or not split.unexplained or split.unexplained <= 0:
-        return None
-    if split.allocated and split.unexplained < SITES_WORTH_SAYING * split.allocated:
-        return None
-    parts = [f"{format_bytes(site.bytes)} at {site.where}" if site.where else
-             f"{format_bytes(site.bytes)} from torch's C++ code (no Python frame)" for site in split.unexplained_at]
-    return "unexplained bytes allocated " + "; ".join(parts)
+    """Where the script made its tensors, and where the unexplained bytes of ``split`` were allocated, in
+    words; None where the trace named no place or the bytes are under ``SITES_WORTH_SAYING`` of the split."""
+    said = []
+    for head, sites, total in (
+        ("made by the script:", split.script_at, split.by_kind.script),
+        ("unexplained bytes allocated", split.unexplained_at, split.unexplained),
+    ):
+        if sites and total and total > 0 and not (split.allocated and total < SITES_WORTH_SAYING * split.allocated):
+            said.append(f"{head} " + "; ".join(_place(site) for site in sites))
+    return "; ".join(said) or None
+
+
+def _place(site: AllocationSite) -> str:
+    if not site.where:
+        return f"{format_bytes(site.bytes)} from torch's C++ code (no Python frame)"
+    return f"{format_bytes(site.bytes)} at {site.where}"
 
 
 def sites_lines(peaks: Iterable[tuple[int, MemorySplit | None]]) -> list[str]:
-    """A line per set of ranks whose peaks' unexplained bytes came from the same places (``sites_sentence``):
+    """A line per set of ranks whose peaks' script tensors and unexplained bytes came from the same places
+    (``sites_sentence``):
     the ranks of a rehearsal tell the same ones, once."""
     said: dict[str, list[int]] = {}
     for rank, split in peaks:

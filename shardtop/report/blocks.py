@@ -192,7 +192,9 @@ def memory_section(data: ReportData) -> list[Block]:
         )
     headers = ("rank", "peak at", "allocated", *KINDS, "unexplained", "explained", "cache", "outside PyTorch")
     notes = (
-        "params, grads, optimizer (state), activations (saved for backward), comm (communication buffers), "
+        "params, grads, optimizer (state), activations (saved for backward), kept (from earlier steps), "
+        "script (made by the training script's own code, outside the model), comm (communication buffers), "
+        "workspace (cuBLAS's and cuBLASLt's), "
         "other (module buffers and temporaries): each kind measured from its own source (tensors found, "
         "engine buffers read, allocator blocks traced); "
         "`unexplained` is what no source accounts for. `cache`: the allocator's reserved minus allocated, "

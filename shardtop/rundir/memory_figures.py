@@ -29,7 +29,8 @@ class MemoryKinds(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     Every kind is measured from its own source (tensors found, engine buffers read, allocator
     blocks traced); none is the remainder of the others.  A storage is counted once, under the
     first kind that holds it in this order: params, grads, optimizer, comm, other, activations;
-    the trace's blocks no census saw as one of those are workspaces, or kept from earlier steps.
+    the trace's blocks no census saw as one of those are workspaces, kept from earlier steps, or
+    made by the script.
     On CUDA each storage counts as the allocator's block (rounded up to 512 bytes), as
     ``allocated`` does.
     """
@@ -61,6 +62,11 @@ class MemoryKinds(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     gives them (``torch._C._cuda_getCublasWorkspaceSize``), allocated with no tensor behind them
     and kept for the process's life (one per thread and stream that ran a matmul).  From the
     allocator's trace."""
+    script: int | None = None
+    """Made by the script: blocks the training script's own code allocated (the innermost frame
+    outside torch's Python is in none of the installed libraries), outside any module's forward,
+    the optimizer, the engine and the backward, in the step split or in set-up: its inputs, its
+    own buffers.  Where they were made is in the split's ``script_at``.  From the allocator's trace."""
 
 
 class AllocationSite(msgspec.Struct, kw_only=True, frozen=True):
@@ -93,6 +99,8 @@ class MemorySplit(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     unexplained_at: list[AllocationSite] = []
     """Where the largest unexplained bytes were allocated, largest first (at most three); from
     the allocator's trace only."""
+    script_at: list[AllocationSite] = []
+    """Where the script made its largest tensors of ``by_kind.script``, largest first (at most three)."""
 
 
 class AllocatorStats(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):

@@ -317,8 +317,9 @@ def test_the_blocks_allocated_now_split_by_census_and_frames() -> None:
     assert largest_free_block(snapshot["segments"], 0) == 6 * MiB
 
 
-def test_the_unexplained_bytes_say_where_they_were_allocated() -> None:
-    """A block no source names keeps the place that allocated it: the innermost frame outside torch."""
+def test_the_unexplained_bytes_and_the_scripts_own_say_where_they_were_allocated() -> None:
+    """A block no source names keeps the place that allocated it: the innermost frame outside torch.  One the
+    training script's own code made, outside a module's forward and the backward, is the script's."""
     trace = Trace()
     helper = [frame("/venv/lib/python3.12/site-packages/torch/_tensor.py", "new_empty", 30),
               frame("/venv/lib/python3.12/site-packages/deepspeed/runtime/utils.py", "pad_buffer", 812),
@@ -326,18 +327,37 @@ def test_the_unexplained_bytes_say_where_they_were_allocated() -> None:
     trace.alloc(3 * MiB, helper)
     trace.alloc(3 * MiB, helper)
     trace.alloc(MiB, [frame("/home/u/train.py", "make_mask", 40), USER_LOOP])
+    trace.alloc(2 * MiB, [frame("/venv/lib/python3.12/site-packages/torch/functional.py", "zeros", 7),
+                          frame("/home/u/train.py", "main", 52)])
     trace.alloc(MiB // 2, [])
+    trace.alloc(MiB // 4, [frame("/usr/lib/python3.12/copy.py", "deepcopy", 3), USER_LOOP])  # the standard library's
     trace.mark()
     found = peak_split(trace.snapshot(), 0, [{}], [("setup", 0)])
     assert found is not None
     split, _ = found
-    assert split.unexplained == 7 * MiB + MiB // 2
+    assert split.unexplained == 6 * MiB + MiB // 2 + MiB // 4
     assert [(s.where, s.bytes) for s in split.unexplained_at] == [
         ("deepspeed/runtime/utils.py:812 in pad_buffer", 6 * MiB),
-        ("train.py:40 in make_mask", MiB),
         ("", MiB // 2),
+        ("copy.py:3 in deepcopy", MiB // 4),
     ]
-    assert sum(s.bytes for s in split.unexplained_at) == split.unexplained
+    assert split.by_kind.script == 3 * MiB
+    assert [(s.where, s.bytes) for s in split.script_at] == [("train.py:52 in main", 2 * MiB),
+                                                              ("train.py:40 in make_mask", MiB)]
+
+
+def test_what_the_script_calls_in_the_backward_is_not_the_scripts() -> None:
+    """``loss.backward()`` is the script's line, but what autograd makes under it is the backward's, not the
+    script's tensors: it stays unexplained, with its place."""
+    trace = Trace()
+    trace.mark()
+    trace.alloc(4 * MiB, [frame("/home/u/train.py", "main", 60)])  # the backward, called from the loop
+    trace.mark()
+    found = peak_split(trace.snapshot(), 0, [{}, {}], [("backward", 1), ("optimizer", 1)])
+    assert found is not None
+    split, _ = found
+    assert split.by_kind.script == 0 and split.unexplained == 4 * MiB
+    assert [s.where for s in split.unexplained_at] == ["train.py:60 in main"]
 
 
 def test_a_workspace_made_in_the_first_steps_backward_after_a_set_up_census() -> None:

@@ -84,6 +84,7 @@ class RankMemory(PaintsChanges):
         "rank-memory--optimizer",
         "rank-memory--activations",
         "rank-memory--kept",
+        "rank-memory--script",
         "rank-memory--comm",
         "rank-memory--workspace",
         "rank-memory--other",
