@@ -101,24 +101,27 @@ def test_the_report_tabulates_every_ranks_peak_by_kind() -> None:
     assert saved and 0.9 * at_peak <= sum(saved) <= 1.1 * at_peak
 
 
-def test_a_peak_of_the_scripts_own_tensors_is_unexplained_and_says_where_they_were_made() -> None:
-    """The fragmentation script fills its cap with tensors of its own, in its loop, outside any module: no
-    source names them, so the split calls them unexplained, and says which line allocated them."""
-    path = recording("gpu-fragmentation-6b52")
+def test_a_peak_of_the_scripts_own_tensors_says_the_script_made_them_and_where() -> None:
+    """The fragmentation script fills its cap with tensors of its own, in its loop, outside any module: the
+    split names them as made by the script, and the line that allocated them."""
+    path = recording("gpu-fragmentation-85e4")
     rank = read_run(RunDirectory(path)).ranks[0]
     split = rank.memory_peak
     assert rank.allocator_peak is not None and rank.allocator_peak > 7 * GiB
     assert split is not None and split.allocated is not None and split.allocated >= 0.95 * rank.allocator_peak
     assert split.by_kind.params == 32 * MiB + 4096 * 4 + 1024 * 4  # the two Linear layers' weights and biases
-    [site] = split.unexplained_at
-    assert site.where == "fragmentation.py:46 in fill_and_free_every_other" and site.bytes == split.unexplained
+    assert split.unexplained == 0 and not split.unexplained_at
+    [site] = split.script_at
+    assert site.where == "fragmentation.py:46 in fill_and_free_every_other"
+    assert site.bytes == split.by_kind.script == split.allocated - split.by_kind.params
     data = json.loads(report(path, "json"))
-    assert data["ranks"][0]["memory_peak"]["unexplained_at"] == [
+    assert data["ranks"][0]["memory_peak"]["script_at"] == [
         {"where": "fragmentation.py:46 in fill_and_free_every_other", "bytes": site.bytes}
     ]
     assert [f["code"] for f in data["findings"]] == ["allocator-fragmentation"]
     markdown = report(path, "markdown")
-    line = "Rank 0: unexplained bytes allocated 7.73 GiB at fragmentation.py:46 in fill_and_free_every_other."
+    assert "7.77 GiB allocated: 7.73 GiB made by the script, 32 MiB parameters" in markdown
+    line = "Rank 0: made by the script: 7.73 GiB at fragmentation.py:46 in fill_and_free_every_other."
     assert line in markdown
 
 
@@ -143,10 +146,10 @@ def test_a_missed_plan_names_what_filled_the_peak() -> None:
     [
         # 3.3 GiB free in split blocks under an 8 GiB cap / a set-up OOM with 3.17 GiB cached;
         # against an OOM whose allocator cached 3 MiB (the memory was held outside PyTorch)
-        ("allocator-fragmentation", ["gpu-fragmentation-6b52", "zero3-linear-fixed"], ["gpu-outside-pytorch-bd39"]),
+        ("allocator-fragmentation", ["gpu-fragmentation-85e4", "zero3-linear-fixed"], ["gpu-outside-pytorch-a830"]),
         # 6 GiB held through the CUDA driver beside PyTorch; against DDP's 1.3 GiB of CUDA context
         # and cuDNN workspace, which is ordinary
-        ("memory-outside-pytorch", ["gpu-outside-pytorch-b6f9", "gpu-outside-pytorch-bd39"], ["ddp-baseline"]),
+        ("memory-outside-pytorch", ["gpu-outside-pytorch-b6f9", "gpu-outside-pytorch-a830"], ["ddp-baseline"]),
     ],
 )
 def test_gpu_only_rules_on_real_h200_runs(code: str, shown_by: list[str], not_by: list[str]) -> None:
@@ -175,11 +178,11 @@ def test_a_few_unexplained_bytes_are_not_told_as_places() -> None:
 
 
 def test_ranks_that_tell_the_same_places_share_a_line() -> None:
-    fragmented = read_run(RunDirectory(recording("gpu-fragmentation-6b52"))).ranks[0].memory_peak
-    expandable = read_run(RunDirectory(recording("gpu-fragmentation-3ef2"))).ranks[0].memory_peak
-    explained = read_run(RunDirectory(recording("gpu-outside-pytorch-bd39"))).ranks[0].memory_peak
+    fragmented = read_run(RunDirectory(recording("gpu-fragmentation-85e4"))).ranks[0].memory_peak
+    expandable = read_run(RunDirectory(recording("gpu-fragmentation-7491"))).ranks[0].memory_peak
+    explained = read_run(RunDirectory(recording("gpu-outside-pytorch-a830"))).ranks[0].memory_peak
     lines = sites_lines([(0, fragmented), (1, expandable), (7, fragmented), (3, None), (4, explained)])
-    assert lines[0] == "Ranks 0 and 7: unexplained bytes allocated 7.73 GiB at fragmentation.py:46 in " \
+    assert lines[0] == "Ranks 0 and 7: made by the script: 7.73 GiB at fragmentation.py:46 in " \
                        "fill_and_free_every_other."
-    assert lines[1:] == ["Rank 1: unexplained bytes allocated 7.92 GiB at fragmentation.py:46 in "
-                         "fill_and_free_every_other."], "rank 4's 8 unexplained bytes are not told"
+    assert lines[1:] == ["Rank 1: made by the script: 7.92 GiB at fragmentation.py:46 in "
+                         "fill_and_free_every_other."], "rank 4's few unexplained bytes are not told"

@@ -28,22 +28,6 @@ def _no_split(rank: RankFacts) -> bool:
     return rank.memory_peak is None and rank.state.peak_split is None
 
 
-def _sites(*wheres: str) -> Callable[[RankFacts], bool]:
-    """The unexplained bytes were all allocated at places whose names start with one of ``wheres``
-    (``""``: allocated with no Python frame)."""
-
-    def check(rank: RankFacts) -> bool:
-        split = rank.memory_peak
-        if split is None or not split.unexplained_at:
-            return False
-        prefixes = tuple(w for w in wheres if w)
-        named = sum(s.bytes for s in split.unexplained_at
-                    if (s.where.startswith(prefixes) if s.where else "" in wheres))
-        return named >= 0.99 * (split.unexplained or 0)
-
-    return check
-
-
 @dataclass(frozen=True)
 class Short:
     why: str
@@ -54,12 +38,6 @@ class Short:
 SHORT: dict[str, Short] = {
     **{f"h200x2/{p.name}": Short("two GPUs, recorded on 2026-11-29 before the probe split memory by kind",
                                  _no_split) for p in sorted((RUNS / "h200x2").iterdir()) if p.is_dir()},
-    "h200-split/20261203-102314-gpu-fragmentation-6b52": Short(
-        "the script's own tensors, made in its loop outside any module: no source names them",
-        _sites("fragmentation.py:")),
-    "h200-split/20261203-102326-gpu-fragmentation-3ef2": Short(
-        "the script's own tensors, made in its loop outside any module: no source names them",
-        _sites("fragmentation.py:")),
 }
 
 
