@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from shardtop.probe.allocator_trace import block_bytes
+from shardtop.probe.allocator_timeline import block_bytes
 from shardtop.probe.eager import compiling
 
 

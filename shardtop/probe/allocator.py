@@ -3,7 +3,7 @@
 Everything here is CUDA-only and returns None (or does nothing) elsewhere;
 every call is guarded, so a torch without one of these private APIs costs
 the probe that figure and nothing more.  The pure reading of what is
-recorded lives in ``allocator_trace.py``.
+recorded lives in ``allocator_timeline.py`` and ``allocator_trace.py``.
 
 History (``torch.cuda.memory._record_memory_history``) records every
 allocation and free with its Python stack, at about 2 µs each, into a ring
@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from shardtop.probe.allocating_code import MARKER_FUNCTION
-from shardtop.probe.allocator_trace import block_bytes
+from shardtop.probe.allocator_timeline import block_bytes
 from shardtop.rundir.memory_figures import AllocatorStats
 
 DEFAULT_MAX_ENTRIES = 100_000

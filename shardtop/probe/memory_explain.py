@@ -43,16 +43,13 @@ from shardtop.probe.allocator import (
     library_workspaces,
     memory_snapshot,
 )
-from shardtop.probe.allocator_trace import (
-    TRACE_KINDS,
-    current_split,
-    largest_free_block,
-    traced_splits,
-)
+from shardtop.probe.allocator_timeline import largest_free_block
+from shardtop.probe.allocator_trace import current_split, traced_splits
 from shardtop.probe.memory_kinds import KindCount, MemoryCensus
 from shardtop.probe.memory_options import REQUEST_FILE, MemoryOptions
+from shardtop.probe.split_figures import better_peak, only_measured, unexplained, with_lasting_workspaces
 from shardtop.rundir.events import Memory, Oom, Shards, Tree
-from shardtop.rundir.memory_figures import AllocatorStats, MemoryKinds, MemorySplit
+from shardtop.rundir.memory_figures import AllocatorStats, MemorySplit
 
 __all__ = ["CENSUS_BUDGET", "REQUEST_FILE", "MemoryExplainer", "MemoryOptions"]
 
@@ -62,12 +59,6 @@ PEAK_MOVED = 1.05
 """A peak this much above the explained one has the next steps explained again..."""
 MAX_REEXPLAINS = 2
 """...at most this many times."""
-
-
-def unexplained(allocated: int | None, kinds: MemoryKinds) -> int | None:
-    if allocated is None:
-        return None
-    return allocated - sum(getattr(kinds, kind) or 0 for kind in TRACE_KINDS)
 
 
 class MemoryExplainer:
@@ -282,7 +273,7 @@ class MemoryExplainer:
             return
         with self._lock:
             best = self.peak_split
-            if best is None or best.allocated is None or _better_peak(split, best, trace):
+            if best is None or best.allocated is None or better_peak(split, best, trace):
                 self.peak_split = split
                 self._peak_dirty = True
 
@@ -392,7 +383,7 @@ class MemoryExplainer:
         memory: MemorySplit | None = None
         if snapshot is not None and count is not None:
             blocks = traced.at_end if traced is not None else current_split(snapshot, self.cuda_index, count.addresses)
-            kinds = _only_measured(blocks.memory_kinds(), count.kinds)
+            kinds = only_measured(blocks.memory_kinds(), count.kinds)
             memory = MemorySplit(allocated=allocated, by_kind=kinds, unexplained=unexplained(allocated, kinds),
                                  source="allocator-trace" if recording else "tensors", phase=event.phase,
                                  step=event.step, unexplained_at=blocks.largest_unexplained(),
@@ -427,36 +418,6 @@ class MemoryExplainer:
             return None
 
 
-PEAK_SAME = 0.05
-"""Two peaks within 5 % of each other are the same peak, seen at different steps."""
-
-
-def with_lasting_workspaces(kinds: MemoryKinds, allocated: int | None, alive: int) -> MemoryKinds:
-    """A census's kinds with the libraries' workspaces a trace saw alive (``alive`` bytes), up to what the
-    census left unexplained.  No census sees a workspace (no tensor stands behind it), but a library
-    keeps it once made (cuBLAS: one per handle and stream, to the process's end), so the trace's figure
-    holds after its window; where less is unexplained, some was freed, and only that much is named."""
-    left = unexplained(allocated, kinds)
-    if not alive or left is None or left <= 0 or kinds.workspace is not None:
-        return kinds
-    return msgspec.structs.replace(kinds, workspace=min(alive, left))
-
-
-def _explained(split: MemorySplit) -> int:
-    return (split.allocated or 0) - max(split.unexplained or 0, 0)
-
-
-def _better_peak(split: MemorySplit, best: MemorySplit, trace: bool) -> bool:
-    assert split.allocated is not None and best.allocated is not None
-    if split.allocated > best.allocated * (1 + PEAK_SAME):
-        return True
-    if split.allocated < best.allocated * (1 - PEAK_SAME):
-        return False
-    if trace and best.source != "allocator-trace":
-        return True
-    return split.allocated >= best.allocated and _explained(split) >= _explained(best)
-
-
 def objects_on_stack(error: BaseException | None) -> list[Any]:
     """The ``self`` of every frame the error passed through: an engine or optimizer still being built
     (a set-up OOM in ``_configure_zero_optimizer``) holds buffers no finished object points to yet."""
@@ -472,12 +433,3 @@ def objects_on_stack(error: BaseException | None) -> list[Any]:
             tb = tb.tb_next
         error = error.__cause__ or error.__context__
     return found
-
-
-def _only_measured(blocks: MemoryKinds, census: MemoryKinds) -> MemoryKinds:
-    """Block kinds, with a kind the census could not measure and no block named left None."""
-    values = {}
-    for kind in TRACE_KINDS:
-        value = getattr(blocks, kind)
-        values[kind] = value if value or getattr(census, kind) is not None else None
-    return MemoryKinds(**values)

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from shardtop.probe.activations import SavedActivations
-from shardtop.probe.allocator_trace import BLOCK, KINDS, block_bytes
+from shardtop.probe.allocator_timeline import BLOCK, block_bytes
+from shardtop.probe.allocator_trace import KINDS
 from shardtop.probe.engine_buffers import (
     FLAT_PARAM_TENSORS,
     FSDP2_COMM_CONTEXT,

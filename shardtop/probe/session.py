@@ -24,24 +24,19 @@ import msgspec
 from shardtop.probe.cap import OOM_RESERVE, starved_of_memory
 from shardtop.probe.exits import RUN_ENDING, ExitRecord, exit_record, received_signal
 from shardtop.probe.exits import install as install_exit_hooks
-from shardtop.probe.faults import Faults, describe, say
+from shardtop.probe.faults import Faults, say
 from shardtop.probe.host import host_facts
 from shardtop.probe.kept import KeptTracker, held_storages
 from shardtop.probe.memory import MemorySampler, cuda_allocated
 from shardtop.probe.memory_explain import MemoryExplainer
 from shardtop.probe.names import module_names
-from shardtop.probe.oom import (
-    attribute,
-    first_line,
-    install_cuda_oom_observer,
-    is_out_of_memory,
-    oom_path,
-)
+from shardtop.probe.oom import install_cuda_oom_observer, is_out_of_memory
+from shardtop.probe.oom_event import oom_event
 from shardtop.probe.shards import read_shards
 from shardtop.probe.tracker import ModuleTracker
 from shardtop.rundir.cluster import SlurmIds
 from shardtop.rundir.event_files import EventWriter, event_file
-from shardtop.rundir.events import Exit, Fault, Hello, Memory, Oom, Phase, Shards, SnapshotStage, Step, Tree
+from shardtop.rundir.events import Exit, Fault, Hello, Memory, Phase, Shards, SnapshotStage, Step, Tree
 from shardtop.rundir.run_directory import RunDirectory
 
 try:
@@ -353,21 +348,8 @@ class Probe:
         OOM_RESERVE.release()
         with self.faults.guard("run"):
             self._say_pending_hello()
-        event: Oom | None = None
-        with self.faults.guard("oom"):
-            event = attribute(
-                exc,
-                names=self.names,
-                phase=self.phase_name,
-                step=self.step_index,
-                device=self.device,
-                tracker=self.tracker,
-                limit=self.memory_limit,
-            )
-        if event is None:
-            event = self._bare_oom(exc)
-        with self.faults.guard("oom"):
-            event = _worded(event, exc, starved)
+        event = oom_event(exc, self.faults, names=self.names, phase=self.phase_name, step=self.step_index,
+                          device=self.device, tracker=self.tracker, limit=self.memory_limit, starved=starved)
         explainer = self.memory()
         if explainer is not None:
             with self.faults.guard("split"):
@@ -386,10 +368,6 @@ class Probe:
         target = self._last_target
         if target is not None and _holds_parameters(target):
             self.snapshot(target, stage="oom")  # guarded inside: a failure is the shards' fault
-
-    def _bare_oom(self, exc: BaseException) -> Oom:
-        return Oom(phase=self.phase_name, step=self.step_index, device=self.device, limit=self.memory_limit,
-                   message=_first_line_of(exc))
 
     def exit(self, code: int, error: BaseException | None = None) -> None:
         """Record how the rank ends (once): ``exits.exit_record`` says ok, error, oom or interrupted."""
@@ -475,27 +453,6 @@ def _holds_parameters(target: Any) -> bool:
         return next(iter(target.parameters()), None) is not None
     except Exception:  # noqa: BLE001  (not a module: let the shard reader say what it is)
         return True
-
-
-def _first_line_of(exc: BaseException) -> str:
-    try:
-        return first_line(str(exc))
-    except Exception:  # noqa: BLE001
-        return type(exc).__name__
-
-
-def _worded(event: Oom, exc: BaseException, starved: bool) -> Oom:
-    """The OOM's message: a starved rank's says so; a bare MemoryError's says at least what it is."""
-    if starved:
-        return msgspec.structs.replace(event, message=_starved_message(exc))
-    if not event.message:
-        return msgspec.structs.replace(event, message=describe((oom_path(exc) or [exc])[-1]))
-    return event
-
-
-def _starved_message(exc: BaseException) -> str:
-    """An error that is an OOM only by where it struck: say both."""
-    return f"{type(exc).__name__}: {_first_line_of(exc)} (raised with the data segment at its cap, RLIMIT_DATA)"
 
 
 def _versions() -> dict[str, str]:

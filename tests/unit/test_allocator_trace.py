@@ -14,15 +14,8 @@ from typing import Any
 
 from shardtop.probe.allocating_code import MARKER_FUNCTION, kind_of_frames
 from shardtop.probe.allocator import allocator_stats, cublas_workspace_size, cublaslt_workspace_size
-from shardtop.probe.allocator_trace import (
-    MAX_WORKSPACE_BLOCKS,
-    block_bytes,
-    current_split,
-    largest_free_block,
-    peak_split,
-    timeline,
-    traced_splits,
-)
+from shardtop.probe.allocator_timeline import block_bytes, largest_free_block, timeline
+from shardtop.probe.allocator_trace import MAX_WORKSPACE_BLOCKS, current_split, peak_split, traced_splits
 from shardtop.rundir.memory_figures import AllocatorStats
 
 MiB = 1 << 20

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from shardtop.probe.allocating_code import MARKER_FUNCTION
-from shardtop.probe.memory_explain import MemoryExplainer, MemoryOptions, unexplained, with_lasting_workspaces
+from shardtop.probe.memory_explain import MemoryExplainer, MemoryOptions
+from shardtop.probe.split_figures import unexplained, with_lasting_workspaces
 from shardtop.rundir.events import Memory
 from shardtop.rundir.memory_figures import MemoryKinds
 

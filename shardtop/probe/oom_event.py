@@ -1,0 +1,57 @@
+"""The OOM event a rank writes: attributed to a module where that works, worded whatever happens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from shardtop.probe.faults import Faults, describe
+from shardtop.probe.oom import attribute, first_line, oom_path
+from shardtop.rundir.events import Oom
+
+
+def oom_event(
+    exc: BaseException,
+    faults: Faults,
+    *,
+    names: dict[int, str],
+    phase: str,
+    step: int,
+    device: str,
+    tracker: Any,
+    limit: int | None,
+    starved: bool,
+) -> Oom:
+    """The OOM of ``exc``: attributed (``oom.attribute``), else with what is known without that (phase,
+    step, message); a rank starved at its data cap says so, a bare ``MemoryError`` at least what it is.
+    A part that fails is the ``oom`` part's fault (``faults``), never the training's."""
+    event: Oom | None = None
+    with faults.guard("oom"):
+        event = attribute(exc, names=names, phase=phase, step=step, device=device, tracker=tracker, limit=limit)
+    if event is None:
+        event = Oom(phase=phase, step=step, device=device, limit=limit, message=_first_line_of(exc))
+    with faults.guard("oom"):
+        event = _worded(event, exc, starved)
+    return event
+
+
+def _first_line_of(exc: BaseException) -> str:
+    try:
+        return first_line(str(exc))
+    except Exception:  # noqa: BLE001
+        return type(exc).__name__
+
+
+def _worded(event: Oom, exc: BaseException, starved: bool) -> Oom:
+    """The OOM's message: a starved rank's says so; a bare MemoryError's says at least what it is."""
+    if starved:
+        return msgspec.structs.replace(event, message=_starved_message(exc))
+    if not event.message:
+        return msgspec.structs.replace(event, message=describe((oom_path(exc) or [exc])[-1]))
+    return event
+
+
+def _starved_message(exc: BaseException) -> str:
+    """An error that is an OOM only by where it struck: say both."""
+    return f"{type(exc).__name__}: {_first_line_of(exc)} (raised with the data segment at its cap, RLIMIT_DATA)"
