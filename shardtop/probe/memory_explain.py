@@ -47,7 +47,8 @@ from shardtop.probe.allocator_timeline import largest_free_block
 from shardtop.probe.allocator_trace import current_split, traced_splits
 from shardtop.probe.memory_kinds import KindCount, MemoryCensus
 from shardtop.probe.memory_options import REQUEST_FILE, MemoryOptions
-from shardtop.probe.split_figures import better_peak, only_measured, unexplained, with_lasting_workspaces
+from shardtop.probe.oom_event import objects_on_stack
+from shardtop.probe.split_figures import better_peak, split_of_moment, unexplained, with_lasting_workspaces
 from shardtop.rundir.events import Memory, Oom, Shards, Tree
 from shardtop.rundir.memory_figures import AllocatorStats, MemorySplit
 
@@ -381,16 +382,12 @@ class MemoryExplainer:
                 if self.on_failure is not None:
                     self.on_failure(e)
         memory: MemorySplit | None = None
-        if snapshot is not None and count is not None:
-            blocks = traced.at_end if traced is not None else current_split(snapshot, self.cuda_index, count.addresses)
-            kinds = only_measured(blocks.memory_kinds(), count.kinds)
-            memory = MemorySplit(allocated=allocated, by_kind=kinds, unexplained=unexplained(allocated, kinds),
-                                 source="allocator-trace" if recording else "tensors", phase=event.phase,
-                                 step=event.step, unexplained_at=blocks.largest_unexplained(),
-                                 script_at=blocks.largest_script())
-        elif count is not None:
-            memory = MemorySplit(allocated=allocated, by_kind=count.kinds,
-                                 unexplained=unexplained(allocated, count.kinds), phase=event.phase, step=event.step)
+        if count is not None:
+            blocks = None
+            if snapshot is not None:
+                blocks = traced.at_end if traced is not None else current_split(snapshot, self.cuda_index,
+                                                                                 count.addresses)
+            memory = split_of_moment(count.kinds, blocks, allocated, event.phase, event.step, traced=recording)
         at_peak = traced.peak if traced is not None else event.peak_split
         if self.history is not None:
             self.history.stop()
@@ -416,20 +413,3 @@ class MemoryExplainer:
             return allocator_stats(cuda_allocator_stats(torch, self.cuda_index))
         except Exception:  # noqa: BLE001
             return None
-
-
-def objects_on_stack(error: BaseException | None) -> list[Any]:
-    """The ``self`` of every frame the error passed through: an engine or optimizer still being built
-    (a set-up OOM in ``_configure_zero_optimizer``) holds buffers no finished object points to yet."""
-    found: list[Any] = []
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        tb = error.__traceback__
-        while tb is not None:
-            this = tb.tb_frame.f_locals.get("self")
-            if this is not None and all(this is not known for known in found):
-                found.append(this)
-            tb = tb.tb_next
-        error = error.__cause__ or error.__context__
-    return found

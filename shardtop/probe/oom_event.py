@@ -1,4 +1,5 @@
-"""The OOM event a rank writes: attributed to a module where that works, worded whatever happens."""
+"""The OOM event a rank writes: attributed to a module where that works, worded whatever happens; and the
+objects its error passed through, whose buffers the split at the OOM counts."""
 
 from __future__ import annotations
 
@@ -55,3 +56,20 @@ def _worded(event: Oom, exc: BaseException, starved: bool) -> Oom:
 def _starved_message(exc: BaseException) -> str:
     """An error that is an OOM only by where it struck: say both."""
     return f"{type(exc).__name__}: {_first_line_of(exc)} (raised with the data segment at its cap, RLIMIT_DATA)"
+
+
+def objects_on_stack(error: BaseException | None) -> list[Any]:
+    """The ``self`` of every frame the error passed through: an engine or optimizer still being built
+    (a set-up OOM in ``_configure_zero_optimizer``) holds buffers no finished object points to yet."""
+    found: list[Any] = []
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        tb = error.__traceback__
+        while tb is not None:
+            this = tb.tb_frame.f_locals.get("self")
+            if this is not None and all(this is not known for known in found):
+                found.append(this)
+            tb = tb.tb_next
+        error = error.__cause__ or error.__context__
+    return found

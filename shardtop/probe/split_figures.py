@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shardtop.probe.allocator_trace import TRACE_KINDS
+from shardtop.probe.allocator_trace import TRACE_KINDS, BlockSplit
 from shardtop.rundir.memory_figures import MemoryKinds, MemorySplit
 
 
@@ -52,3 +52,25 @@ def only_measured(blocks: MemoryKinds, census: MemoryKinds) -> MemoryKinds:
         value = getattr(blocks, kind)
         values[kind] = value if value or getattr(census, kind) is not None else None
     return MemoryKinds(**values)
+
+
+def split_of_moment(
+    census: MemoryKinds, blocks: BlockSplit | None, allocated: int | None, phase: str, step: int, traced: bool
+) -> MemorySplit:
+    """The split of one moment (an OOM's): the allocator's blocks alive then, each classified (``blocks``,
+    where a snapshot was taken), else the census's kinds.  ``traced``: the blocks come from a recorded trace."""
+    if blocks is None:
+        return MemorySplit(
+            allocated=allocated, by_kind=census, unexplained=unexplained(allocated, census), phase=phase, step=step
+        )
+    kinds = only_measured(blocks.memory_kinds(), census)
+    return MemorySplit(
+        allocated=allocated,
+        by_kind=kinds,
+        unexplained=unexplained(allocated, kinds),
+        source="allocator-trace" if traced else "tensors",
+        phase=phase,
+        step=step,
+        unexplained_at=blocks.largest_unexplained(),
+        script_at=blocks.largest_script(),
+    )
