@@ -7,10 +7,8 @@ this module only lays them out.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 
 from shardtop.diagnose import Severity
-from shardtop.read.memory_kinds import KINDS, bytes_by_kind, explained_share, sites_lines
 from shardtop.read.oom_story import OomStory
 from shardtop.report.document import (
     Block,
@@ -22,11 +20,10 @@ from shardtop.report.document import (
     Table,
 )
 from shardtop.report.gather import ReportData
+from shardtop.report.memory_blocks import b, gpu_table, memory_section, plan_section, ranks_section
 from shardtop.report.tree_summary import summarize_tree
-from shardtop.rundir.events import when
-from shardtop.rundir.memory_figures import GpuMemory
-from shardtop.units import count_words, format_bytes
-from shardtop.words import module_label, noun
+from shardtop.units import count_words
+from shardtop.words import module_label
 
 MAX_RANK_COLUMNS = 8
 """Beyond this many ranks the tree shows one ``min … max`` column instead of one per rank."""
@@ -35,10 +32,6 @@ SEVERITY_WORDS: dict[Severity, str] = {"error": "✗ error", "warning": "! warni
 """Words beside any colour, so a pasted report reads without it."""
 
 SKIP_WORDS = {"bad": "unreadable", "torn": "cut off", "unknown": "of unknown kinds", "newer": "from a newer shardtop"}
-
-
-def b(n: int | float | None) -> str:
-    return "-" if n is None else format_bytes(n)
 
 
 def _when(t: float | None) -> str:
@@ -164,57 +157,6 @@ def oom_section(data: ReportData) -> list[Block]:
     return blocks
 
 
-def memory_section(data: ReportData) -> list[Block]:
-    """Each rank's peak by kind, beside the allocator's cache and memory outside PyTorch."""
-    m = data.model
-    peaks = [(r, r.memory_peak) for r in m.ranks]
-    if not any(split is not None for _, split in peaks):
-        return []
-    rows = []
-    for r, split in peaks:
-        if split is None:
-            rows.append(
-                (str(r.rank), "-", "-", *("-" for _ in KINDS), "-", "-", b(r.cache_bytes), b(r.outside_pytorch_bytes))
-            )
-            continue
-        share = explained_share(split)
-        rows.append(
-            (
-                str(r.rank),
-                f"step {split.step}, {split.phase}" if split.phase else "-",
-                b(split.allocated),
-                *(b(v) for v in bytes_by_kind(split).values()),
-                b(split.unexplained),
-                f"{100 * share:.1f} %" if share is not None else "-",
-                b(r.cache_bytes),
-                b(r.outside_pytorch_bytes),
-            )
-        )
-    headers = ("rank", "peak at", "allocated", *KINDS, "unexplained", "explained", "cache", "outside PyTorch")
-    notes = (
-        "params, grads, optimizer (state), activations (saved for backward), kept (from earlier steps), "
-        "script (made by the training script's own code, outside the model), comm (communication buffers), "
-        "workspace (cuBLAS's and cuBLASLt's), "
-        "other (module buffers and temporaries): each kind measured from its own source (tensors found, "
-        "engine buffers read, allocator blocks traced); "
-        "`unexplained` is what no source accounts for. `cache`: the allocator's reserved minus allocated, "
-        "`outside PyTorch`: NVML's count for the process minus reserved, each in the latest sample that has it "
-        "(the cache at the OOM for a rank the OOM ended)."
-    )
-    right = frozenset(range(2, len(headers)))
-    sites = sites_lines((r.rank, split) for r, split in peaks)
-    return [Heading("Memory at the peak, by kind"), Table(headers, tuple(rows), right=right), Para(notes),
-            *(Para(line) for line in sites)]
-
-
-def gpu_table(gpus: list[GpuMemory], ranks_by_pid: Mapping[int, int]) -> Table:
-    rows = []
-    for g in gpus:
-        who = [f"rank {ranks_by_pid[p]}" if p in ranks_by_pid else f"pid {p}" for p in g.pids]
-        rows.append((f"GPU {g.index}", g.name, b(g.used), b(g.total), ", ".join(who) or "-"))
-    return Table(("GPU", "name", "used", "total", "processes"), tuple(rows), right=frozenset({2, 3}))
-
-
 def findings_section(data: ReportData) -> list[Block]:
     findings = data.findings
     blocks: list[Block] = [Heading("Findings")]
@@ -249,91 +191,6 @@ def _no_findings_words(data: ReportData) -> str:
     if not seen:
         return "No findings yet: the ranks have not reported their shards or memory."
     return f"No findings: nothing in {', '.join(seen)} looks wrong."
-
-
-def ranks_section(data: ReportData) -> list[Block]:
-    m = data.model
-    if not m.ranks:
-        return []
-    rows = []
-    for r in m.ranks:
-        gpu = m.gpu_of(r)
-        rows.append(
-            (
-                str(r.rank),
-                r.host or "-",
-                r.device or "-",
-                r.holdings.stage if r.holdings is not None else "-",
-                b(r.param_bytes) if r.holdings is not None else "-",
-                b(r.grad_bytes),
-                b(r.optim_bytes),
-                b(r.allocator_peak),
-                f"{b(gpu.used)} / {b(gpu.total)}" if gpu is not None else "-",
-                b(r.memory.host_rss) if r.memory is not None and r.memory.host_rss else "-",
-                f"{r.status.mark} {r.status.words}",
-            )
-        )
-    headers = (
-        "rank", "host", "device", "snapshot", "params", "grads", "optimizer",
-        "allocator peak", "GPU (NVML)", "host RSS", "status",
-    )  # fmt: skip
-    return [Heading("Per rank"), Table(headers, tuple(rows), right=frozenset({4, 5, 6, 7, 8, 9}))]
-
-
-def plan_section(data: ReportData) -> list[Block]:
-    """The plan the run wrote at set-up against what each rank measured (``RunModel.plan_check``)."""
-    check = data.model.plan_check
-    if check is None:
-        return []
-    plan = check.plan
-    if plan.fits is None:
-        verdict = "fits was not judged (no GPU or limit to judge against)"
-    elif plan.fits:
-        verdict = f"it fits {plan.gpu} ({b(plan.usable)} usable per rank)"
-    else:
-        verdict = (
-            f"it does not fit {plan.gpu} ({b(plan.usable)} usable per rank): "
-            f"out of memory {when(plan.runs_out_at or '')}"
-        )
-    who = {"preset": "rank 0 of the preset run", "shardtop run": "the injected rank 0"}.get(plan.made_by, "the run")
-    ranks = noun(plan.devices, "rank")
-    rows = []
-    for c in check.ranks:
-        p, m = c.predicted, c.measured
-        error = c.peak_error
-        if error is not None:
-            judged = f"{error * 100:+.0f} %" + (" ✗ missed" if c.missed else "")
-        elif c.out_of_memory:
-            judged = "out of memory, as planned" if plan.fits is False else "out of memory"
-        else:
-            judged = "-"
-        rows.append(
-            (
-                str(c.rank),
-                c.reached,
-                f"{b(p.params)} / {b(m.params)}",
-                f"{b(p.grads)} / {b(m.grads)}",
-                f"{b(p.optimizer)} / {b(m.optimizer)}",
-                f"{b(c.predicted_peak)} / {b(m.peak)}",
-                judged,
-            )
-        )
-    headers = ("rank", "reached", "params (plan / run)", "grads", "optimizer", "peak", "peak error")
-    blocks: list[Block] = [
-        Heading("Plan against the run"),
-        Para(
-            f"Planned by {who} at set-up: **{plan.strategy}** for `{plan.model}` on {plan.devices} {ranks}, "
-            f"batch {plan.batch_size} per rank; {verdict}. Each peak is the plan's up to the phase the rank "
-            "reached; the error is (plan − run) / run."
-        ),
-        Table(headers, tuple(rows), right=frozenset({2, 3, 4, 5, 6})),
-    ]
-    if all(c.measured.peak is None for c in check.ranks):
-        blocks.append(
-            Para("No peak was measured: CPU processes have no allocator to ask, only their parts are compared.")
-        )
-    blocks.extend(Para(f"Note: {note}") for note in plan.notes)
-    return blocks
 
 
 def tree_section(data: ReportData) -> list[Block]:
