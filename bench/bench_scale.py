@@ -44,7 +44,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.terminal import Terminal  # noqa: E402
 from shardtop.rundir.event_files import event_file  # noqa: E402
-from shardtop.rundir.events import Event, Hello, Memory, Phase, Shards, Step, Tree, Unit, encode  # noqa: E402
+from shardtop.rundir.event_lines import encode  # noqa: E402
+from shardtop.rundir.events import Event, Hello, Memory, Phase, Shards, Step, Tree, Unit  # noqa: E402
 from shardtop.rundir.memory_figures import GpuMemory  # noqa: E402
 
 E = TypeVar("E", bound=Event)

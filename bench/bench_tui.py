@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.terminal import Terminal  # noqa: E402
 from shardtop.rundir.event_files import event_file  # noqa: E402
-from shardtop.rundir.events import Oom, encode  # noqa: E402
+from shardtop.rundir.event_lines import encode  # noqa: E402
+from shardtop.rundir.events import Oom  # noqa: E402
 from shardtop.tui.app import ShardtopApp  # noqa: E402
 from shardtop.tui.screens.run_view import ControlledRunScreen  # noqa: E402
 from shardtop.tui.widgets.shard_tree import ShardTree  # noqa: E402
@@ -77,7 +78,8 @@ def bench_first_frame(root: Path, run: Path) -> tuple[float, float]:
 
 STREAMER = r"""
 import os, sys, time
-from shardtop.rundir.events import EventWriter, Memory, Phase, Step, event_file  # noqa: E402
+from shardtop.rundir.event_files import EventWriter, event_file  # noqa: E402
+from shardtop.rundir.events import Memory, Phase, Step  # noqa: E402
 from pathlib import Path
 run = Path(sys.argv[1])
 writers = [EventWriter(event_file(run / "events", r), r, host="bench") for r in (0, 1)]

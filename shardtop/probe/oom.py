@@ -14,12 +14,12 @@ failed graph instead, or, honestly, only the phase is known.
 On CUDA, ``install_cuda_oom_observer`` adds the exact requested size, the
 NVML picture and the running autograd node at the moment the allocator gave
 up (it fires before the exception is raised).
+
+Which errors are OOMs, and what their messages say, is in ``oom_errors.py``.
 """
 
 from __future__ import annotations
 
-import errno
-import re
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -36,12 +36,13 @@ from shardtop.probe.memory import (
     take_observation,
 )
 from shardtop.probe.names import module_names, user_type_name
+from shardtop.probe.oom_errors import first_line, oom_path, parse_requested_bytes
 from shardtop.probe.tracker import TrackedModule, blame_backward
 from shardtop.rundir.events import AttributedBy, Oom
 
 __all__ = [
-    "ObservedOom", "attribute", "install_cuda_oom_observer", "is_out_of_memory", "observation_matches",
-    "parse_requested_bytes", "pick_culprit", "pick_engine_step",
+    "ObservedOom", "attribute", "install_cuda_oom_observer", "observation_matches", "pick_culprit",
+    "pick_engine_step",
 ]
 
 FORWARD_FRAMES = frozenset({"forward", "_call_impl", "_wrapped_call_impl", "inner"})
@@ -91,49 +92,6 @@ BACKWARD_FRAMES = {
 """Frames showing that a backward ran, whatever the phase said, and the local holding its outputs."""
 
 MAX_TRACEBACK = 40
-
-_CPU_ALLOC = re.compile(r"you tried to allocate (\d+) bytes", re.IGNORECASE)
-_SIZED_ALLOC = re.compile(r"tried to allocate ([\d.]+)\s*(bytes|B|KiB|MiB|GiB|TiB)\b", re.IGNORECASE)
-_UNITS = {"bytes": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-_OOM_MESSAGES = re.compile(
-    r"DefaultCPUAllocator: can't allocate memory|out of memory|"
-    r"CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation",
-    re.IGNORECASE,
-)
-
-
-# -- is it an OOM? -------------------------------------------------------------------------
-
-
-def _is_oom_itself(exc: BaseException) -> bool:
-    if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
-        return True
-    torch = sys.modules.get("torch")
-    oom_type = getattr(torch, "OutOfMemoryError", None)
-    if oom_type is not None and isinstance(exc, oom_type):
-        return True
-    return isinstance(exc, RuntimeError) and bool(_OOM_MESSAGES.search(str(exc).split("\n", 1)[0]))
-
-
-def oom_path(exc: BaseException) -> list[BaseException] | None:
-    """``exc`` and the errors down its ``__cause__``/``__context__`` chain to the OOM; None if none."""
-    seen: set[int] = set()
-    stack: list[list[BaseException]] = [[exc]]
-    while stack:
-        path = stack.pop()
-        current = path[-1]
-        if id(current) in seen or len(path) > 32:
-            continue
-        seen.add(id(current))
-        if _is_oom_itself(current):
-            return path
-        stack.extend([*path, nxt] for nxt in (current.__context__, current.__cause__) if nxt is not None)
-    return None
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """A CUDA or CPU allocation failure, or an error caused by one."""
-    return oom_path(exc) is not None
 
 
 # -- the failing stack ---------------------------------------------------------------------
@@ -259,20 +217,6 @@ def backward_local(filename: str, name: str) -> str | None:
         if name == frame_name and path.endswith(suffix):
             return local
     return None
-
-
-def parse_requested_bytes(message: str) -> int | None:
-    """Bytes an OOM message says were asked for (CPU: exact; CUDA: to its 3 printed digits)."""
-    match = _CPU_ALLOC.search(message)
-    if match:
-        return int(match.group(1))
-    match = _SIZED_ALLOC.search(message)
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()]) if match else None
-
-
-def first_line(message: str, limit: int = 500) -> str:
-    line = message.strip().split("\n", 1)[0].strip()
-    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def short_file(filename: str) -> str:

@@ -8,7 +8,8 @@ from typing import Any
 import msgspec
 
 from shardtop.probe.faults import Faults, describe
-from shardtop.probe.oom import attribute, first_line, oom_path
+from shardtop.probe.oom import attribute
+from shardtop.probe.oom_errors import first_line, oom_path
 from shardtop.rundir.events import Oom
 
 

@@ -30,7 +30,8 @@ from shardtop.probe.kept import KeptTracker, held_storages
 from shardtop.probe.memory import MemorySampler, cuda_allocated
 from shardtop.probe.memory_explain import MemoryExplainer
 from shardtop.probe.names import module_names
-from shardtop.probe.oom import install_cuda_oom_observer, is_out_of_memory
+from shardtop.probe.oom import install_cuda_oom_observer
+from shardtop.probe.oom_errors import is_out_of_memory
 from shardtop.probe.oom_event import oom_event
 from shardtop.probe.shards import read_shards
 from shardtop.probe.tracker import ModuleTracker

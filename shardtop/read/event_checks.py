@@ -1,6 +1,6 @@
 """What the fold does not trust: a tree or shards that contradict themselves or the tree in hand.
 
-Pure Python; ``run_state.RunStateBuilder`` counts what fails these checks as
+Pure Python; ``run_fold.RunStateBuilder`` counts what fails these checks as
 ``inconsistent`` and leaves it out, so one bad event never breaks a view.
 """
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 import gc
 import os
 
+from shardtop.read.run_fold import RunStateBuilder
 from shardtop.read.run_meta import RunMeta
 from shardtop.read.run_model import RunModel
-from shardtop.read.run_state import RunState, RunStateBuilder
+from shardtop.read.run_state import RunState
 from shardtop.rundir.event_files import EventReader
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.rundir.run_status import RunStatus

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from shardtop.read.run_fold import fold
 from shardtop.read.run_meta import RunMeta
 from shardtop.read.run_model import RunModel
-from shardtop.read.run_state import fold
 from shardtop.rundir.event_files import read_all
 from shardtop.rundir.run_directory import RunDirectory
 

@@ -1,7 +1,7 @@
 """``shardtop report``: a run's post-mortem as text, Markdown (for an issue) or JSON.
 
 ``render_report(run, fmt)`` reads the run's events (``event_files.read_all``),
-folds them (``run_state.fold``), asks ``diagnose`` for findings, and prints
+folds them (``run_fold.fold``), asks ``diagnose`` for findings, and prints
 the run, the OOM, the findings, per-rank totals and the folded shard tree.
 No torch, no textual: the folding is ``shardtop.read.shard_model``'s, which is
 pure Python.

@@ -1,15 +1,17 @@
 """The shard tree, summarised for a report: top levels, repeated siblings folded.
 
-Folding is the TUI's (``shardtop.read.shard_model``: pure Python, no Textual);
-this module only chooses what is open — a few levels, plus the way to the OOM's
-module — and turns each visible line into a row of numbers and words.
+Folding and the visible lines are the TUI's (``shardtop.read.shard_model`` and
+``shardtop.read.tree_lines``: pure Python, no Textual); this module only
+chooses what is open — a few levels, plus the way to the OOM's module — and
+turns each visible line into a row of numbers and words.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardtop.read.shard_model import Fold, Line, Node, ShardModel, visible_lines
+from shardtop.read.shard_model import Fold, Node, ShardModel
+from shardtop.read.tree_lines import Line, visible_lines
 from shardtop.words import ROOT_LABEL
 
 TREE_DEPTH = 2

@@ -18,15 +18,8 @@ from pathlib import Path
 import msgspec
 
 from shardtop.rundir.cluster import host_name
-from shardtop.rundir.events import (
-    EVENT_FILE_PREFIX,
-    EVENT_FILE_SUFFIX,
-    LAST_RECORDS,
-    AnyEvent,
-    Event,
-    decode,
-    encode,
-)
+from shardtop.rundir.event_lines import decode, encode
+from shardtop.rundir.events import EVENT_FILE_PREFIX, EVENT_FILE_SUFFIX, LAST_RECORDS, AnyEvent, Event
 from shardtop.rundir.reserved_file import ReservedAppendFile
 
 

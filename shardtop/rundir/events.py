@@ -19,8 +19,9 @@ off while training went on: ``part`` names which (``FAULT_PARTS``), ``error``
 what went wrong, so a reader can say "the probe's shard reader failed on
 rank 1: ...".  Readers older than it skip it as an unknown kind.
 
-The memory figures the events carry are in ``memory_figures.py``; writing and
-reading the files, in ``event_files.py``.
+The memory figures the events carry are in ``memory_figures.py``; one event as
+one line and back, in ``event_lines.py``; writing and reading the files, in
+``event_files.py``.
 """
 
 from __future__ import annotations
@@ -396,48 +397,8 @@ class Kept(Event, tag="kept", frozen=True):
 
 AnyEvent = Hello | Tree | Shards | Memory | Phase | Step | Oom | Fault | Exit | Planned | Kept
 EVENT_TYPES: tuple[type[Event], ...] = (Hello, Tree, Shards, Memory, Phase, Step, Oom, Fault, Exit, Planned, Kept)
-KNOWN_KINDS = frozenset(t.__struct_config__.tag for t in EVENT_TYPES)
 LAST_RECORDS: tuple[type[Event], ...] = (Oom, Fault, Exit)
 """Kinds written (and fsynced) even once the disk is full, into the room kept for them."""
-
-_encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(AnyEvent)
-_header = msgspec.json.Decoder(dict)
-
-
-def encode(event: Event) -> bytes:
-    """One event as one JSON line (with its newline)."""
-    return _encoder.encode(event) + b"\n"
-
-
-class SkipReason:
-    BAD = "bad"
-    """Not JSON, or a known kind with fields of the wrong shape."""
-    UNKNOWN = "unknown"
-    """A kind this reader does not know."""
-    NEWER = "newer"
-    """Written by a newer schema version."""
-
-
-def decode(line: bytes) -> AnyEvent | str:
-    """An event, or the reason (a ``SkipReason``) the line was skipped."""
-    try:
-        event = _decoder.decode(line)
-    except msgspec.DecodeError:
-        pass
-    else:
-        return SkipReason.NEWER if event.v > SCHEMA_VERSION else event
-    try:
-        header = _header.decode(line)
-    except msgspec.DecodeError:
-        return SkipReason.BAD
-    version = header.get("v", SCHEMA_VERSION)
-    if isinstance(version, int) and version > SCHEMA_VERSION:
-        return SkipReason.NEWER
-    kind = header.get("kind")
-    if not isinstance(kind, str) or kind not in KNOWN_KINDS:
-        return SkipReason.UNKNOWN
-    return SkipReason.BAD
 
 
 def tree_paths(names: Iterable[str], parents: Iterable[int]) -> list[str]:

@@ -20,16 +20,8 @@ from typing import TYPE_CHECKING
 
 from shardtop.read.follower import RunFollower
 from shardtop.read.run_model import RunModel
-from shardtop.read.shard_model import (
-    Fold,
-    Line,
-    Node,
-    ShardModel,
-    default_expanded,
-    iter_lines_from,
-    iter_visible_lines,
-    oom_marks,
-)
+from shardtop.read.shard_model import Fold, Node, ShardModel
+from shardtop.read.tree_lines import Line, default_expanded, iter_lines_from, iter_visible_lines, oom_marks
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.tui.format import bar, duration, fraction, short_count, truncate
 from shardtop.tui.header_info import header_parts, run_header_info

@@ -22,8 +22,9 @@ from shardtop.diagnose.placement import (
     MEMORY_IMBALANCE_MIN_BYTES,
     _uneven,
 )
+from shardtop.read.run_fold import fold
 from shardtop.read.run_model import RunModel
-from shardtop.read.run_state import RunState, fold
+from shardtop.read.run_state import RunState
 from shardtop.read.shard_model import subtree_sums
 from shardtop.read.tree_facts import covering_rows, find_block
 from shardtop.rundir.event_files import read_all

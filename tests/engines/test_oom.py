@@ -16,15 +16,14 @@ from shardtop.probe.oom import (
     StackFrame,
     attribute,
     format_stack,
-    is_out_of_memory,
     observation_matches,
-    parse_requested_bytes,
     pick_culprit,
     pick_engine_step,
     resolve_paths,
     short_file,
     unique_paths,
 )
+from shardtop.probe.oom_errors import is_out_of_memory, parse_requested_bytes
 from shardtop.probe.tracker import ModuleTracker, tracked_modules
 from shardtop.rundir.event_files import read_all
 from shardtop.rundir.events import Exit, Oom, Shards, Tree, tree_paths

@@ -26,8 +26,8 @@ from shardtop.diagnose.allocator import (
     find_fragmented,
     outside_samples,
 )
+from shardtop.read.run_fold import fold
 from shardtop.read.run_model import RunModel
-from shardtop.read.run_state import fold
 from shardtop.read.whole_run import read_run
 from shardtop.rundir.event_files import read_all
 from shardtop.rundir.events import Event, Hello, Memory, Oom, Phase

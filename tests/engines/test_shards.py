@@ -22,7 +22,8 @@ from shardtop.probe.names import module_names
 from shardtop.probe.shards import read_shards
 from shardtop.probe.shards.tree import walk
 from shardtop.probe.shards.zero_optim import partition_numel
-from shardtop.rundir.events import Shards, Tree, encode, tree_paths
+from shardtop.rundir.event_lines import encode
+from shardtop.rundir.events import Shards, Tree, tree_paths
 from tests.support.distributed import run_ranks
 from tests.support.memory_expect import check_activations
 from tests.support.shard_workers import TinyNet

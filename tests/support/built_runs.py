@@ -18,7 +18,8 @@ from typing import Any
 import msgspec
 
 from shardtop.rundir.event_files import event_file
-from shardtop.rundir.events import Event, Exit, Hello, Memory, Oom, Phase, Shards, Step, Tree, Unit, encode
+from shardtop.rundir.event_lines import encode
+from shardtop.rundir.events import Event, Exit, Hello, Memory, Oom, Phase, Shards, Step, Tree, Unit
 from shardtop.rundir.memory_figures import GpuMemory
 
 T0 = 1795960000.0

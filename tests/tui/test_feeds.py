@@ -10,7 +10,8 @@ import msgspec
 
 from shardtop.gpus import GpuProcessUse, HostProbe
 from shardtop.rundir.event_files import event_file
-from shardtop.rundir.events import Hello, Oom, Step, encode
+from shardtop.rundir.event_lines import encode
+from shardtop.rundir.events import Hello, Oom, Step
 from shardtop.rundir.liveness import process_start_time
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.tui.watch.gpu_feed import GpuFeed

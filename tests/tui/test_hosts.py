@@ -14,7 +14,8 @@ from pathlib import Path
 from textual.widgets import Static
 
 from shardtop.rundir.event_files import event_file
-from shardtop.rundir.events import Oom, encode
+from shardtop.rundir.event_lines import encode
+from shardtop.rundir.events import Oom
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.screens.home import HomeScreen
 from shardtop.tui.widgets.gpu_panel import GpuPanel

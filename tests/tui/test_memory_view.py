@@ -19,7 +19,8 @@ from rich.text import Text
 from textual.widgets import Static
 
 from shardtop.rundir.event_files import event_file, read_all
-from shardtop.rundir.events import Hello, encode
+from shardtop.rundir.event_lines import encode
+from shardtop.rundir.events import Hello
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.memory_bar import PEAK
 from shardtop.tui.screens.run_view import RunScreen

@@ -16,8 +16,8 @@ from shardtop.diagnose import Evidence, Finding
 from shardtop.gpus import GpuProcessInfo
 from shardtop.read.oom_story import OomStory, under_zero_init
 from shardtop.read.rank_facts import held
+from shardtop.read.run_fold import fold
 from shardtop.read.run_model import RunModel
-from shardtop.read.run_state import fold
 from shardtop.rundir.events import Hello, Memory, Oom
 from shardtop.rundir.memory_figures import GpuMemory
 from shardtop.rundir.run_directory import RunDirectory

@@ -6,17 +6,16 @@ import time
 
 import msgspec
 
-from shardtop.read.run_state import fold
-from shardtop.read.shard_model import (
-    Fold,
-    ShardModel,
+from shardtop.read.run_fold import fold
+from shardtop.read.shard_model import Fold, ShardModel, fold_children, subtree_sums
+from shardtop.read.tree_lines import (
     default_expanded,
-    fold_children,
     iter_lines_from,
+    line_of,
     lines_below,
     oom_marks,
+    parent_line,
     subtree_end,
-    subtree_sums,
     translate_expanded,
     visible_lines,
 )
@@ -107,6 +106,24 @@ def test_lines_below_and_subtree_end_splice_like_a_rebuild() -> None:
     assert subtree_end(spliced, 1) == len(spliced)
     assert subtree_end(spliced, 2) == len(spliced)
     assert subtree_end(spliced, 3) == 4
+
+
+def test_a_line_finds_its_parent_line_and_a_module_its_line() -> None:
+    tree = Tree(  # model -> a -> (a.x -> a.x.deep), b
+        tree_id=0,
+        names=["", "a", "x", "deep", "b"],
+        parents=[-1, 0, 1, 2, 0],
+        types=[0, 0, 1, 1, 1],
+        type_names=["Sequential", "Linear"],
+        params=[0, 0, 0, 10, 20],
+        bytes=[0, 0, 0, 40, 80],
+    )
+    model = ShardModel.build(tree, {})
+    lines = visible_lines(model, {0, 1})
+    assert [line.node for line in lines] == [0, 1, 2, 4]
+    assert [parent_line(lines, i) for i in range(len(lines))] == [-1, 0, 1, 0]
+    assert [line_of(lines, row) for row in (0, 2, 4)] == [0, 2, 3]
+    assert line_of(lines, 3) == 0, "a module inside a closed node has no line"
 
 
 def test_reveal_opens_ancestors_and_the_fold_holding_the_module() -> None:

@@ -18,9 +18,9 @@ import msgspec
 import pytest
 
 from shardtop.diagnose import diagnose
+from shardtop.read.run_fold import fold
 from shardtop.read.run_meta import Rehearsal, RunMeta
 from shardtop.read.run_model import RunModel
-from shardtop.read.run_state import fold
 from shardtop.read.whole_run import read_run
 from shardtop.rundir.events import Event, Exit, Hello, Memory, Phase, Shards, Tree
 from shardtop.rundir.memory_figures import GpuMemory

@@ -17,6 +17,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shardtop.rundir.event_files import EventReader, event_file, read_all
+from shardtop.rundir.event_lines import SkipReason, decode, encode
 from shardtop.rundir.events import (
     EVENT_TYPES,
     SCHEMA_VERSION,
@@ -27,10 +28,7 @@ from shardtop.rundir.events import (
     Memory,
     Oom,
     Phase,
-    SkipReason,
     Step,
-    decode,
-    encode,
 )
 
 FUZZ = settings(max_examples=150, deadline=None)

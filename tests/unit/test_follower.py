@@ -8,7 +8,8 @@ from shardtop.read.follower import RunFollower
 from shardtop.read.shard_model import ShardModel
 from shardtop.read.whole_run import read_run
 from shardtop.rundir.event_files import event_file
-from shardtop.rundir.events import Step, encode
+from shardtop.rundir.event_lines import encode
+from shardtop.rundir.events import Step
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.tui.run_frame import run_frame_lines
 from tests.support.recorded import copy_runs

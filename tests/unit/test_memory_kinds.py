@@ -21,7 +21,8 @@ from shardtop.probe.memory_explain import REQUEST_FILE, MemoryExplainer, MemoryO
 from shardtop.probe.memory_kinds import MemoryCensus
 from shardtop.probe.session import Probe
 from shardtop.rundir.event_files import read_all
-from shardtop.rundir.events import Memory, Oom, Shards, decode, encode, tree_paths
+from shardtop.rundir.event_lines import decode, encode
+from shardtop.rundir.events import Memory, Oom, Shards, tree_paths
 from shardtop.rundir.memory_figures import MemoryKinds, MemorySplit
 from tests.support.shard_workers import TinyNet
 

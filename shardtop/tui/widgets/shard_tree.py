@@ -14,7 +14,6 @@ header says which, and a rank without that figure reads ``-``.
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
@@ -29,45 +28,31 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from shardtop.read.shard_model import (
-    FIGURES,
-    Figure,
-    Fold,
+from shardtop.read.shard_model import FIGURES, Figure, Fold, Node, ShardModel
+from shardtop.read.tree_lines import (
     Line,
-    Node,
-    ShardModel,
     default_expanded,
+    line_of,
     lines_below,
     oom_marks,
+    parent_line,
     subtree_end,
     translate_expanded,
     visible_lines,
 )
-from shardtop.tui.format import short_count
 from shardtop.tui.host_groups import RankColumn, hosts_caption, rank_columns
 from shardtop.tui.repaint import set_border_text
-from shardtop.tui.tree_columns import TreeColumns, cut, fit, module_heading, tree_columns
-from shardtop.units import short_bytes
+from shardtop.tui.shard_tree_rows import (
+    ON_CURSOR_PLAIN,
+    TITLE,
+    breadcrumb,
+    figure_cells,
+    header_text,
+    name_cells,
+    wrapped,
+)
+from shardtop.tui.tree_columns import TreeColumns, fit, tree_columns
 from shardtop.words import plural
-
-OOM_WORDS = "✗ OOM"
-TITLE = "Shard tree"
-ON_CURSOR_PLAIN = frozenset({"shard-tree--fold", "shard-tree--device", "shard-tree--guides"})
-HOST_SEPARATOR = "│"
-"""Drawn in place of the space before the first rank column of each host after the first."""
-"""Colours that would sink into the cursor's background: the cursor line draws these plain."""
-
-
-def breadcrumb(model: ShardModel | None, node: Node | None) -> str:
-    """The tree's title: where the selected line is, since 18 000 siblings can push its parents off screen."""
-    if model is None or node is None:
-        return TITLE
-    if isinstance(node, Fold):
-        parent = model.paths[node.parent]
-        where = f"{parent}.{{{model.fold_label(node)}}}" if parent else f"{{{model.fold_label(node)}}}"
-    else:
-        where = model.paths[node]
-    return f"{TITLE} · {where}" if where else TITLE
 
 
 class ShardTree(ScrollView, can_focus=True):
@@ -173,7 +158,7 @@ class ShardTree(ScrollView, can_focus=True):
         self._marks = oom_marks(model, oom_path) if model is not None else frozenset()
         self._rebuild()
         row = model.row_of(selected) if model is not None and selected is not None else None
-        self._move_to(self._index_of(row) if row is not None else min(self.cursor, max(0, len(self._lines) - 1)))
+        self._move_to(line_of(self._lines, row) if row is not None else min(self.cursor, max(0, len(self._lines) - 1)))
         self._announce()
 
     def show_hosts(self, ranks_by_host: Mapping[str, tuple[int, ...]]) -> None:
@@ -207,7 +192,7 @@ class ShardTree(ScrollView, can_focus=True):
         if closed:  # rebuild only when something has to open (search steps mostly stay in open parts)
             self._expanded.update(closed)
             self._rebuild()
-        self._move_to(self._index_of(row), center=True)
+        self._move_to(line_of(self._lines, row), center=True)
         self._announce()
 
     def search(self, query: str) -> int:
@@ -257,10 +242,7 @@ class ShardTree(ScrollView, can_focus=True):
         if line.expanded:
             self._set_open(self.cursor, False)
             return
-        depth = len(line.guide)
-        parent = self.cursor - 1
-        while parent >= 0 and len(self._lines[parent].guide) >= depth:
-            parent -= 1
+        parent = parent_line(self._lines, self.cursor)
         if parent >= 0:
             self._move_to(parent)
 
@@ -307,12 +289,6 @@ class ShardTree(ScrollView, can_focus=True):
         self._cache.clear()
         self.virtual_size = Size(0, len(self._lines) + 1)
         self.refresh()
-
-    def _index_of(self, row: int | None) -> int:
-        for i, line in enumerate(self._lines):
-            if line.node == row:
-                return i
-        return 0
 
     def _selected_path(self) -> str | None:
         node = self.selected
@@ -395,29 +371,16 @@ class ShardTree(ScrollView, can_focus=True):
 
     def _header(self, width: int) -> Strip:
         style = self.rich_style + self.get_component_rich_style("shard-tree--header")
-        cols = self._columns(width)
-        cells = [module_heading(self.figure, cols.name), " ", "type".ljust(cols.type), " ", "params".rjust(cols.params)]
-        if cols.state:
-            cells += [" ", "state".ljust(cols.state)]
-        if cols.device:
-            cells += [" ", "device".ljust(cols.device)]
-        for column in self._rank_columns[: cols.ranks_shown]:
-            cells += [HOST_SEPARATOR if column.starts_host else " ", f"r{column.rank}".rjust(cols.rank)]
-        if cols.range:
-            cells += [" ", "per rank".rjust(cols.range)]
-        return Strip(fit([("".join(cells), style)], width, style))
+        text = header_text(self.figure, self._columns(width), self._rank_columns)
+        return Strip(fit([(text, style)], width, style))
 
     def _empty_line(self, y: int, width: int) -> Strip:
-        """Without a model the lines under the header say why, wrapped; else they are blank."""
-        words = self._empty_lines(width) if self.model is None else []
+        """Without a model the lines under the header say why (``empty_words``, wrapped); else they are blank."""
+        words = wrapped(self.empty_words, width) if self.model is None else []
         if not 1 <= y <= len(words):
             return Strip.blank(width, self.rich_style)
         style = self.rich_style + self.get_component_rich_style("shard-tree--type")
         return Strip(fit([(f" {words[y - 1]}", style)], width, self.rich_style))
-
-    def _empty_lines(self, width: int) -> list[str]:
-        """``empty_words`` wrapped to the pane, each of its lines (a rank's doing) starting a line of its own."""
-        return [w for para in self.empty_words.splitlines() for w in textwrap.wrap(para, max(10, width - 2)) or [""]]
 
     def _row(self, line: Line, width: int, selected: bool) -> Strip:
         model = self.model
@@ -431,49 +394,7 @@ class ShardTree(ScrollView, can_focus=True):
                 return Style()
             return self.get_component_rich_style(name, partial=True)
 
-        node = line.node
         cols = self._columns(width)
-        expander = ("▼ " if line.expanded else "▶ ") if line.expandable else "  "
-        name: list[tuple[str, Style]] = [(line.guide, base + cs("shard-tree--guides")), (expander, base)]
-        if isinstance(node, Fold):
-            first = model.members(node)[0]
-            name.append(
-                (f"{model.fold_label(node)}  {node.count} × {model.type_of(first)}", base + cs("shard-tree--fold"))
-            )
-            type_name = model.type_of(first)
-        else:
-            first = node
-            label_style = base + cs("shard-tree--match") if node in self._match_rows else base
-            name.append((model.name_of(node), label_style))
-            type_name = model.type_of(node)
-        if node in self._marks:
-            culprit = not isinstance(node, Fold) and model.paths[node] == self._oom_path
-            if culprit:
-                name.append((f"  {OOM_WORDS}", base + cs("shard-tree--oom")))
-            else:
-                where = f" in {self._oom_path.rsplit('.', 1)[-1]}" if isinstance(node, Fold) and self._oom_path else ""
-                name.append((f"  ✗{where}", base + cs("shard-tree--oom-path")))
-        segments = fit(name, cols.name, base)
-        cells = [
-            (" ", base),
-            (cut(type_name, cols.type), base + cs("shard-tree--type")),
-            (" ", base),
-            (short_count(model.node_params(node)).rjust(cols.params), base),
-        ]
-        if cols.state or cols.device:
-            placed = model.placement(node)
-            if cols.state:
-                unit = "◆ " if first in model.unit_roots else ""
-                cells += [(" ", base), (cut(unit + placed.state, cols.state), base + cs("shard-tree--unit"))]
-            if cols.device:
-                cells += [(" ", base), (cut(placed.device, cols.device), base + cs("shard-tree--device"))]
-        for column in self._rank_columns[: cols.ranks_shown]:
-            before = (HOST_SEPARATOR, base + cs("shard-tree--guides")) if column.starts_host else (" ", base)
-            figure = model.node_figure(node, column.rank, self.figure)
-            cells += [before, (short_bytes(figure).rjust(cols.rank), base)]
-        if cols.range and model.ranks:
-            known = [v for r in model.ranks if (v := model.node_figure(node, r, self.figure)) is not None]
-            low, high = short_bytes(min(known, default=None)), short_bytes(max(known, default=None))
-            cells += [(" ", base), ((low if low == high else f"{low}…{high}").rjust(cols.range), base)]
-        segments += fit(cells, max(0, width - cols.name), base)
-        return Strip(segments, width)
+        name = name_cells(model, line, base, cs, marks=self._marks, oom_path=self._oom_path, matches=self._match_rows)
+        cells = figure_cells(model, line.node, cols, base, cs, figure=self.figure, rank_columns=self._rank_columns)
+        return Strip(fit(name, cols.name, base) + fit(cells, max(0, width - cols.name), base), width)
