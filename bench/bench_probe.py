@@ -112,8 +112,8 @@ def profile_on_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tens
 
 def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int, profile: int = 0) -> None:
     import shardtop.probe as st
+    from shardtop.probe.current import current
     from shardtop.probe.memory_explain import CENSUS_BUDGET, MemoryExplainer, MemoryOptions
-    from shardtop.probe.session import current
 
     torch.manual_seed(0)
     model = model_of(300, width).to(device)

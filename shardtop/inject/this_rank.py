@@ -93,7 +93,7 @@ def is_rank() -> bool:
         # A fork: a dataloader worker (quiet), or a rank started by fork (mp.spawn with fork).
         if _dataloader_worker() or not _torch_dist_ready():
             return False
-        from shardtop.probe.session import set_current
+        from shardtop.probe.current import set_current
 
         set_current(None)  # the parent's probe writes the parent's file
         STATE.__init__(os.getpid(), lightning=STATE.lightning)  # type: ignore[misc]
@@ -107,7 +107,7 @@ def rank_probe() -> Any:
     if not is_rank():
         return None
     from shardtop.probe.api import probe
-    from shardtop.probe.session import current
+    from shardtop.probe.current import current
 
     p = current()
     if p is None:
@@ -170,7 +170,7 @@ def guarded(what: str) -> Callable[[F], F]:
 @guarded("recording a failure")
 def record_failure(error: BaseException) -> None:
     """An engine's set-up failed: if it ran out of memory, say where, now (the error then goes on)."""
-    from shardtop.probe.session import current
+    from shardtop.probe.current import current
 
     p = current()
     if p is not None and os.getpid() == STATE.pid:
@@ -180,7 +180,7 @@ def record_failure(error: BaseException) -> None:
 @guarded("recording the exit")
 def record_uncaught(error: BaseException) -> None:
     """The job's own exception reached the top of a rank: its OOM and the rank's exit, before the traceback."""
-    from shardtop.probe.session import current
+    from shardtop.probe.current import current
 
     p = current()
     if p is None or os.getpid() != STATE.pid:

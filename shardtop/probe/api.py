@@ -32,8 +32,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from shardtop.probe.current import current, set_current
 from shardtop.probe.faults import describe
-from shardtop.probe.session import Probe, current, set_current, unavailable
+from shardtop.probe.session import Probe, unavailable
 from shardtop.rundir.events import SnapshotStage
 from shardtop.rundir.run_directory import RUN_DIR_ENV, RunDirectory, RunError, runs_root
 

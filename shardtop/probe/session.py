@@ -1,7 +1,8 @@
 """The probe inside one training rank: everything it knows ends up as events.
 
-One ``Probe`` per process.  The Lightning callback and the raw-engine API
-(``attach``/``watch``) both drive it; neither writes events themselves.
+One ``Probe`` per process (``current.py`` says which).  The Lightning callback
+and the raw-engine API (``attach``/``watch``) both drive it; neither writes
+events themselves.
 
 The probe is a guest in the training process and never raises into it; only
 the user's own exception goes on, untouched.  Each of its parts runs under a
@@ -23,9 +24,8 @@ import msgspec
 
 from shardtop.probe.cap import OOM_RESERVE, starved_of_memory
 from shardtop.probe.exits import RUN_ENDING, ExitRecord, exit_record, received_signal
-from shardtop.probe.exits import install as install_exit_hooks
 from shardtop.probe.faults import Faults, say
-from shardtop.probe.host import host_facts
+from shardtop.probe.hello import hello_event
 from shardtop.probe.kept import KeptTracker, held_storages
 from shardtop.probe.memory import MemorySampler, cuda_allocated
 from shardtop.probe.memory_explain import MemoryExplainer
@@ -35,9 +35,8 @@ from shardtop.probe.oom_errors import is_out_of_memory
 from shardtop.probe.oom_event import oom_event
 from shardtop.probe.shards import read_shards
 from shardtop.probe.tracker import ModuleTracker
-from shardtop.rundir.cluster import SlurmIds
 from shardtop.rundir.event_files import EventWriter, event_file
-from shardtop.rundir.events import Exit, Fault, Hello, Memory, Phase, Shards, SnapshotStage, Step, Tree
+from shardtop.rundir.events import Exit, Fault, Memory, Phase, Shards, SnapshotStage, Step, Tree
 from shardtop.rundir.run_directory import RunDirectory
 
 try:
@@ -119,27 +118,8 @@ class Probe:
                 explainer.start()
         self.said_hello = True
         self.pending_hello = None
-        slurm = SlurmIds.from_env()
-        host = host_facts()
-        self.writer.write(
-            Hello(
-                pid=os.getpid(),
-                world_size=self.world_size,
-                local_rank=self.local_rank,
-                node_rank=self.node_rank,
-                device=device,
-                engine=engine,
-                strategy=strategy,
-                program=program,
-                versions=_versions(),
-                slurm_job_id=slurm.job_id,
-                slurm_step_id=slurm.step_id,
-                slurm_node=slurm.node,
-                host_memory=host.memory,
-                host_memory_limit=host.memory_limit,
-                alloc_conf=host.alloc_conf,
-            )
-        )
+        self.writer.write(hello_event(self.world_size, self.local_rank, self.node_rank, device, engine=engine,
+                                      strategy=strategy, program=program))
 
     def start_memory(self, interval: float = 0.5) -> None:
         """Sample this rank's memory in the background (and the node's GPUs on local rank 0).
@@ -454,39 +434,6 @@ def _holds_parameters(target: Any) -> bool:
         return next(iter(target.parameters()), None) is not None
     except Exception:  # noqa: BLE001  (not a module: let the shard reader say what it is)
         return True
-
-
-def _versions() -> dict[str, str]:
-    out = {"python": sys.version.split()[0]}
-    for name in ("torch", "lightning", "deepspeed"):
-        mod = sys.modules.get(name)
-        if mod is not None and hasattr(mod, "__version__"):
-            out[name] = str(mod.__version__)
-    return out
-
-
-_current: Probe | None = None
-
-
-def current() -> Probe | None:
-    return _current
-
-
-def _forget_in_child() -> None:
-    """A process forked from a rank (a DataLoader worker) is not the rank: it stays quiet."""
-    global _current
-    _current = None
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
-
-
-def set_current(probe: Probe | None) -> None:
-    """Make ``probe`` this process's probe; its ending is then recorded however the process ends."""
-    global _current
-    _current = probe
-    if probe is not None:
-        install_exit_hooks(current)
 
 
 def unavailable(rank: int, world_size: int, why: str, local_rank: int = 0) -> Probe:

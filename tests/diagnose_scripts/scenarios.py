@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 import shardtop.probe as st
-from shardtop.probe.session import current, set_current
+from shardtop.probe.current import current, set_current
 
 
 def record_each(names: list[str], scenarios: dict[str, Callable[[], None]], driver: str = "") -> None:

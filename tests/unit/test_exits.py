@@ -69,16 +69,16 @@ def test_a_signal_raised_inside_a_part_goes_on() -> None:
 
 
 def test_a_process_forked_from_a_rank_has_no_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardtop.probe import session
+    from shardtop.probe import current, session
 
     probe = session.Probe(tmp_path / "run", 0, 1)
-    monkeypatch.setattr(session, "_current", probe)  # as set_current does, without its process-wide hooks
+    monkeypatch.setattr(current, "_current", probe)  # as set_current does, without its process-wide hooks
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # a DataLoader worker, say
-        os.write(write, b"none" if session.current() is None else b"probe")
+        os.write(write, b"none" if current.current() is None else b"probe")
         os._exit(0)
     os.waitpid(pid, 0)
     assert os.read(read, 16) == b"none"
-    assert session.current() is probe
+    assert current.current() is probe
     probe.close()
