@@ -72,19 +72,23 @@ class Census:
 
 
 SITES = 3
-"""How many places of allocation a split names for its unexplained bytes, and for the script's."""
+"""How many places of allocation a split names for its unexplained bytes, the script's and the kept ones."""
+
+SITED_KINDS = ("script", "kept")
+"""The kinds whose places of allocation a split keeps: the script's own tensors, and those kept from earlier
+steps (a list of logits, a hook's stored activations), which a user finds by their line."""
 
 
 @dataclass
 class BlockSplit:
-    """Bytes per kind of some blocks, and the bytes of those no source named; where those, and the script's,
-    were allocated."""
+    """Bytes per kind of some blocks, and the bytes of those no source named; where those, and the blocks of
+    ``SITED_KINDS``, were allocated."""
 
     kinds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TRACE_KINDS, 0))
     unexplained: int = 0
     total: int = 0
     unexplained_by_site: dict[str, int] = field(default_factory=dict)
-    script_by_site: dict[str, int] = field(default_factory=dict)
+    by_site: dict[str, dict[str, int]] = field(default_factory=lambda: {kind: {} for kind in SITED_KINDS})
 
     def add(self, kind: str | None, size: int, frames: Sequence[Frame] = ()) -> None:
         self.total += size
@@ -93,8 +97,8 @@ class BlockSplit:
             _count_at(self.unexplained_by_site, site_of(frames), size)
         else:
             self.kinds[kind] += size
-            if kind == "script":
-                _count_at(self.script_by_site, site_of(frames), size)
+            if kind in self.by_site:
+                _count_at(self.by_site[kind], site_of(frames), size)
 
     def memory_kinds(self) -> MemoryKinds:
         return MemoryKinds(**self.kinds)
@@ -102,8 +106,9 @@ class BlockSplit:
     def largest_unexplained(self, count: int = SITES) -> list[AllocationSite]:
         return _largest(self.unexplained_by_site, count)
 
-    def largest_script(self, count: int = SITES) -> list[AllocationSite]:
-        return _largest(self.script_by_site, count)
+    def largest(self, kind: str, count: int = SITES) -> list[AllocationSite]:
+        """Where the most bytes of ``kind`` (one of ``SITED_KINDS``) were allocated, largest first."""
+        return _largest(self.by_site[kind], count)
 
 
 def _count_at(sites: dict[str, int], where: str, size: int) -> None:
@@ -291,7 +296,8 @@ def traced_splits(
         phase=phase,
         step=step,
         unexplained_at=split.largest_unexplained(),
-        script_at=split.largest_script(),
+        script_at=split.largest("script"),
+        kept_at=split.largest("kept"),
     )
     return TracedSplits(peak, split_at(line.length - 1), line)
 

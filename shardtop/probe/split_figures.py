@@ -72,5 +72,6 @@ def split_of_moment(
         phase=phase,
         step=step,
         unexplained_at=blocks.largest_unexplained(),
-        script_at=blocks.largest_script(),
+        script_at=blocks.largest("script"),
+        kept_at=blocks.largest("kept"),
     )

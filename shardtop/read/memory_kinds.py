@@ -135,7 +135,7 @@ def kinds_sentence(
 
 def split_dict(split: MemorySplit | None) -> dict[str, object] | None:
     """The JSON form (docs/report-json.md): ``{allocated, by_kind, unexplained, unexplained_at, script_at,
-    phase, step, source}``."""
+    kept_at, phase, step, source}``."""
     if split is None:
         return None
     return {
@@ -144,6 +144,7 @@ def split_dict(split: MemorySplit | None) -> dict[str, object] | None:
         "unexplained": split.unexplained,
         "unexplained_at": [{"where": site.where or None, "bytes": site.bytes} for site in split.unexplained_at],
         "script_at": [{"where": site.where, "bytes": site.bytes} for site in split.script_at],
+        "kept_at": [{"where": site.where or None, "bytes": site.bytes} for site in split.kept_at],
         "phase": split.phase or None,
         "step": split.step,
         "source": split.source,
@@ -151,16 +152,19 @@ def split_dict(split: MemorySplit | None) -> dict[str, object] | None:
 
 
 SITES_WORTH_SAYING = 0.01
-"""The share of a split's bytes from which the places that allocated the script's tensors, or the bytes left
-unexplained, are said: below it, a few bytes of a loss scaler's or a script's scalars would read as a problem."""
+"""The share of a split's bytes from which the places that allocated the script's tensors, the kept ones, or
+the bytes left unexplained, are said: below it, a few bytes of a loss scaler's or a script's scalars would
+read as a problem."""
 
 
 def sites_sentence(split: MemorySplit) -> str | None:
-    """Where the script made its tensors, and where the unexplained bytes of ``split`` were allocated, in
-    words; None where the trace named no place or the bytes are under ``SITES_WORTH_SAYING`` of the split."""
+    """Where the script made its tensors, where the tensors kept from earlier steps were made, and where the
+    unexplained bytes of ``split`` were allocated, in words; None where the trace named no place or the bytes
+    are under ``SITES_WORTH_SAYING`` of the split."""
     said = []
     for head, sites, total in (
         ("made by the script:", split.script_at, split.by_kind.script),
+        ("kept from earlier steps, made", split.kept_at, split.by_kind.kept),
         ("unexplained bytes allocated", split.unexplained_at, split.unexplained),
     ):
         if sites and total and total > 0 and not (split.allocated and total < SITES_WORTH_SAYING * split.allocated):

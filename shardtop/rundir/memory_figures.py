@@ -101,6 +101,9 @@ class MemorySplit(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     the allocator's trace only."""
     script_at: list[AllocationSite] = []
     """Where the script made its largest tensors of ``by_kind.script``, largest first (at most three)."""
+    kept_at: list[AllocationSite] = []
+    """Where the largest tensors of ``by_kind.kept`` were made, largest first (at most three); from the
+    allocator's trace only."""
 
 
 class AllocatorStats(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):

@@ -224,6 +224,7 @@ def test_library_workspaces_and_tensors_kept_from_earlier_steps_are_kinds_of_the
     assert split.by_kind.activations == logits
     assert split.by_kind.other == logits  # the backward's temporary, live at the peak
     assert split.unexplained == 0
+    assert [(s.where, s.bytes) for s in split.kept_at] == [("train.py:1 in main", 3 * logits)]
 
 
 def test_a_block_of_a_workspaces_size_is_no_workspace_if_freed_or_made_after_the_first_step() -> None:
