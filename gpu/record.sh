@@ -6,7 +6,7 @@
 #   gpu/record.sh PART...     PART: presets1 presets2 scenarios1 scenarios2 own benches (= probe_cost terminal)
 #                             rehearse_story2 rehearse_presets rehearse_own clients client_plans compiled
 #                             over_time story2_fixed_six workspaces unmeasured split_rechecks
-#                             presets_again oom_recheck what_is_kept script_tensors
+#                             presets_again oom_recheck what_is_kept script_tensors kept_places
 #
 # presets1/scenarios1 and the rehearse_* parts need one GPU, presets2/scenarios2 two. Run from the project root with the
 # wheels of ../shared/gpu/wheels.sh in .whl/; everything lands under $OUT (or ./gpu-out):
@@ -114,6 +114,15 @@ what_is_kept() {  # the blocks a loop that keeps nothing holds from its first st
 }
 
 oom_recheck() { step 40 "outside pytorch, OOM" python3 gpu/scenarios/outside_pytorch.py --outside-gib 128 --ask-gib 16; }
+
+kept_places() {  # where the few MiB the FSDP1 and DDP presets keep from earlier steps were made (the split's kept_at)
+  launch 60 fsdp-not-sharding max_steps=5
+  launch 50 ddp-baseline max_steps=5
+  for run in "$SHARDTOP_RUNS_DIR"/*/; do
+    python3 -m shardtop report "$run" --format json | python3 -c "import json, sys; d = json.load(sys.stdin)
+for r in d['ranks']: print(d['run']['id'], 'rank', r['rank'], json.dumps((r.get('memory_peak') or {}).get('kept_at')))"
+  done
+}
 
 script_tensors() {  # the fragmentation script's own tensors (the split's "made by the script"); the small OOM again
   step 60 "fragmentation" python3 gpu/scenarios/fragmentation.py
