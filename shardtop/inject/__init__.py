@@ -19,6 +19,8 @@ It runs the environment's own ``sitecustomize`` (if there is one) and, unless
 - ``this_rank.py``  whether this process is a rank, and its probe
 - ``plan_only.py``  ``shardtop plan -- CMD``: the same entry points, patched to describe
                     the model and stop each rank before training (``PLAN_ONLY_ENV``)
+- ``plan_first_call.py`` what those patches noted, and the plan traced, written and
+                    left with at the model's first call
 
 This module is imported by ``shardtop run`` itself: no torch here either.
 """

@@ -19,6 +19,9 @@ The bootstrap installs ``PATCHES`` in place of ``engines.PATCHES`` when
   barrier, when torch.distributed is up) and leaves with exit code 0 before
   the forward runs: no training step.
 
+This module holds the patches and what they put in place of the engines;
+what they note, and the planning at the first call, are ``plan_first_call.py``'s.
+
 At ``deepspeed.initialize`` rank 0 already writes the plan without
 activations, so a script that never reaches a forward (its loop needs more of
 the engine than the stand-in has) is still planned, and says what it missed.
@@ -27,62 +30,13 @@ the engine than the stand-in has) is still planned, and says what it missed.
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType
 
-from shardtop.inject import PLAN_ONLY_ENV
-
-
-class PlanState:
-    """What this process has seen of the script's engine and model."""
-
-    def __init__(self) -> None:
-        self.root: Any = None
-        """The model the engine got (the outermost one, for FSDP wrapped by hand or fully_shard per module)."""
-        self.entry = ""
-        self.engine = "single"
-        self.facts: dict[str, Any] = {}
-        """Keyword facts for ``asked.Asked`` taken at the hand-over (config, sharding, offload...)."""
-        self.units: list[Any] = []
-        """Modules handed to FSDP1 or fully_shard, in call order."""
-        self.optimizer = ""
-        self.momentum = 0.0
-        self.trainer_precision = ""
-        self.root_hook: Any = None
-        self.reshard: dict[int, bool] = {}
-        """id(module) -> whether ``fully_shard`` was asked to reshard it after forward."""
-        self.mesh_device = ""
-        """The device type of the mesh ``fully_shard`` was given ("" for its default mesh)."""
-        self.planning = False
-        self.seen: set[int] = set()
-
-
-STATE = PlanState()
-
-
-def _say(text: str) -> None:
-    sys.stderr.write(f"shardtop plan: {text}\n")
-    sys.stderr.flush()
-
-
-def _rank() -> int:
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank())
-    return int(os.environ.get("RANK", "0") or 0)
-
-
-def _world_size() -> int:
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return int(dist.get_world_size())
-    return int(os.environ.get("WORLD_SIZE", "1") or 1)
-
+from shardtop.inject.plan_first_call import STATE, global_rank, on_module_call, on_root_call, write_plan
 
 # -- the hand-over -----------------------------------------------------------------------------
 
@@ -97,7 +51,7 @@ def _take(module: Any, engine: str, entry: str, **facts: Any) -> None:
         if STATE.root_hook is not None:
             STATE.root_hook.remove()
         STATE.root = module
-        STATE.root_hook = module.register_forward_pre_hook(_root_call, with_kwargs=True)
+        STATE.root_hook = module.register_forward_pre_hook(on_root_call, with_kwargs=True)
     STATE.engine, STATE.entry = engine, entry
     STATE.facts.update(facts)
 
@@ -115,10 +69,10 @@ def _deepspeed_initialize(original: Callable[..., Any]) -> Callable[..., Any]:
         partitioned = any(hasattr(p, "ds_id") for p in model.parameters()) if model is not None else False
         _take(model, f"zero{stage}" if stage else "ddp", "deepspeed.initialize", deepspeed=config,
               partitioned=partitioned)
-        if model is not None and _rank() == 0:  # the stand-in may not carry the script to a forward
+        if model is not None and global_rank() == 0:  # the stand-in may not carry the script to a forward
             from shardtop.inject.plan_trace import describe_call
 
-            _write(describe_call(model, None, None, None), complete=False)
+            write_plan(describe_call(model, None, None, None), complete=False)
         return _stand_in(model), kwargs.get("optimizer"), None, None
 
     return initialize
@@ -222,136 +176,6 @@ def _fully_shard(original: Callable[..., Any]) -> Callable[..., Any]:
     return fully_shard
 
 
-# -- the first forward -------------------------------------------------------------------------
-
-
-def _on_call(module: Any, args: Any) -> None:
-    if STATE.planning or id(module) in STATE.seen:
-        return
-    STATE.seen.add(id(module))
-    from shardtop.inject.model_hooks import contains, parameter_count
-    from shardtop.inject.this_rank import is_rank
-
-    if not is_rank() or not parameter_count(module):
-        return
-    root = STATE.root
-    if module is root:
-        return  # its own pre-hook plans it, with the keyword arguments this hook does not get
-    if root is not None and not contains(root, module):
-        return  # the stand-in engine, a loss with weights: the model itself comes next
-    _plan_and_leave(root if root is not None else module, module, args, {})
-
-
-def _root_call(module: Any, args: Any, kwargs: Any) -> None:
-    """The root's own pre-hook, with the keyword arguments a global hook does not get."""
-    from shardtop.inject.this_rank import is_rank
-
-    if STATE.planning or module is not STATE.root or not is_rank():
-        return
-    _plan_and_leave(module, module, args, kwargs)
-
-
-def _plan_and_leave(root: Any, called: Any, args: Any, kwargs: Any) -> None:
-    """Plan at this call and leave; eagerly, outside ``torch.compile``: under a compiled model the hooks
-    run while dynamo traces its forward, and the meta trace must not be compiled with it."""
-    import torch
-
-    disable = getattr(getattr(torch, "compiler", None), "disable", None)
-    (disable(_plan_now) if disable is not None else _plan_now)(root, called, args, kwargs)
-
-
-def _plan_now(root: Any, called: Any, args: Any, kwargs: Any) -> None:
-    from shardtop.inject.plan_trace import describe_call, path_in
-
-    STATE.planning = True
-    try:
-        if _rank() == 0:
-            _write(describe_call(root, called, args, kwargs), complete=True)
-            path = path_in(root, called)
-            _say(f"planned at the first call of {type(called).__name__}"
-                 + (f" ({path})" if path else "") + "; stopping before training")
-    except Exception as e:  # noqa: BLE001 - said, and the plan made at the hand-over stands
-        _say(f"could not trace the first forward ({type(e).__name__}: {e}{_where(e)})")
-    _leave()
-
-
-def _where(error: BaseException) -> str:
-    """`` in FILE:LINE`` of the innermost frame outside torch: the code that asked for what meta tensors lack."""
-    import traceback
-
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if "/torch/" not in f.filename]
-    return f" in {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-
-
-def _leave() -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        try:
-            dist.barrier()  # rank 0 writes before any rank leaves: no peer sees a closed connection first
-        except Exception:  # noqa: BLE001, S110 - leaving anyway
-            pass
-    os._exit(0)
-
-
-def _accelerator(root: Any) -> str:
-    devices = {p.device.type for p in root.parameters() if p.device.type != "meta"}
-    if "cuda" in devices:
-        return "cuda"
-    torch = sys.modules.get("torch")
-    wanted = os.environ.get("DS_ACCELERATOR", "")
-    if STATE.engine.startswith("zero") and wanted != "cpu" and torch is not None and torch.cuda.is_available():
-        return "cuda"  # DeepSpeed moves the model to the GPU itself
-    if STATE.engine == "fsdp1" and torch is not None and torch.cuda.is_available():
-        return "cuda"
-    if STATE.engine == "fsdp2" and torch is not None and torch.cuda.is_available():
-        return "cpu" if STATE.mesh_device == "cpu" else "cuda"  # fully_shard moves each unit to its mesh's device
-    return "cpu"
-
-
-def fsdp2_sharding(reshard: dict[int, bool], root: Any) -> str:
-    """``SHARD_GRAD_OP`` where the units that run in turn keep their parameters whole after forward, else "".
-
-    The root's own setting says nothing about the blocks: accelerate and torchtitan keep the root whole
-    (``reshard_after_forward=False``, it runs first in backward) and reshard every block.  The plan's
-    FULL_SHARD already keeps the root whole; only blocks that stay whole make it SHARD_GRAD_OP.
-    """
-    blocks = [keep for key, keep in reshard.items() if key != id(root)]
-    if blocks:
-        return "" if any(blocks) else "SHARD_GRAD_OP"
-    return "SHARD_GRAD_OP" if reshard.get(id(root)) is False else ""
-
-
-def _write(described: tuple[Any, list[str]], *, complete: bool) -> None:
-    from shardtop.plan.asked import Asked, strategy_of
-    from shardtop.plan.describe import walk
-    from shardtop.plan.script import ScriptPlan, write_script_plan
-
-    desc, notes = described
-    root = STATE.root if STATE.root is not None else None
-    rows: dict[int, int] = {}
-    if root is not None:
-        rows = {id(m): i for i, m in enumerate(walk(root)[0])}
-    facts = dict(STATE.facts)
-    if STATE.engine == "fsdp2" and fsdp2_sharding(STATE.reshard, root):
-        facts["sharding"] = fsdp2_sharding(STATE.reshard, root)
-    classes = facts.pop("policy_classes", ())
-    units = [rows[id(m)] for m in STATE.units if id(m) in rows]
-    if classes and root is not None:
-        units += [i for i, m in enumerate(walk(root)[0]) if isinstance(m, classes)]
-    accelerator = _accelerator(root) if root is not None else "cpu"
-    on_device = root is not None and any(p.device.type == accelerator for p in root.parameters())
-    asked = Asked(
-        engine=STATE.engine, entry=STATE.entry, units=tuple(sorted(set(units))), on_device=on_device,
-        optimizer=STATE.optimizer, momentum=STATE.momentum, trainer_precision=STATE.trainer_precision, **facts,
-    )
-    strategy, assumed = strategy_of(asked)
-    plan = ScriptPlan(description=desc, strategy=strategy, devices=_world_size(), accelerator=accelerator,
-                      entry=STATE.entry, notes=[*notes, *assumed], complete=complete)
-    write_script_plan(Path(os.environ[PLAN_ONLY_ENV]), plan)
-
-
 # -- patches -----------------------------------------------------------------------------------
 
 
@@ -373,7 +197,7 @@ def patch_torch(module: ModuleType) -> None:
     from torch.nn.modules.module import register_module_forward_pre_hook
     from torch.optim.optimizer import Optimizer
 
-    register_module_forward_pre_hook(_on_call)
+    register_module_forward_pre_hook(on_module_call)
     Optimizer.__init__ = _note_optimizer(Optimizer.__init__)  # type: ignore[method-assign]
 
 

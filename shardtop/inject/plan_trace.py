@@ -1,7 +1,7 @@
 """Trace the model the script handed its engine, on the meta device, at the batch the script passed.
 
-``describe_call`` is what ``plan_only`` asks at the model's first forward
-(and, without a batch, at ``deepspeed.initialize``): the model's description
+``describe_call`` is what ``plan_first_call`` asks at the model's first forward
+(and ``plan_only``, without a batch, at ``deepspeed.initialize``): the model's description
 for the plan, with the activations one forward saves for backward when the
 call's arguments are known.  The model's own tensors are swapped for meta
 tensors of the same shapes and dtypes while it is traced (``on_meta``), so

@@ -6,7 +6,7 @@ precedence), the OOMs (earliest first, ties to the lowest rank) told as
 ``OomStory``s, each rank's holdings and status, the run's status in words,
 the one-line summary, the plan set against what the ranks measured, and the
 samples rank-to-rank comparisons may use (all ranks alive, same step and
-phase).  The TUI, the report in every format,
+phase: ``rank_memory.py``).  The TUI, the report in every format,
 ``shardtop runs``, the headless follower and the diagnosis render it; none
 works a fact out again.  Pure Python: no torch, no textual, no I/O.
 """
@@ -18,29 +18,26 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from types import MappingProxyType
 
-from shardtop.read.memory_growth import Growth, growth
+from shardtop.read.memory_growth import Growth
 from shardtop.read.oom_story import OomStory, user_type
 from shardtop.read.plan_check import PlanCheck, check_plan
 from shardtop.read.rank_facts import RankFacts, RankStatus, rank_facts
+from shardtop.read.rank_memory import (
+    ComparableMemory,
+    growth_by_rank,
+    rank_gpu,
+    rank_memory_limit,
+    same_step_gpus,
+    same_step_memory,
+)
 from shardtop.read.run_meta import Rehearsal, RunMeta
 from shardtop.read.run_state import TRAINING_PHASES, GpuSample, RunState
 from shardtop.read.shard_model import subtree_sums
 from shardtop.read.stalls import Stall, find_stalls
 from shardtop.read.tree_facts import Block, find_block
-from shardtop.rundir.events import Fault, Memory, Scalar, Shards, Tree
+from shardtop.rundir.events import Fault, Scalar, Shards, Tree
 from shardtop.rundir.memory_figures import GpuMemory
 from shardtop.rundir.run_status import RunStatus
-
-PHASE_ORDER = {"forward": 0, "backward": 1, "optimizer": 2}
-
-
-@dataclass(frozen=True)
-class ComparableMemory:
-    """Every rank's allocator sample from one step and phase: a like-with-like comparison."""
-
-    step: int
-    phase: str
-    samples: Mapping[int, Memory]
 
 
 @dataclass(frozen=True)
@@ -337,71 +334,29 @@ class RunModel:
     @cached_property
     def growth(self) -> Mapping[int, Growth]:
         """Each rank whose memory climbs steadily from step to step, and where it leads."""
-        found: dict[int, Growth] = {}
-        for r in self.ranks:
-            g = growth(r.state.step_memory, self.memory_limit_of(r))
-            if g is not None:
-                found[r.rank] = g
-        return MappingProxyType(found)
+        return growth_by_rank(self.ranks, self.state.gpus)
 
     def gpu_of(self, r: RankFacts) -> GpuMemory | None:
         """The NVML reading of the GPU a rank was given, from its node's latest sample."""
-        if not r.device.startswith("cuda:"):
-            return None
-        try:
-            index = int(r.device.split(":", 1)[1])
-        except ValueError:
-            return None
-        return next((g for g in self.state.gpus.get(r.host, ()) if g.index == index), None)
+        return rank_gpu(r, self.state.gpus)
 
     def memory_limit_of(self, r: RankFacts) -> int | None:
         """What the rank may use before it runs out: its cap, else its GPU's memory (NVML), else, on CPU,
         the host's memory limit or memory."""
-        m = r.memory
-        if m is not None and m.limit:
-            return m.limit
-        if r.device.startswith("cuda:"):
-            gpu = self.gpu_of(r)
-            return gpu.total if gpu is not None and gpu.total else None
-        hello = r.hello
-        if hello is None:
-            return None
-        return hello.host_memory_limit or hello.host_memory
+        return rank_memory_limit(r, self.state.gpus)
 
     # -- like-with-like samples -------------------------------------------------------------
 
     @cached_property
     def comparable_memory(self) -> ComparableMemory | None:
         """Every rank's allocator sample from the latest step and phase that all of them reached
-        alive; None unless every rank of the run has one (a rank gone or not yet training
-        leaves nothing to compare it with), and None for a rehearsal, whose ranks ran one after
-        another on one device and were never alive together."""
-        if self.rehearsal is not None or len(self.ranks) < max(self.world_size, 2):
-            return None
-        keyed = [{(p.step, p.phase): p.memory for p in r.state.phase_samples} for r in self.ranks]
-        common = set(keyed[0]).intersection(*keyed[1:])
-        if not common:
-            return None
-        step, phase = max(common, key=lambda k: (k[0], PHASE_ORDER.get(k[1], -1)))
-        by_rank = {r.rank: k[(step, phase)] for r, k in zip(self.ranks, keyed, strict=True)}
-        return ComparableMemory(step, phase, MappingProxyType(by_rank))
+        alive (``rank_memory.same_step_memory``); None for a rehearsal."""
+        return same_step_memory(self.ranks, self.world_size, self.rehearsal)
 
     def comparable_gpus(self, host: str) -> GpuSample | None:
-        """The latest NVML sample of ``host`` taken while every rank there was up and training; None
-        for a rehearsal (its ranks shared one device, one at a time: no sample shows the job's GPUs)."""
-        on_host = [r for r in self.ranks if r.host == host]
-        if not on_host or self.rehearsal is not None:
-            return None
-        ups = [r.hello.t for r in on_host if r.hello is not None]
-        if len(ups) < len(on_host):
-            return None
-        lefts = [t for r in on_host if (t := r.state.left_at) is not None]
-        for sample in reversed(self.state.gpu_samples.get(host, ())):
-            if sample.t < max(ups) or (lefts and sample.t >= min(lefts)):
-                continue
-            if all(any(p.step >= sample.step for p in r.state.phase_samples) for r in on_host):
-                return sample
-        return None
+        """The latest NVML sample of ``host`` taken while every rank there was up and training
+        (``rank_memory.same_step_gpus``); None for a rehearsal."""
+        return same_step_gpus(self.ranks, self.state.gpu_samples, host, self.rehearsal)
 
     @property
     def faults(self) -> tuple[Fault, ...]:
