@@ -147,11 +147,29 @@ def site_of(frames: Sequence[Frame]) -> str:
 
 def _innermost_outside_torch(frames: Sequence[Frame]) -> Frame | None:
     """The innermost frame whose file is not torch's own Python, or None."""
+    torch_dir = _torch_dir()
     for frame in frames:
         path = str(frame.get("filename", "")).replace("\\", "/")
-        if "/torch/" not in path and not path.startswith("torch/"):
+        if not _torchs(path, torch_dir):
             return frame
     return None
+
+
+def _torchs(path: str, torch_dir: str | None) -> bool:
+    """Whether ``path`` is a file of torch's own package: under the ``torch`` this process imported, or a
+    ``torch/`` folder right under ``site-packages``.  Not any path with a ``torch`` folder in it: a
+    virtualenv in ``/opt/torch/`` holds Lightning's and the script's files too."""
+    if torch_dir is not None and path.startswith(torch_dir):
+        return True
+    inside = path.rsplit("-packages/", 1)[1] if "-packages/" in path else path
+    return inside.startswith("torch/")
+
+
+def _torch_dir() -> str | None:
+    """The folder of the ``torch`` package this process imported, if it did."""
+    torch = sys.modules.get("torch")
+    file = getattr(torch, "__file__", None)
+    return str(file).replace("\\", "/").rsplit("/", 1)[0] + "/" if file else None
 
 
 _LIBRARY_PATHS = ("-packages/", "/lib/python3", "shardtop/probe/", "shardtop/inject/")

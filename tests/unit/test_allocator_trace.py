@@ -340,6 +340,25 @@ def test_the_unexplained_bytes_and_the_scripts_own_say_where_they_were_allocated
                                                               ("train.py:40 in make_mask", MiB)]
 
 
+def test_a_virtualenv_in_a_torch_folder_is_not_torchs_own_code() -> None:
+    """A virtualenv in ``/opt/torch/`` (as on the H200) holds Lightning's files too: the place of a block is
+    Lightning's line, not the first frame outside every path with a ``torch`` folder in it."""
+    venv = "/opt/torch/.venv/lib/python3.12/site-packages"
+    frames = [frame(f"{venv}/torch/nn/modules/module.py", "_call_impl", 1784),
+              frame(f"{venv}/lightning/pytorch/loops/fit_loop.py", "run", 217),
+              frame("/home/u/shardtop/runner/lightning_run.py", "fit_module", 59)]
+    trace = Trace()
+    trace.alloc(MiB, frames)
+    trace.mark()
+    found = peak_split(trace.snapshot(), 0, [{}], [("setup", 0)])
+    assert found is not None
+    split, _ = found
+    assert split.by_kind.script == 0, "Lightning's loop made it, not the script"
+    assert [(s.where, s.bytes) for s in split.unexplained_at] == [
+        ("lightning/pytorch/loops/fit_loop.py:217 in run", MiB)
+    ]
+
+
 def test_what_the_script_calls_in_the_backward_is_not_the_scripts() -> None:
     """``loss.backward()`` is the script's line, but what autograd makes under it is the backward's, not the
     script's tensors: it stays unexplained, with its place."""
