@@ -74,50 +74,40 @@ class Census:
 SITES = 3
 """How many places of allocation a split names for its unexplained bytes, the script's and the kept ones."""
 
-SITED_KINDS = ("script", "kept")
-"""The kinds whose places of allocation a split keeps: the script's own tensors, and those kept from earlier
-steps (a list of logits, a hook's stored activations), which a user finds by their line."""
+SITED = ("unexplained", "script", "kept")
+"""What a split keeps the places of allocation of: the bytes no source named, the script's own tensors, and
+those kept from earlier steps (a list of logits, a hook's stored activations), which a user finds by their
+line."""
 
 
 @dataclass
 class BlockSplit:
-    """Bytes per kind of some blocks, and the bytes of those no source named; where those, and the blocks of
-    ``SITED_KINDS``, were allocated."""
+    """Bytes per kind of some blocks, and the bytes of those no source named; where the blocks of ``SITED``
+    were allocated."""
 
     kinds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TRACE_KINDS, 0))
     unexplained: int = 0
     total: int = 0
-    unexplained_by_site: dict[str, int] = field(default_factory=dict)
-    by_site: dict[str, dict[str, int]] = field(default_factory=lambda: {kind: {} for kind in SITED_KINDS})
+    by_site: dict[str, dict[str, int]] = field(default_factory=lambda: {what: {} for what in SITED})
 
     def add(self, kind: str | None, size: int, frames: Sequence[Frame] = ()) -> None:
         self.total += size
         if kind is None:
             self.unexplained += size
-            _count_at(self.unexplained_by_site, site_of(frames), size)
         else:
             self.kinds[kind] += size
-            if kind in self.by_site:
-                _count_at(self.by_site[kind], site_of(frames), size)
+        sites = self.by_site.get(kind or "unexplained")
+        if sites is not None:
+            where = site_of(frames)
+            sites[where] = sites.get(where, 0) + size
 
     def memory_kinds(self) -> MemoryKinds:
         return MemoryKinds(**self.kinds)
 
-    def largest_unexplained(self, count: int = SITES) -> list[AllocationSite]:
-        return _largest(self.unexplained_by_site, count)
-
-    def largest(self, kind: str, count: int = SITES) -> list[AllocationSite]:
-        """Where the most bytes of ``kind`` (one of ``SITED_KINDS``) were allocated, largest first."""
-        return _largest(self.by_site[kind], count)
-
-
-def _count_at(sites: dict[str, int], where: str, size: int) -> None:
-    sites[where] = sites.get(where, 0) + size
-
-
-def _largest(sites: Mapping[str, int], count: int) -> list[AllocationSite]:
-    ranked = sorted(sites.items(), key=lambda item: (-item[1], item[0]))
-    return [AllocationSite(where=where, bytes=size) for where, size in ranked[:count]]
+    def largest(self, what: str, count: int = SITES) -> list[AllocationSite]:
+        """Where the most bytes of ``what`` (one of ``SITED``) were allocated, largest first."""
+        ranked = sorted(self.by_site[what].items(), key=lambda item: (-item[1], item[0]))
+        return [AllocationSite(where=where, bytes=size) for where, size in ranked[:count]]
 
 
 HELD_KINDS = frozenset({"params", "grads", "optimizer", "comm"})
@@ -295,7 +285,7 @@ def traced_splits(
         source="allocator-trace",
         phase=phase,
         step=step,
-        unexplained_at=split.largest_unexplained(),
+        unexplained_at=split.largest("unexplained"),
         script_at=split.largest("script"),
         kept_at=split.largest("kept"),
     )

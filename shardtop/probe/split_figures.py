@@ -71,7 +71,7 @@ def split_of_moment(
         source="allocator-trace" if traced else "tensors",
         phase=phase,
         step=step,
-        unexplained_at=blocks.largest_unexplained(),
+        unexplained_at=blocks.largest("unexplained"),
         script_at=blocks.largest("script"),
         kept_at=blocks.largest("kept"),
     )
