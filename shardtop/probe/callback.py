@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import Callback
 
 from shardtop.probe.current import current, set_current
 from shardtop.probe.faults import describe
-from shardtop.probe.session import Probe, unavailable
+from shardtop.probe.session import Probe, holds_parameters, unavailable
 from shardtop.rundir.events import SnapshotStage
 from shardtop.rundir.run_directory import RUN_DIR_ENV, RunDirectory, RunError, runs_root
 
@@ -142,7 +142,7 @@ class ShardtopCallback(Callback):
         probe.phase("setup")
         probe.learn_names(pl_module)
         with probe.faults.guard("shards"):
-            if any(True for _ in pl_module.parameters()):
+            if holds_parameters(pl_module):
                 probe.snapshot(pl_module, stage="setup")
             if _builds_model_later(pl_module):
                 self._snapshot_when_configured(trainer, pl_module)
@@ -164,7 +164,7 @@ class ShardtopCallback(Callback):
             if probe is not None and probe.faults.working("shards"):
                 with probe.faults.guard("shards"):
                     probe.learn_names(pl_module)
-                    if any(True for _ in pl_module.parameters()):
+                    if holds_parameters(pl_module):
                         probe.snapshot(pl_module, stage="setup")
             return original(*args, **kwargs)
 

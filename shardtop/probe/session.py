@@ -347,7 +347,7 @@ class Probe:
         ``deepspeed.zero.Init``): a tree of an empty root would say less than the OOM alone.
         """
         target = self._last_target
-        if target is not None and _holds_parameters(target):
+        if target is not None and holds_parameters(target):
             self.snapshot(target, stage="oom")  # guarded inside: a failure is the shards' fault
 
     def exit(self, code: int, error: BaseException | None = None) -> None:
@@ -429,7 +429,8 @@ class Probe:
         return int(psutil.Process().memory_info().rss)
 
 
-def _holds_parameters(target: Any) -> bool:
+def holds_parameters(target: Any) -> bool:
+    """Whether ``target`` has a parameter yet (none while ``zero.Init`` or ``configure_model`` still builds it)."""
     try:
         return next(iter(target.parameters()), None) is not None
     except Exception:  # noqa: BLE001  (not a module: let the shard reader say what it is)
