@@ -19,6 +19,12 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 LAYERS = ("unit", "engines", "tui")
 
+# pytest rewrites the asserts of every test module it imports, in every process of a run (three for the
+# quick layers), and caches what it rewrote only where bytecode may be written.  Where
+# ``PYTHONDONTWRITEBYTECODE`` is set, as on many CI machines, each process would rewrite them all again
+# (about 3 s of CPU each).  The test modules are imported after this file.
+sys.dont_write_bytecode = False
+
 # The tests start `python`, `torchrun`, `deepspeed` and `shardtop` by name, as a user types them: the
 # ones of the interpreter running the tests, also when its environment was not activated.
 os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
