@@ -75,6 +75,8 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if cores > 1:
         config.option.numprocesses = min(QUICK_WORKERS, cores + 1)
+        if config.option.dist == "no":  # a process that runs dry takes tests from a busy one: lengths vary tenfold
+            config.option.dist = "worksteal"
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

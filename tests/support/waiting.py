@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 QUIET_S = 0.1
-"""How long the screen must stay the same before it counts as settled."""
+"""How far apart two pictures of the screen must agree for it to count as settled."""
 
 
 async def wait_for(pilot: object, condition: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
@@ -51,25 +51,26 @@ def measured(table: DataTable[Any]) -> bool:
 
 
 async def settled(pilot: object, timeout: float = 10.0) -> None:
-    """Let the app run until its tables are laid out and the screen has stayed the same for ``QUIET_S``.
+    """Let the app run until its tables are laid out and the screen is the same ``QUIET_S`` apart.
 
     The data being there is not enough for a snapshot: a ``DataTable`` lays out its rows when its
     message queue next runs dry, which on a loaded machine can come after the test would have taken
-    the picture, and the feeds' threads compete with the app's loop for the interpreter.  Between two
-    pictures, ``pilot.pause()`` lets every queued message be handled and waits for the process (its
-    threads too) to use no CPU for a moment.
+    the picture, and the feeds' threads compete with the app's loop for the interpreter.  Before each
+    picture, ``pilot.pause()`` lets every queued message be handled and waits for the process (its
+    threads too) to use no CPU for a moment; between two pictures the app runs on for ``QUIET_S``.
+    Each picture costs tens of milliseconds of CPU, so two that agree are enough.
     """
     app = pilot.app  # type: ignore[attr-defined]
     deadline = time.monotonic() + timeout
-    before, since = None, 0.0
+    before = None
     while time.monotonic() < deadline:
         await pilot.pause()  # type: ignore[attr-defined]
         if not all(measured(table) for table in app.screen.query(DataTable)):
             before = None
             continue
         now = app.export_screenshot()
-        if now != before:
-            before, since = now, time.monotonic()
-        elif time.monotonic() - since >= QUIET_S:
+        if now == before:
             return
+        before = now
+        await pilot.pause(QUIET_S)  # type: ignore[attr-defined]
     raise AssertionError(f"the screen did not settle in {timeout}s")
