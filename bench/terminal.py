@@ -13,6 +13,7 @@ import os
 import pty
 import re
 import select
+import signal
 import struct
 import subprocess
 import termios
@@ -27,6 +28,18 @@ KEEP = 4_000_000
 """Bytes of screen text kept for ``wait_for`` (the counting goes on past it)."""
 
 
+def _with_ctrl_c(args: list[str]) -> list[str]:
+    """``args``, started with Ctrl+C and Ctrl+\\ doing what they do in a user's terminal.
+
+    A program started in the background of a script (``pytest &``) inherits SIGINT and SIGQUIT
+    ignored, and Python then never turns SIGINT into ``KeyboardInterrupt``; a login shell's
+    terminal gives them their default action again, and so does ``env --default-signal``.
+    """
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        return args
+    return ["env", "--default-signal=INT,QUIT", *args]
+
+
 class Terminal:
     """``args`` running in a ``size`` (columns, lines) pseudo-terminal until ``close``."""
 
@@ -35,7 +48,7 @@ class Terminal:
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
-            args,
+            _with_ctrl_c(args),
             stdin=slave,
             stdout=slave,
             stderr=slave,
