@@ -22,7 +22,7 @@ LAYERS = ("unit", "engines", "tui")
 # pytest rewrites the asserts of every test module it imports, in every process of a run (three for the
 # quick layers), and caches what it rewrote only where bytecode may be written.  Where
 # ``PYTHONDONTWRITEBYTECODE`` is set, as on many CI machines, each process would rewrite them all again
-# (about 3 s of CPU each).  The test modules are imported after this file.
+# (1.5 to 2 s of CPU each).  The test modules are imported after this file.
 sys.dont_write_bytecode = False
 
 # The tests start `python`, `torchrun`, `deepspeed` and `shardtop` by name, as a user types them: the
@@ -60,7 +60,7 @@ two cores, since a Pilot-driven test spends about a fifth of its time waiting fo
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
-    """Run the quick layers on ``QUICK_WORKERS`` processes: ``-m "not engines"`` answers within a minute on two cores.
+    """Run the quick layers on ``QUICK_WORKERS`` processes: ``-m "not engines"`` answers in a minute or so on two cores.
 
     Only where ``-m`` leaves tests/engines out, pytest-xdist is installed, the command names no
     ``-n`` (``-n 0``: one process) and no snapshot is being updated.  The engines' layer stays in one
