@@ -1,7 +1,7 @@
 """What shardtop sends down an SSH link, side by side with nvitop: bytes per second and the first frame.
 
     python bench/bench_ssh.py [--seconds 15] [--size 120x40] [--nvml auto|real|recorded]
-                              [--only home attach nvitop] [--attach-run RUN_DIR]
+                              [--only home attach nvitop] [--attach-run RUN_DIR] [--dump DIR]
 
 Each program runs in a pseudo-terminal of the given size, one after the other in
 this one run, at a 1 s and a 0.25 s refresh:
@@ -26,6 +26,9 @@ NVML: ``real`` uses the driver (a GPU machine); ``recorded`` replays the two
 H200s' recorded samples through ``pynvml`` for *both* programs
 (``recorded_nvml.py``), so that the comparison runs on a machine without a
 driver; ``auto`` picks ``real`` where NVML starts.
+
+``--dump DIR`` keeps each measuring window's bytes for ``screen_bytes.py``, which
+tells which screen lines they went to and what they were.
 
 ``--only`` measures some of the programs (the side-by-side table needs all
 three; without nvitop installed, ``--only home attach``); ``--attach-run``
@@ -100,12 +103,19 @@ def programs(refresh: float, nvml: str, samples: Path, runs: Path, run: Path, pi
     ]
 
 
-def measure(program: Program, size: tuple[int, int], seconds: float) -> Figures:
+def measure(program: Program, size: tuple[int, int], seconds: float, dump: Path | None = None) -> Figures:
+    """``program``'s figures; with ``dump``, the bytes of the measuring window go to ``dump`` and its reads to
+    ``dump.times`` (for ``screen_bytes.py``)."""
     term = Terminal(program.argv, size=size, env=program.env)
     try:
         first = term.wait_for(*(n for n in program.needles if n), timeout=60)
         time.sleep(SETTLE)
+        start = term.written
         cpu, rate = term.measure(seconds)
+        if dump is not None:
+            data, reads = term.window(start, term.written)
+            dump.write_bytes(data)
+            dump.with_suffix(".times").write_text("".join(f"{t:.4f} {n}\n" for t, n in reads))
     finally:
         term.close()
     return Figures(first, cpu, rate)
@@ -143,6 +153,7 @@ def main() -> None:
     parser.add_argument("--nvml", choices=("auto", "real", "recorded"), default="auto")
     parser.add_argument("--refresh", type=float, nargs="+", default=[1.0, 0.25])
     parser.add_argument("--only", nargs="+", choices=("home", "attach", "nvitop"), help="measure only these")
+    parser.add_argument("--dump", type=Path, help="write each measuring window's bytes here (see screen_bytes.py)")
     parser.add_argument("--attach-run", type=Path, help=f"the run directory to attach to (default: {RUN})")
     args = parser.parse_args()
     columns, lines = (int(x) for x in args.size.split("x"))
@@ -168,7 +179,12 @@ def main() -> None:
                 for program in programs(refresh, nvml, samples, runs, run, ranks[0].pid):
                     if program.name.split()[-1] not in chosen:
                         continue
-                    results[program.name, refresh] = figures = measure(program, (columns, lines), args.seconds)
+                    dump = None
+                    if args.dump is not None:
+                        args.dump.mkdir(parents=True, exist_ok=True)
+                        dump = args.dump / f"{program.name.split()[-1]}-{refresh:g}s.bytes"
+                    figures = measure(program, (columns, lines), args.seconds, dump)
+                    results[program.name, refresh] = figures
                     print(
                         f"  {refresh:>4} s  {program.name:<16} first frame {figures.first_frame:5.2f} s  "
                         f"CPU {figures.cpu:5.2f} %  {figures.rate / 1024:6.2f} KiB/s",

@@ -63,6 +63,8 @@ class Terminal:
         self.text = bytearray()
         """What was written with the escape sequences taken out, up to ``KEEP``."""
         self.written = 0
+        self.reads: list[tuple[float, int]] = []
+        """(seconds since the start, bytes) for each read of the pty, while ``output`` is kept."""
         self._lock = threading.Lock()
         self._reader = threading.Thread(target=self._drain, daemon=True)
         self._reader.start()
@@ -85,6 +87,7 @@ class Terminal:
                 self.written += len(chunk)
                 if len(self.output) < KEEP:
                     self.output += chunk
+                    self.reads.append((time.perf_counter() - self.started, len(chunk)))
                     # an escape sequence cut between two reads is stripped once it is whole
                     data = pending + chunk
                     cut = data.rfind(b"\x1b")
@@ -111,6 +114,17 @@ class Terminal:
     def screen_text(self) -> str:
         with self._lock:
             return self.text.decode(errors="replace")
+
+    def window(self, start: int, end: int) -> tuple[bytes, list[tuple[float, int]]]:
+        """The bytes written from offset ``start`` to ``end``, and the reads of the pty that brought them."""
+        with self._lock:
+            data = bytes(self.output[start:end])
+            reads, offset = [], 0
+            for stamp, size in self.reads:
+                if start <= offset < end:
+                    reads.append((stamp, size))
+                offset += size
+        return data, reads
 
     def cpu_seconds(self) -> float:
         """User + system seconds of the command and its children so far."""

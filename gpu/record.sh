@@ -209,7 +209,7 @@ over_time() {  # memory that grows: a loop keeping its logits under a 24 GiB cap
 }
 
 probe_cost() { step 150 "probe cost" python3 bench/bench_probe.py --device cuda --profile 25; }
-terminal() { step 150 "terminal traffic" python3 bench/bench_ssh.py --nvml real --seconds 15; }
+terminal() { step 150 "terminal traffic" python3 bench/bench_ssh.py --nvml real --seconds 15 --dump "$OUT/ssh-bytes"; }
 benches() { probe_cost; terminal; }
 
 {
