@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from rich.style import Style
 from rich.text import Text
 from textual.reactive import reactive
 
@@ -37,8 +38,27 @@ HIGH = 0.9
 GIB = 1024**3
 
 
-FIELDS = ("head", "bar", "memory", "util", "temperature", "power", "history", "owner")
-"""The pieces of a GPU line, left to right: a new power figure resends only its own few cells."""
+FIELDS = ("head", "bar", "memory", "figures", "history", "owner")
+"""The pieces of a GPU line, left to right.
+
+A changed piece is resent from its own first cell to its last changed cell, each
+time with a move and its colours (about 30 bytes).  Utilisation, temperature
+and power move together on most samples, so they are one piece: a sample
+resends their 17 cells once, not three short runs of cells with 30 bytes each."""
+
+
+def figures(gpu: GpuMemory, parts: Mapping[str, str], muted: Style, wide: bool) -> Text:
+    """Utilisation, then (on a wide line) temperature and power, each muted where NVML gave none.
+
+    The gap before the history ends this piece: a new history resends from its own first cell."""
+    util = Text(parts["util"], muted if gpu.util is None else "")
+    if not wide:
+        return util
+    return Text.assemble(
+        util,
+        ("  " + parts["temperature"], muted if gpu.temperature is None else ""),
+        ("  " + parts["power"] + "  ", muted if gpu.power_w is None else ""),
+    )
 
 
 class GpuBar(PiecedLine):
@@ -96,10 +116,7 @@ class GpuBar(PiecedLine):
             Text.assemble((parts["index"] + " ", label), (parts["name"] + " ", label)),
             Text.assemble((filled, used_style), (empty, self.get_component_rich_style("gpu-bar--free"))),
             Text(" " + parts["memory"] + "  "),
-            Text(parts["util"], muted if gpu.util is None else ""),
-            Text("  " + parts["temperature"], muted if gpu.temperature is None else "") if wide else Text(),
-            # the gap before the history ends the power piece: a new history resends from its own first cell
-            Text("  " + parts["power"] + "  ", muted if gpu.power_w is None else "") if wide else Text(),
+            figures(gpu, parts, muted, wide),
             Text(self.spark, self.get_component_rich_style("gpu-bar--history")) if wide else Text(),
             Text.assemble(
                 "  ",
