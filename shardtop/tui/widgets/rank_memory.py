@@ -149,26 +149,33 @@ class RankMemory(PaintsChanges):
         """One line per host when summing up (the lines that do not fit are summed up in the last one)."""
         if self._per_host():
             return len({r.host for r in self.rows})
-        return super().get_content_height(container, viewport, width)
+        return len(self._drawn_at(width, 0).split("\n", allow_blank=True))
 
     def _per_host(self) -> bool:
         return len(self.rows) >= HOST_LINES_FROM and len({r.host for r in self.rows}) > 1
 
     def draw(self) -> Text:
-        """The bars, drawn once per new rows and size (a relayout asks for them twice: to measure, to paint)."""
-        key = (self.rows, self.size.width, self.size.height)
+        size = self.size
+        return self._drawn_at(size.width, size.height)
+
+    def _drawn_at(self, width: int, height: int) -> Text:
+        """The bars at ``width`` (and, a line per host, ``height``) cells, drawn once per new rows and size.
+
+        A relayout asks for them twice, to measure and to paint.  Measuring passes the width it
+        measures at: the widget's ``size`` is where the last layout put it, and asking for it in the
+        middle of a layout makes Textual arrange the whole screen once more to answer."""
+        key = (self.rows, width, height)
         if self._drawn is None or self._drawn[0] != key:
-            self._drawn = (key, self._draw())
+            self._drawn = (key, self._draw(width or 40, height))
         return self._drawn[1]
 
-    def _draw(self) -> Text:
+    def _draw(self, width: int, height: int) -> Text:
         if not self.rows:
             return Text("waiting for the ranks…", style=self.get_component_rich_style("rank-memory--muted"))
-        width = self.size.width or 40
         groups = by_host(self.rows, lambda r: r.host)
         if len(groups) > 1 and len(self.rows) >= HOST_LINES_FROM:
             hosts = host_memory_rows(self.rows)
-            room = self.size.height or len(hosts)
+            room = height or len(hosts)
             return host_lines(hosts, width, self.get_component_rich_style, self._status, room)
         headings = len(groups) if len(groups) > 1 else 0
         layout = memory_layout(width, len(self.rows) + headings)
