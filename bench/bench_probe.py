@@ -125,13 +125,13 @@ def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int,
         run_dir = Path(tmp) / "run"
         st.attach(model, optimizer=opt, run_dir=run_dir, name="bench", engine="plain")
         probe = current()
-        assert probe is not None and probe._sampler is not None
+        assert probe is not None and probe.memory_probe.sampler is not None
         probe.phase_name = "x"
         steady = probe.memory()
         first = step_times(model, opt, x, 3, probe=True)  # the first steps, explained as every run's are
         explaining = MemoryExplainer(probe.device, MemoryOptions(explain_steps=10**9))
         explaining.set_target(model, opt)
-        sampler = probe._sampler
+        sampler = probe.memory_probe.sampler
         off: list[float] = []
         on: list[float] = []
         in_probe: list[float] = []
@@ -140,11 +140,11 @@ def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int,
             sampler.stop()
             off += step_times(model, opt, x, steps, probe=False)
             sampler.start()
-            probe._explainer = steady
+            probe.memory_probe.explainer = steady
             on += step_times(model, opt, x, steps, probe=True, in_probe=in_probe)
-            probe._explainer = explaining
+            probe.memory_probe.explainer = explaining
             explained += step_times(model, opt, x, steps, probe=True)
-        probe._explainer = steady
+        probe.memory_probe.explainer = steady
         explaining.close()
         if profile:
             profile_on_steps(model, opt, x, profile)

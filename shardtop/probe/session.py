@@ -2,7 +2,8 @@
 
 One ``Probe`` per process (``current.py`` says which).  The Lightning callback
 and the raw-engine API (``attach``/``watch``) both drive it; neither writes
-events themselves.
+events themselves.  Its memory part (the samples, what fills the memory, the
+tensors kept across steps) is a ``MemoryProbe`` (``memory_probe.py``).
 
 The probe is a guest in the training process and never raises into it; only
 the user's own exception goes on, untouched.  Each of its parts runs under a
@@ -15,7 +16,6 @@ cap applies.  The rank's ending is recorded however it comes (``exits.py``).
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,9 +26,8 @@ from shardtop.probe.cap import OOM_RESERVE, starved_of_memory
 from shardtop.probe.exits import RUN_ENDING, ExitRecord, exit_record, received_signal
 from shardtop.probe.faults import Faults, say
 from shardtop.probe.hello import hello_event
-from shardtop.probe.kept import KeptTracker, held_storages
-from shardtop.probe.memory import MemorySampler, cuda_allocated
 from shardtop.probe.memory_explain import MemoryExplainer
+from shardtop.probe.memory_probe import MemoryProbe
 from shardtop.probe.names import module_names
 from shardtop.probe.oom import install_cuda_oom_observer
 from shardtop.probe.oom_errors import is_out_of_memory
@@ -36,7 +35,7 @@ from shardtop.probe.oom_event import oom_event
 from shardtop.probe.shards import read_shards
 from shardtop.probe.tracker import ModuleTracker
 from shardtop.rundir.event_files import EventWriter, event_file
-from shardtop.rundir.events import Exit, Fault, Memory, Phase, Shards, SnapshotStage, Step, Tree
+from shardtop.rundir.events import Exit, Fault, Phase, Shards, SnapshotStage, Step, Tree
 from shardtop.rundir.run_directory import RunDirectory
 
 try:
@@ -68,29 +67,26 @@ class Probe:
             self.faults.report("events", self.writer.stopped, then="nothing is recorded")
         self.names: dict[int, str] = {}
         self.phase_name = "setup"
-        self._forward_heap: int | None = None
-        """The C allocator's bytes in use at the start of this forward (CPU ranks): read once a step."""
         self.step_index = 0
         self.device = "cpu"
-        limit = os.environ.get("SHARDTOP_MEM_LIMIT")
-        self.memory_limit: int | None = int(limit) if limit and limit.isdigit() else None
         self._tree_key: tuple[Any, ...] | None = None
         self._tree_id = -1
-        self._sampler: MemorySampler | None = None
         self._oom_written = False
         self._exited = False
         self.tracker: ModuleTracker | None = None
-        self.kept: KeptTracker | None = None
-        """Traces a step now and then for tensors kept across steps (``kept.py``)."""
         self.program = ""
         self.extra_info: dict[str, str | int | float | bool | None] = {}
         """Facts only the driver knows (Trainer precision, loss scaling), added to every Shards.info."""
         self.said_hello = False
         self.pending_hello: dict[str, str] | None = None
         """Hello fields known before the engine is: written with the first snapshot."""
-        self._explainer: MemoryExplainer | None = None
         self._last_target: Any = None
         """The model the last snapshot read (or, before any, whose names were learnt): what an OOM reads."""
+        self.memory_probe = MemoryProbe(
+            self.faults, self.writer.write, run_dir=self.run_dir, device=lambda: self.device,
+            target=lambda: self._last_target,
+        )
+        """This rank's memory sampler, explainer and kept tracker (``memory_probe.py``)."""
 
     @property
     def exited(self) -> bool:
@@ -106,9 +102,7 @@ class Probe:
 
     def hello(self, device: str, engine: str = "", strategy: str = "", program: str = "") -> None:
         self.device = device
-        if self._sampler is not None and self._sampler.device != device:
-            with self.faults.guard("memory"):
-                self._sampler.use_device(device)
+        self.memory_probe.use_device(device)
         if device.startswith("cuda"):
             with self.faults.guard("oom"):
                 install_cuda_oom_observer()
@@ -121,40 +115,6 @@ class Probe:
         self.writer.write(hello_event(self.world_size, self.local_rank, self.node_rank, device, engine=engine,
                                       strategy=strategy, program=program))
 
-    def start_memory(self, interval: float = 0.5) -> None:
-        """Sample this rank's memory in the background (and the node's GPUs on local rank 0).
-
-        Without a thread (a tight memory cap refuses one) it samples at phase changes only.
-        """
-        if self._sampler is not None or not self.faults.working("memory"):
-            return
-        with self.faults.guard("memory"):
-            self._sampler = MemorySampler(
-                self.writer.write,
-                device=self.device,
-                interval=interval,
-                sample_gpus=self.local_rank == 0,
-                limit=self.memory_limit,
-                detail=self._split_sample,
-            )
-        if self._sampler is None:
-            return
-        try:
-            self._sampler.start()
-        except Exception as e:  # noqa: BLE001 - "can't start new thread"
-            self.faults.report("memory", e, then="memory is sampled at phase changes only")
-
-    def set_memory_limit(self, limit: int | None) -> None:
-        """The per-process cap the rank runs under, once it applies: every record says it."""
-        self.memory_limit = limit
-        if self._sampler is not None:
-            self._sampler.limit = limit
-
-    def sample_memory(self, fresh_rss: bool = False, heap: int | None = None) -> None:
-        if self._sampler is not None and self.faults.working("memory"):
-            with self.faults.guard("memory"):
-                self._sampler.sample_now(fresh_rss=fresh_rss, heap=heap)
-
     def phase(self, phase: str, step: int | None = None) -> None:
         if step is not None:
             self.step_index = step
@@ -163,18 +123,7 @@ class Probe:
         self.phase_name = phase
         self._say_pending_hello()  # training has begun: the engine, if any, is in place
         self.writer.write(Phase(phase=phase, step=self.step_index))
-        forward_on_cpu = phase == "forward" and not self.device.startswith("cuda")
-        self._forward_heap = self._heap_now() if forward_on_cpu else None  # once a step: the growth check's too
-        if phase == "forward" and self.kept is not None and self.faults.working("kept"):
-            with self.faults.guard("kept"):
-                kept = self.kept.on_forward(self.step_index)
-                if kept is not None:
-                    self.writer.write(kept)
-        explainer = self.memory()
-        if explainer is not None:
-            with self.faults.guard("split"):
-                explainer.on_phase(phase, self.step_index)
-        self.sample_memory(fresh_rss=forward_on_cpu, heap=self._forward_heap)
+        self.memory_probe.at_phase(phase, self.step_index)
 
     def step(self, step: int, loss: float | None = None, seconds: float | None = None) -> None:
         self.step_index = step
@@ -185,46 +134,21 @@ class Probe:
             with self.faults.guard("split"):
                 split = explainer.on_step(step)
             if split:
-                self.sample_memory()
+                self.memory_probe.sample()
 
-    # -- what fills memory -------------------------------------------------------
+    # -- memory ------------------------------------------------------------------
+
+    def start_memory(self, interval: float = 0.5) -> None:
+        """Sample this rank's memory in the background (and the node's GPUs on local rank 0)."""
+        self.memory_probe.start(interval, sample_gpus=self.local_rank == 0)
+
+    def set_memory_limit(self, limit: int | None) -> None:
+        """The per-process cap the rank runs under, once it applies: every record says it."""
+        self.memory_probe.set_limit(limit)
 
     def memory(self) -> MemoryExplainer | None:
         """What fills this rank's memory (``memory_explain.py``), for the current device; None once it failed."""
-        if not self.faults.working("split"):
-            return None
-        explainer = self._explainer
-        if explainer is None or explainer.device != self.device:
-            with self.faults.guard("split"):
-                self._explainer = MemoryExplainer(
-                    self.device,
-                    run_dir=self.run_dir,
-                    on_failure=lambda e: self.faults.report(
-                        "split", e, then="the peak's split from the allocator's trace is left out"
-                    ),
-                )
-                if explainer is not None:
-                    explainer.close()
-                if self._last_target is not None:
-                    self._explainer.set_target(self._last_target)
-                self._explainer.census.kept = self._kept_now
-        return self._explainer if self.faults.working("split") else None
-
-    def _kept_now(self) -> list[tuple[int, int, int]] | None:
-        """For a census: the tensors kept from earlier steps, where their modules' outputs are followed."""
-        kept = self.kept
-        if kept is None or not kept.following or not self.faults.working("kept"):
-            return None
-        return kept.kept_storages()
-
-    def _split_sample(self, sample: Memory, stats: dict[str, Any] | None, fresh: bool) -> Memory:
-        """The sampler's ``detail``: ``sample`` with the split, the allocator's stats and NVML's
-        figure for this process; ``sample`` as it was where the split failed."""
-        explainer = self._explainer
-        if explainer is not None and self.faults.working("split"):
-            with self.faults.guard("split"):
-                return explainer.sample(sample, stats, fresh)
-        return sample
+        return self.memory_probe.current_explainer()
 
     # -- the model -------------------------------------------------------------
 
@@ -236,9 +160,7 @@ class Probe:
             self.names.update(module_names(root))
             # No hooks: backward OOMs are read off the failed autograd graph, at no cost per step.
             self.tracker = ModuleTracker(root, self.names)
-        if self.kept is None and self.faults.working("kept"):
-            with self.faults.guard("kept"):
-                self.kept = KeptTracker(self.names, self._memory_reading, lambda: held_storages(self._last_target))
+        self.memory_probe.follow_kept(self.names)
         if self._last_target is None:  # before any snapshot (modules still being built): what an OOM reads
             self._last_target = root
             explainer = self.memory()
@@ -284,7 +206,7 @@ class Probe:
         if explainer is not None:
             with self.faults.guard("split"):
                 explainer.on_snapshot(stage, self.step_index)
-        self.sample_memory()
+        self.memory_probe.sample()
         return tree, shards
 
     def _engine_may_move_it(self) -> bool:
@@ -330,7 +252,7 @@ class Probe:
         with self.faults.guard("run"):
             self._say_pending_hello()
         event = oom_event(exc, self.faults, names=self.names, phase=self.phase_name, step=self.step_index,
-                          device=self.device, tracker=self.tracker, limit=self.memory_limit, starved=starved)
+                          device=self.device, tracker=self.tracker, limit=self.memory_probe.limit, starved=starved)
         explainer = self.memory()
         if explainer is not None:
             with self.faults.guard("split"):
@@ -357,8 +279,7 @@ class Probe:
         self._exited = True
         with self.faults.guard("run"):
             self._say_pending_hello()
-        self._stop_sampler()
-        self._close_explainer()
+        self.memory_probe.stop()
         try:
             record = exit_record(code, error, oom=self._oom_written, received=received_signal())
         except Exception:  # noqa: BLE001
@@ -386,47 +307,9 @@ class Probe:
             with self.faults.guard("run"):
                 RunDirectory(self.run_dir).register_rank(self.rank)
 
-    def _stop_sampler(self) -> None:
-        if self._sampler is not None:
-            try:
-                self._sampler.stop()
-            except Exception:  # noqa: BLE001
-                pass
-
-    def _close_explainer(self) -> None:
-        if self._explainer is not None:
-            with self.faults.guard("split"):
-                self._explainer.close()
-
     def close(self) -> None:
-        self._stop_sampler()
-        self._close_explainer()
-        if self.kept is not None:
-            self.kept.close()
+        self.memory_probe.close()
         self.writer.close()
-
-    def _heap_now(self) -> int | None:
-        """The C allocator's bytes in use, read now (through the sampler, which keeps it for its samples)."""
-        if self._sampler is not None and self.faults.working("memory"):
-            with self.faults.guard("memory"):
-                return self._sampler.heap_now()
-        return None
-
-    def _memory_reading(self) -> int:
-        """This rank's memory now: allocated on its GPU, else what the C allocator has in use (else RSS)."""
-        if self.device.startswith("cuda"):
-            import torch
-
-            return cuda_allocated(torch, self.device)
-        if self._forward_heap is not None:
-            return self._forward_heap
-        from shardtop.probe.heap import heap_in_use
-
-        if heap_in_use is not None:
-            return heap_in_use()
-        import psutil
-
-        return int(psutil.Process().memory_info().rss)
 
 
 def holds_parameters(target: Any) -> bool:
