@@ -18,7 +18,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, OptionList
+from textual.widgets import DataTable, OptionList
 from textual.worker import get_current_worker
 
 from shardtop.config import ConfigError, Preset, list_presets
@@ -29,6 +29,7 @@ from shardtop.tui.watch.gpu_feed import GpuFeed, GpuSnapshot
 from shardtop.tui.watch.run_catalog import RunCatalog, RunsSnapshot
 from shardtop.tui.widgets.gpu_panel import GpuPanel
 from shardtop.tui.widgets.host_panel import HostPanel
+from shardtop.tui.widgets.keys_footer import KeysFooter
 from shardtop.tui.widgets.preset_list import PresetList
 from shardtop.tui.widgets.process_table import ProcessTable
 from shardtop.tui.widgets.run_list import RunList
@@ -105,7 +106,7 @@ class HomeScreen(Screen[None]):
         with Horizontal(id="lists"):
             yield RunList(id="runs")
             yield PresetList(read_only=self.read_only, id="presets")
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         self.query_one(RunList).focus()

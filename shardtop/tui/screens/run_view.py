@@ -18,7 +18,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Input, TabbedContent, TabPane
+from textual.widgets import Input, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
 from shardtop.diagnose import diagnose
@@ -31,6 +31,7 @@ from shardtop.tui.screens.confirm import ConfirmScreen
 from shardtop.tui.screens.report_view import ReportScreen, render_markdown, save_report
 from shardtop.tui.watch.run_feed import Diagnosis, RunFeed, RunSnapshot
 from shardtop.tui.widgets.findings_list import FindingsList
+from shardtop.tui.widgets.keys_footer import KeysFooter
 from shardtop.tui.widgets.log_pane import LogPane
 from shardtop.tui.widgets.module_details import ModuleDetails
 from shardtop.tui.widgets.oom_panel import OomPanel, no_module_words
@@ -141,7 +142,7 @@ class RunScreen(Screen[None]):
                         yield LogPane(id="log-pane")
                     with TabPane("Plan", id="plan"):
                         yield PlanVsRun(id="plan-vs-run")
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         self.query_one(ShardTree).focus()
