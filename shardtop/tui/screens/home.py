@@ -16,6 +16,7 @@ from textual import on, work
 from textual.app import ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal
+from textual.geometry import Size
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, OptionList
@@ -100,6 +101,7 @@ class HomeScreen(Screen[None]):
         self._was_suspended = False
 
     def compose(self) -> ComposeResult:
+        self._fit(self.app.size, update=False)
         yield GpuPanel(id="gpus")
         yield HostPanel(id="host")
         yield ProcessTable(id="processes")
@@ -128,8 +130,12 @@ class HomeScreen(Screen[None]):
             self._poke.set()
 
     def on_resize(self, event: object) -> None:
-        self.set_class(self.size.width < NARROW_WIDTH, "-narrow")
-        self.set_class(self.size.height < SHORT_HEIGHT, "-short")
+        self._fit(self.size)
+
+    def _fit(self, size: Size, update: bool = True) -> None:
+        """The layout of a narrow or short terminal; ``update=False`` before anything is styled (cheaper)."""
+        self.set_class(size.width < NARROW_WIDTH, "-narrow", update=update)
+        self.set_class(size.height < SHORT_HEIGHT, "-short", update=update)
 
     def action_focus_panel(self, widget_id: str) -> None:
         self.query_one(f"#{widget_id}").focus()

@@ -16,6 +16,7 @@ from textual import on, work
 from textual.app import ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.geometry import Size
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Input, TabbedContent, TabPane
@@ -124,6 +125,7 @@ class RunScreen(Screen[None]):
         self._oom_seen = False
 
     def compose(self) -> ComposeResult:
+        self._fit(self.app.size, update=False)
         yield RunHeader(clock=self.clock, id="header")
         with Horizontal(id="body"):
             with Vertical(id="tree-column"):
@@ -154,7 +156,11 @@ class RunScreen(Screen[None]):
         self._wake.set()
 
     def on_resize(self, event: object) -> None:
-        self.set_class(self.size.width < NARROW_WIDTH, "-narrow")
+        self._fit(self.size)
+
+    def _fit(self, size: Size, update: bool = True) -> None:
+        """The layout of a narrow terminal; ``update=False`` before anything is styled (cheaper)."""
+        self.set_class(size.width < NARROW_WIDTH, "-narrow", update=update)
 
     # -- the feed ------------------------------------------------------------------
 
