@@ -3,6 +3,7 @@ process, for a condition."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -50,6 +51,17 @@ def measured(table: DataTable[Any]) -> bool:
     return True
 
 
+async def after_refresh(app: Any, timeout: float) -> None:
+    """Until the callbacks the app's widgets asked to run after the next refresh have run.
+
+    A widget that scrolls to a row it has just drawn (the shard tree centring the OOM) does so after
+    the refresh; two pictures can agree while that is still to come, on a screen kept busy.
+    """
+    done = asyncio.Event()
+    app.screen.call_after_refresh(done.set)
+    await asyncio.wait_for(done.wait(), max(0.1, timeout))
+
+
 async def settled(pilot: object, timeout: float = 10.0) -> None:
     """Let the app run until its tables are laid out and the screen is the same ``QUIET_S`` apart.
 
@@ -65,6 +77,7 @@ async def settled(pilot: object, timeout: float = 10.0) -> None:
     before = None
     while time.monotonic() < deadline:
         await pilot.pause()  # type: ignore[attr-defined]
+        await after_refresh(app, deadline - time.monotonic())
         if not all(measured(table) for table in app.screen.query(DataTable)):
             before = None
             continue
