@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer
@@ -26,6 +27,16 @@ class KeysFooter(Footer):
     """
 
     _shown: tuple[tuple[Binding, bool, str], ...] | None = None
+
+    def compose(self) -> ComposeResult:
+        """Textual's keys, noting which: the screen's bindings may have moved on since the build was asked for."""
+        shown = keys_shown(self.screen)
+        built = False
+        for widget in super().compose():
+            built = True
+            yield widget
+        if built:
+            self._shown = shown
 
     def bindings_changed(self, screen: Screen[object]) -> None:
         if screen is not self.screen or not self.is_attached:
