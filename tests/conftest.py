@@ -81,19 +81,20 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 
 QUICK_GC_THRESHOLD = (20_000, 10, 10)
-"""The cyclic garbage collector's thresholds in the quick layers' processes (Python's: 700, 10, 10).
+"""The cyclic garbage collector's thresholds while a test of the quick layers runs (Python's: 700, 10, 10).
 
 A Textual app makes objects by the hundred thousand (each line it draws is a ``Strip`` with seven
 small caches), and Textual keeps the styles caches of the last 1024 widgets it drew in a
 module-level cache.  With Python's thresholds, the full collections that follow took 24 of the 83
 CPU-seconds of tests/tui in one process (74 of them, each walking about 700 000 objects); with
-these, 2.4 s (3 of them) and 69 CPU-seconds in all, at a peak of 360 MB.  The engines' layer keeps
-Python's: some of its tests look for tensors kept alive across steps, in their own process."""
+these, 2.4 s (3 of them) and 69 CPU-seconds in all, at a peak of 360 MB.  The engines' tests keep
+Python's: some of them look for tensors kept alive across steps, in their own process."""
+PYTHON_GC_THRESHOLD = gc.get_threshold()
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    if not layer_selected(config.option.markexpr, "engines"):
-        gc.set_threshold(*QUICK_GC_THRESHOLD)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    quick = item.get_closest_marker("engines") is None
+    gc.set_threshold(*(QUICK_GC_THRESHOLD if quick else PYTHON_GC_THRESHOLD))
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
