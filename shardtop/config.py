@@ -5,18 +5,16 @@ the package as ``shardtop/presets/``).  Its keys are the settings a user may
 override; each override must name an existing key (dotted for nested ones,
 ``model.n_layers=64``) and carry a value of that key's type.  Anything else is
 a ``ConfigError`` whose message says what was wrong and what to type.  No torch
-here.
+here, and ``decimal``, ``difflib`` and ``importlib.resources`` are imported where
+used: every command imports this module for ``ConfigError``, before its first frame.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from decimal import Decimal
-from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +67,8 @@ def parse_size(text: str | int) -> int:
     m = _SIZE.match(str(text))
     if not m or (m.group(2) or "").lower() not in _UNITS:
         raise ValueError(text)
+    from decimal import Decimal
+
     return int(Decimal(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
 
 
@@ -89,6 +89,8 @@ def presets_dir() -> Traversable:
     install, or ``PYTHONPATH`` pointing at it) keeps them next to the package.
     Both are found from ``__file__``, so the working directory does not matter.
     """
+    from importlib.resources import files
+
     packaged = files("shardtop").joinpath("presets")
     checkout = Path(__file__).resolve().parent.parent / "presets"
     for place in (packaged, checkout):  # a directory left empty by an older install holds no preset
@@ -123,7 +125,9 @@ def _unknown_preset(name: str, names: list[str]) -> str:
             f"{_shown(name)} is not a preset name: presets are chosen by name, not by path or file.{hint}\n"
             + listing
         )
-    close = difflib.get_close_matches(name, names, n=3, cutoff=0.4)
+    from difflib import get_close_matches
+
+    close = get_close_matches(name, names, n=3, cutoff=0.4)
     hint = f"Did you mean: {', '.join(close)}?\n" if close else ""
     return f"unknown preset {_shown(name)}.\n{hint}{listing}"
 
@@ -289,7 +293,9 @@ def resolve(preset_name: str | None, overrides: Iterable[tuple[str, str]] = ()) 
             )
         if key not in known:
             settable = list(known)
-            close = difflib.get_close_matches(key, settable, n=3, cutoff=0.5)
+            from difflib import get_close_matches
+
+            close = get_close_matches(key, settable, n=3, cutoff=0.5)
             hint = f" Did you mean {', '.join(close)}?" if close else ""
             raise ConfigError(
                 f"unknown key {_shown(key)} for preset {preset_name}.{hint}\nValid keys: {', '.join(settable)}."

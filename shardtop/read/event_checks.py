@@ -6,11 +6,16 @@ Pure Python; ``run_fold.RunStateBuilder`` counts what fails these checks as
 
 from __future__ import annotations
 
+from operator import lt
+
 from shardtop.rundir.events import Shards, Tree
 
 
 def tree_problem(tree: Tree) -> str:
-    """Why a tree cannot be drawn (columns of different lengths, parents outside it), or ``""``."""
+    """Why a tree cannot be drawn (columns of different lengths, parents outside it), or ``""``.
+
+    Every check is a pass in C (``min``, ``max``, ``map``): trees have 100 000 rows.
+    """
     n = len(tree.names)
     if n == 0:
         return "it has no rows"
@@ -18,11 +23,12 @@ def tree_problem(tree: Tree) -> str:
         return "its columns differ in length"
     if tree.parents[0] != -1:
         return "its first row is not the root"
-    if any(not 0 <= p < row for row, p in enumerate(tree.parents) if row):
+    later = tree.parents[1:]
+    if later and (min(later) < 0 or not all(map(lt, later, range(1, n)))):
         return "a parent row points outside the tree or after its child"
-    if any(not 0 <= t < len(tree.type_names) for t in tree.types):
+    if min(tree.types) < 0 or max(tree.types) >= len(tree.type_names):
         return "a type index points outside type_names"
-    if any(v < 0 for v in tree.params) or any(v < 0 for v in tree.bytes):
+    if min(tree.params) < 0 or min(tree.bytes) < 0:
         return "a size is negative"
     return ""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import compress
 from types import MappingProxyType
 
 from shardtop.read.memory_growth import StepMemory
@@ -39,12 +40,22 @@ class Holdings:
 
 
 def holdings_of(shards: Shards) -> Holdings:
-    """Summed over the tree once per snapshot: views ask every refresh, for every rank."""
+    """Summed over the tree once per snapshot: views ask every refresh, for every rank.
+
+    One pass in C per device the rows name (a few), not a Python loop over the
+    rows; the devices come in the order of their first row that holds bytes.
+    """
+    names, device, sizes = shards.devices, shards.device, shards.bytes
+    held: list[tuple[int, str, int]] = []
+    for d in set(device):
+        if 0 <= d < len(names) and names[d] not in STORED_NOWHERE:
+            on_d = list(map(d.__eq__, device))
+            first = next((row for row in compress(range(len(on_d)), on_d) if sizes[row]), None)
+            if first is not None:
+                held.append((first, names[d], sum(compress(sizes, on_d))))
     by_device: dict[str, int] = {}
-    for b, d in zip(shards.bytes, shards.device, strict=True):
-        if b and 0 <= d < len(shards.devices) and shards.devices[d] not in STORED_NOWHERE:
-            name = shards.devices[d]
-            by_device[name] = by_device.get(name, 0) + b
+    for _, name, total in sorted(held):
+        by_device[name] = by_device.get(name, 0) + total
     return Holdings(
         by_device=MappingProxyType(by_device),
         grad_bytes=None if shards.grad_bytes is None else sum(shards.grad_bytes),

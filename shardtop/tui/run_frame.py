@@ -25,8 +25,7 @@ from shardtop.read.tree_lines import Line, default_expanded, iter_lines_from, it
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.tui.format import bar, duration, fraction, short_count, truncate
 from shardtop.tui.header_info import header_parts, run_header_info
-from shardtop.tui.shard_tree_rows import OOM_WORDS
-from shardtop.tui.tree_columns import cut, module_heading, tree_columns
+from shardtop.tui.tree_columns import OOM_WORDS, cut, module_heading, tree_columns
 from shardtop.units import format_bytes, short_bytes
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@
 ``name_cells`` the guides, expander, name and OOM mark of a row, and
 ``figure_cells`` its type, parameter count, state, device and one figure per
 rank column (or the min…max of all ranks where they do not fit).  The widget
-cuts them to its columns (``tree_columns.fit``) and caches the strips.  The
+cuts them to its columns (``fit``) and caches the strips.  The
 styles come in from the widget: ``base`` for the line, ``style`` for each
 component class.  Pure: no Textual.
 """
@@ -14,16 +14,17 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Callable, Sequence
 
+from rich.cells import cell_len
+from rich.segment import Segment
 from rich.style import Style
 
 from shardtop.read.shard_model import Figure, Fold, Node, ShardModel
 from shardtop.read.tree_lines import Line
 from shardtop.tui.format import short_count
 from shardtop.tui.host_groups import RankColumn
-from shardtop.tui.tree_columns import TreeColumns, cut, module_heading
+from shardtop.tui.tree_columns import OOM_WORDS, TreeColumns, cut, module_heading
 from shardtop.units import short_bytes
 
-OOM_WORDS = "✗ OOM"
 TITLE = "Shard tree"
 ON_CURSOR_PLAIN = frozenset({"shard-tree--fold", "shard-tree--device", "shard-tree--guides"})
 """Colours that would sink into the cursor's background: the cursor line draws these plain."""
@@ -134,3 +135,23 @@ def figure_cells(
         low, high = short_bytes(min(known, default=None)), short_bytes(max(known, default=None))
         cells += [(" ", base), ((low if low == high else f"{low}…{high}").rjust(cols.range), base)]
     return cells
+
+
+def fit(parts: Sequence[tuple[str, Style]], width: int, pad: Style) -> list[Segment]:
+    """Segments of ``parts`` cut or padded to exactly ``width`` cells (cut text ends in …)."""
+    out: list[Segment] = []
+    used = 0
+    for text, style in parts:
+        n = cell_len(text)
+        if used + n > width:
+            room = width - used
+            if room > 0:
+                cut_text = text[: max(0, room - 1)]
+                out.append(Segment(cut_text + "…", style))
+                used += cell_len(cut_text) + 1
+            break
+        out.append(Segment(text, style))
+        used += n
+    if used < width:
+        out.append(Segment(" " * (width - used), pad))
+    return out

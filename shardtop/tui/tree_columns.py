@@ -5,15 +5,14 @@ Pure: no Textual, so the layout rules are unit-tested on their own.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rich.cells import cell_len
-from rich.segment import Segment
-from rich.style import Style
 
 from shardtop.read.shard_model import Figure
 
+OOM_WORDS = "✗ OOM"
+"""How the tree marks the module that ran out of memory (the view and the plain first frame alike)."""
 NAME_MIN = 24
 """Cells the module names keep before anything else gives way: ``│ │ ├─▶ transformers_out``."""
 PARAMS = 6
@@ -85,23 +84,3 @@ def cut(text: str, width: int) -> str:
     if cell_len(text) <= width:
         return text + " " * (width - cell_len(text))
     return text[: max(0, width - 1)] + "…" if width > 0 else ""
-
-
-def fit(parts: Sequence[tuple[str, Style]], width: int, pad: Style) -> list[Segment]:
-    """Segments of ``parts`` cut or padded to exactly ``width`` cells (cut text ends in …)."""
-    out: list[Segment] = []
-    used = 0
-    for text, style in parts:
-        n = cell_len(text)
-        if used + n > width:
-            room = width - used
-            if room > 0:
-                cut_text = text[: max(0, room - 1)]
-                out.append(Segment(cut_text + "…", style))
-                used += cell_len(cut_text) + 1
-            break
-        out.append(Segment(text, style))
-        used += n
-    if used < width:
-        out.append(Segment(" " * (width - used), pad))
-    return out

@@ -23,7 +23,8 @@ from shardtop.rundir.memory_figures import GpuMemory
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.tui.rank_memory_rows import device_index, rank_rows
 from shardtop.tui.screens.launch_prompt import check_launch
-from shardtop.tui.tree_columns import PARAMS, RANGE, RANK, cut, fit, tree_columns
+from shardtop.tui.shard_tree_rows import fit
+from shardtop.tui.tree_columns import PARAMS, RANGE, RANK, cut, tree_columns
 from shardtop.tui.watch.run_catalog import RankOwner
 from shardtop.tui.watch.run_feed import RunFeed, RunSnapshot
 from shardtop.tui.widgets.findings_list import concerning, findings_text

@@ -47,11 +47,12 @@ from shardtop.tui.shard_tree_rows import (
     TITLE,
     breadcrumb,
     figure_cells,
+    fit,
     header_text,
     name_cells,
     wrapped,
 )
-from shardtop.tui.tree_columns import TreeColumns, fit, tree_columns
+from shardtop.tui.tree_columns import TreeColumns, tree_columns
 from shardtop.words import plural
 
 
