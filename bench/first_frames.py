@@ -8,7 +8,9 @@ times in turn, in a 120x40 pseudo-terminal (as ``bench_ssh.py`` does: the same
 needles, the same run, the same stand-ins for the ranks), and prints each
 program's first frames and their median.  ``--also DIR`` times the shardtop of
 another checkout too (its directory first on ``PYTHONPATH``), in the same
-rotation: a change's cost side by side with the code before it.
+rotation: a change's cost side by side with the code before it.  Every program
+starts in an empty directory: ``python -m`` puts the working directory first on
+``sys.path``, and a checkout's own directory there would shadow ``--also``.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from bench.terminal import Terminal  # noqa: E402
 from tests.support.recorded import copy_runs  # noqa: E402
 
 
-def first_frame(argv: list[str], needles: tuple[bytes, ...], env: dict[str, str]) -> float:
-    term = Terminal(argv, size=(120, 40), env=env)
+def first_frame(argv: list[str], needles: tuple[bytes, ...], env: dict[str, str], cwd: str) -> float:
+    term = Terminal(argv, size=(120, 40), env=env, cwd=cwd)
     try:
         return term.wait_for(*(n for n in needles if n), timeout=60)
     finally:
@@ -63,7 +65,7 @@ def main() -> None:
                     rotation.append((name, p.argv, p.needles, env))
             for _ in range(args.times):
                 for name, argv, needles, env in rotation:
-                    times.setdefault(name, []).append(first_frame(argv, needles, env))
+                    times.setdefault(name, []).append(first_frame(argv, needles, env, tmp))
     finally:
         for r in ranks:
             r.kill()

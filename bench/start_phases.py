@@ -73,10 +73,15 @@ print(json.dumps(marks))
 """
 
 
-def start(code: str, args: list[str], env: dict[str, str]) -> list[tuple[str, float]]:
-    """Run ``code`` in a fresh interpreter; each mark's time, in ms since the process was started."""
+def start(code: str, args: list[str], env: dict[str, str], cwd: str) -> list[tuple[str, float]]:
+    """Run ``code`` in a fresh interpreter in ``cwd``; each mark's time, in ms since the process was started.
+
+    ``cwd`` holds no checkout: ``python -c`` puts it first on ``sys.path``, ahead of ``PYTHONPATH``.
+    """
     t0 = time.time()
-    out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=True, cwd=cwd
+    )
     end = time.time()
     marks = [(what, (t - t0) * 1000) for what, t in json.loads(out.stdout.strip().splitlines()[-1])]
     return [*marks, ("exited", (end - t0) * 1000)]
@@ -99,12 +104,17 @@ def main() -> None:
         for tree in [ROOT, *args.also]:
             path = os.pathsep.join(filter(None, [str(tree), str(ROOT), os.environ.get("PYTHONPATH")]))
             name = "shardtop attach" if tree == ROOT else f"shardtop attach ({tree})"
-            rotation.append((name, ATTACH, [str(run), str(runs)], {**os.environ, "PYTHONPATH": path}))
+            env = {**os.environ, "PYTHONPATH": path}
+            where = subprocess.run([sys.executable, "-c", "import shardtop; print(shardtop.__path__[0])"],
+                                   env=env, cwd=tmp, capture_output=True, text=True, check=True).stdout.strip()
+            if Path(where) != Path(tree).resolve() / "shardtop":
+                sys.exit(f"{name} would import the shardtop of {where}")
+            rotation.append((name, ATTACH, [str(run), str(runs)], env))
         if has_nvitop():
             rotation.append(("nvitop's imports", NVITOP, [], dict(os.environ)))
         for _ in range(args.times):
             for name, code, argv, env in rotation:
-                for what, ms in start(code, argv, env):
+                for what, ms in start(code, argv, env, tmp):
                     results.setdefault(name, {}).setdefault(what, []).append(ms)
     print(f"starts in rotation, {args.times} each, {os.cpu_count()} cores, Python {sys.version.split()[0]};"
           " median ms since the process was started (range)")

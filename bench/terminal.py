@@ -41,9 +41,12 @@ def _with_ctrl_c(args: list[str]) -> list[str]:
 
 
 class Terminal:
-    """``args`` running in a ``size`` (columns, lines) pseudo-terminal until ``close``."""
+    """``args`` running in a ``size`` (columns, lines) pseudo-terminal until ``close``, in ``cwd`` if given."""
 
-    def __init__(self, args: list[str], size: tuple[int, int] = (160, 48), env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], size: tuple[int, int] = (160, 48), env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> None:
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
         self.started = time.perf_counter()
@@ -55,6 +58,7 @@ class Terminal:
             close_fds=True,
             env={**os.environ, "TERM": "xterm-256color", **(env or {})},
             start_new_session=True,
+            cwd=cwd,
         )
         os.close(slave)
         self.master = master

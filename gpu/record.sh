@@ -6,7 +6,7 @@
 #   gpu/record.sh PART...     PART: presets1 presets2 scenarios1 scenarios2 own benches (= probe_cost terminal)
 #                             rehearse_story2 rehearse_presets rehearse_own clients client_plans compiled
 #                             over_time story2_fixed_six workspaces unmeasured split_rechecks
-#                             presets_again oom_recheck what_is_kept script_tensors kept_places
+#                             presets_again oom_recheck what_is_kept script_tensors kept_places startup
 #
 # presets1/scenarios1 and the rehearse_* parts need one GPU, presets2/scenarios2 two. Run from the project root with the
 # wheels of ../shared/gpu/wheels.sh in .whl/; everything lands under $OUT (or ./gpu-out):
@@ -211,6 +211,12 @@ over_time() {  # memory that grows: a loop keeping its logits under a 24 GiB cap
 probe_cost() { step 150 "probe cost" python3 bench/bench_probe.py --device cuda --profile 25; }
 terminal() { step 150 "terminal traffic" python3 bench/bench_ssh.py --nvml real --seconds 15 --dump "$OUT/ssh-bytes"; }
 benches() { probe_cost; terminal; }
+startup() {  # where attach's first frame spends its time, and first frames beside nvitop; ALSO=DIR: another checkout too
+  python3 -c "import sys; print('dont_write_bytecode:', sys.flags.dont_write_bytecode)"
+  python3 -m compileall -q /tmp/site shardtop ${ALSO:+"$ALSO"} > /dev/null  # bytecode, as a pip install leaves it
+  step 120 "start phases" python3 bench/start_phases.py --times 8 ${ALSO:+--also "$ALSO"}
+  step 240 "first frames" python3 bench/first_frames.py --times 12 --nvml real ${ALSO:+--also "$ALSO"}
+}
 
 {
   nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv
