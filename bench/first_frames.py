@@ -44,7 +44,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--times", type=int, default=10)
     parser.add_argument("--nvml", choices=("auto", "real", "recorded"), default="auto")
-    parser.add_argument("--also", type=Path, nargs="*", default=[], help="other checkouts' shardtop, timed alongside")
+    parser.add_argument("--also", type=lambda p: Path(p).resolve(), nargs="*", default=[],
+                        help="other checkouts' shardtop, timed alongside")
     args = parser.parse_args()
     nvml = nvml_kind(args.nvml)
     ranks = start_ranks(nvml, 3600)

@@ -94,7 +94,8 @@ def has_nvitop() -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--times", type=int, default=8)
-    parser.add_argument("--also", type=Path, nargs="*", default=[], help="other checkouts' shardtop, timed alongside")
+    parser.add_argument("--also", type=lambda p: Path(p).resolve(), nargs="*", default=[],
+                        help="other checkouts' shardtop, timed alongside")
     args = parser.parse_args()
     results: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
