@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +31,18 @@ from bench.bench_ssh import RUN, nvml_kind, programs, start_ranks  # noqa: E402
 from bench.recorded_nvml import write_samples  # noqa: E402
 from bench.terminal import Terminal  # noqa: E402
 from tests.support.recorded import copy_runs  # noqa: E402
+
+
+def checkout_env(env: dict[str, str], tree: Path, cwd: str) -> dict[str, str]:
+    """``env`` with ``tree``'s shardtop first on ``PYTHONPATH``; exits if a program started in ``cwd`` would
+    import another."""
+    path = os.pathsep.join(filter(None, [str(tree), str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**env, "PYTHONPATH": path}
+    where = subprocess.run([sys.executable, "-c", "import shardtop; print(shardtop.__path__[0])"],
+                           env={**os.environ, **env}, cwd=cwd, capture_output=True, text=True, check=True)
+    if Path(where.stdout.strip()) != tree / "shardtop":
+        sys.exit(f"a program started in {cwd} would import the shardtop of {where.stdout.strip()}, not {tree}'s")
+    return env
 
 
 def first_frame(argv: list[str], needles: tuple[bytes, ...], env: dict[str, str], cwd: str) -> float:
@@ -61,8 +74,7 @@ def main() -> None:
                     if p.name == "nvitop" and tree != ROOT:
                         continue
                     name = p.name if tree == ROOT else f"{p.name} ({tree})"
-                    path = os.pathsep.join(filter(None, [str(tree), str(ROOT), os.environ.get("PYTHONPATH")]))
-                    env = {**p.env, "PYTHONPATH": path} if p.name != "nvitop" else p.env
+                    env = checkout_env(p.env, tree, tmp) if p.name != "nvitop" else p.env
                     rotation.append((name, p.argv, p.needles, env))
             for _ in range(args.times):
                 for name, argv, needles, env in rotation:

@@ -30,6 +30,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_ssh import RUN  # noqa: E402
+from bench.first_frames import checkout_env  # noqa: E402
 from tests.support.recorded import copy_runs  # noqa: E402
 
 ATTACH = """
@@ -103,13 +104,8 @@ def main() -> None:
         run = copy_runs(runs, RUN)[RUN]
         rotation: list[tuple[str, str, list[str], dict[str, str]]] = [("python -c pass", BARE, [], dict(os.environ))]
         for tree in [ROOT, *args.also]:
-            path = os.pathsep.join(filter(None, [str(tree), str(ROOT), os.environ.get("PYTHONPATH")]))
             name = "shardtop attach" if tree == ROOT else f"shardtop attach ({tree})"
-            env = {**os.environ, "PYTHONPATH": path}
-            where = subprocess.run([sys.executable, "-c", "import shardtop; print(shardtop.__path__[0])"],
-                                   env=env, cwd=tmp, capture_output=True, text=True, check=True).stdout.strip()
-            if Path(where) != Path(tree).resolve() / "shardtop":
-                sys.exit(f"{name} would import the shardtop of {where}")
+            env = checkout_env(dict(os.environ), tree, tmp)
             rotation.append((name, ATTACH, [str(run), str(runs)], env))
         if has_nvitop():
             rotation.append(("nvitop's imports", NVITOP, [], dict(os.environ)))
