@@ -19,6 +19,7 @@ import subprocess
 import termios
 import threading
 import time
+from collections.abc import Mapping
 
 import psutil
 
@@ -40,6 +41,12 @@ def _with_ctrl_c(args: list[str]) -> list[str]:
     return ["env", "--default-signal=INT,QUIT", *args]
 
 
+def _without_size(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` less ``COLUMNS`` and ``LINES``: programs take them over the terminal's own size (pytest-xdist's
+    processes set them to 80 and 24)."""
+    return {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
+
+
 class Terminal:
     """``args`` running in a ``size`` (columns, lines) pseudo-terminal until ``close``, in ``cwd`` if given."""
 
@@ -56,7 +63,7 @@ class Terminal:
             stdout=slave,
             stderr=slave,
             close_fds=True,
-            env={**os.environ, "TERM": "xterm-256color", **(env or {})},
+            env={**_without_size(os.environ), "TERM": "xterm-256color", **(env or {})},
             start_new_session=True,
             cwd=cwd,
         )

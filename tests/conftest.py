@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,29 +56,52 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
 
 QUICK_WORKERS = 3
-"""Processes for the quick layers (tests/unit and tests/tui), where pytest-xdist is installed: one more than
-two cores, since a Pilot-driven test spends about a fifth of its time waiting for the app to go idle."""
+"""Processes for a run of the suite, where pytest-xdist is installed: one more than two cores, since a
+Pilot-driven test spends about a fifth of its time waiting for the app to go idle."""
+ENGINES_GROUP = "engines"
+"""The engines' tests run in one of those processes, one after another, in their order: their ranks
+and runs take the cores themselves, some of them time a rank's step, and their module fixtures start
+many runs at once.  The quick layers' tests share the other processes (and that one, once it is done)."""
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
-    """Run the quick layers on ``QUICK_WORKERS`` processes: ``-m "not engines"`` answers in a minute or so on two cores.
+    """Run the suite on ``QUICK_WORKERS`` processes: ``-m "not engines"`` answers in a minute or so on two
+    cores, and the whole suite runs its quick layers beside the engines' layer instead of after it.
 
-    Only where ``-m`` leaves tests/engines out, pytest-xdist is installed, the command names no
-    ``-n`` (``-n 0``: one process) and no snapshot is being updated.  The engines' layer stays in one
-    process: its ranks and runs take the cores themselves, and some of its tests time a rank's step.
+    Only where pytest-xdist is installed, the command names no ``-n`` (``-n 0``: one process), asks
+    for tests of the quick layers, and updates no snapshot.
     """
     if getattr(config.option, "numprocesses", "no xdist") is not None or hasattr(config, "workerinput"):
         return
-    if layer_selected(config.option.markexpr, "engines") or config.getoption("--snapshot-update", False):
+    if config.getoption("--snapshot-update", False) or config.option.collectonly or config.getoption("usepdb", False):
         return
-    if config.option.collectonly or config.getoption("usepdb", False):
+    if not any(layer_selected(config.option.markexpr, layer) and layer in layers_asked(config) for layer in QUICK):
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if cores > 1:
         config.option.numprocesses = min(QUICK_WORKERS, cores + 1)
-        if config.option.dist == "no":  # a process that runs dry takes tests from a busy one: lengths vary tenfold
-            config.option.dist = "worksteal"
+        if config.option.dist == "no":
+            engines = layer_selected(config.option.markexpr, "engines") and "engines" in layers_asked(config)
+            # loadgroup keeps the engines' tests together; worksteal lets a process that runs dry take
+            # tests from a busy one (lengths vary tenfold)
+            config.option.dist = "loadgroup" if engines else "worksteal"
+
+
+QUICK = ("unit", "tui")
+
+
+def layers_asked(config: pytest.Config) -> set[str]:
+    """The layers the command's paths reach: every layer for none, or for the tests folder or one above."""
+    found: set[str] = set()
+    for arg in config.args or [str(TESTS)]:
+        path = Path(config.invocation_params.dir, arg.split("::")[0]).resolve()
+        if TESTS.is_relative_to(path):
+            return set(LAYERS)
+        if path.is_relative_to(TESTS):
+            layer = path.relative_to(TESTS).parts[0]
+            found.update((layer,) if layer in LAYERS else LAYERS)
+    return found
 
 
 QUICK_GC_THRESHOLD = (20_000, 10, 10)
@@ -143,8 +167,19 @@ def _marks(layer: str, given: dict[str, bool], asked: set[str]) -> Callable[...,
     return marked
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test with the layer of the directory it lives in."""
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Tell each pytest-xdist process whether the tests go by group: it parses the command line again,
+    which does not hold the ``--dist`` chosen above."""
+    node.workerinput["loadgroup"] = node.config.option.dist == "loadgroup"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test with the layer of the directory it lives in; the engines' tests go to one process."""
+    grouped = config.pluginmanager.hasplugin("xdist")
+    if getattr(config, "workerinput", {}).get("loadgroup"):
+        config.option.loadgroup = True
     for item in items:
         try:
             layer = Path(item.path).resolve().relative_to(TESTS).parts[0]
@@ -152,6 +187,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             continue
         if layer in LAYERS:
             item.add_marker(getattr(pytest.mark, layer))
+        if layer == "engines" and grouped:
+            item.add_marker(pytest.mark.xdist_group(ENGINES_GROUP))
 
 
 @pytest.fixture

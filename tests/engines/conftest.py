@@ -1,4 +1,5 @@
-"""The engines layer: mypy starts with the session when the lint test is selected (tests/support/lint.py)."""
+"""The engines layer: mypy starts with the first engines test a process runs, when the lint test is
+selected (tests/support/lint.py)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,22 @@ import pytest
 from tests.support.lint import MypyRun, start_mypy
 
 MYPY = pytest.StashKey[MypyRun]()
+LOOKED = pytest.StashKey[bool]()
 MYPY_TEST = "test_lint.py::test_mypy_strict_finds_no_error"
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    if any(item.nodeid.endswith(MYPY_TEST) for item in session.items):
-        session.config.stash[MYPY] = start_mypy()
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Start mypy beside this process's engines tests if one of them will ask for it.
+
+    Not at collection: where pytest-xdist shares the suite out, every process collects every test,
+    and only the one that runs the engines' layer (tests/conftest.py) runs the lint test.
+    """
+    config = item.config
+    if config.stash.get(LOOKED, False):
+        return
+    config.stash[LOOKED] = True
+    if MYPY not in config.stash and any(MYPY_TEST in i.nodeid for i in item.session.items):
+        config.stash[MYPY] = start_mypy()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

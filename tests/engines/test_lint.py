@@ -1,7 +1,7 @@
 """The code is typed throughout and lint-clean: ``mypy`` (strict) and ``ruff check`` find nothing.
 
 Both read their settings from pyproject.toml.  mypy starts from an empty cache, as on a fresh
-clone, when the session starts (``tests/engines/conftest.py``): about 30 s of one core beside the
+clone, with the first engines test (``tests/engines/conftest.py``): about 30 s of one core beside the
 other tests; ruff takes well under a second.
 """
 
