@@ -48,18 +48,22 @@ def _without_size(env: Mapping[str, str]) -> dict[str, str]:
 
 
 class Terminal:
-    """``args`` running in a ``size`` (columns, lines) pseudo-terminal until ``close``, in ``cwd`` if given."""
+    """``args`` running in a ``size`` (columns, lines) pseudo-terminal until ``close``, in ``cwd`` if given.
+
+    ``keys=False``: stdin is ``/dev/null``, as for a program run from a script; it draws on the
+    terminal but reads no key from it.
+    """
 
     def __init__(
         self, args: list[str], size: tuple[int, int] = (160, 48), env: dict[str, str] | None = None,
-        cwd: str | None = None,
+        cwd: str | None = None, keys: bool = True,
     ) -> None:
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
             _with_ctrl_c(args),
-            stdin=slave,
+            stdin=slave if keys else subprocess.DEVNULL,
             stdout=slave,
             stderr=slave,
             close_fds=True,

@@ -133,7 +133,7 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
     if args.read_only:
         raise UsageError("--read-only forbids starting a rehearsal.")
     run_id = rehearse(args.settings, args.plan_command, runs_dir=args.runs_dir, name=args.name,
-                      headless=args.headless or not sys.stdout.isatty(), every=args.every, out=sys.stdout)
+                      headless=args.headless or not on_a_terminal(), every=args.every, out=sys.stdout)
     if isinstance(run_id, int):
         return run_id
     return _open_tui(args, run_id=run_id)
@@ -150,10 +150,22 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     return _open_tui(args, run_id=None)
 
 
+def on_a_terminal() -> bool:
+    """Whether the TUI can run here: it draws on stdout and reads keys from stdin, both a terminal.
+
+    With stdin from ``/dev/null`` or a pipe, Textual's key reader would spin on its end, a core at
+    100 %, and no key could quit it.
+    """
+    return sys.stdout.isatty() and sys.stdin is not None and sys.stdin.isatty()
+
+
 def _open_tui(args: argparse.Namespace, run_id: str | None) -> int:
-    if not sys.stdout.isatty():
+    if not on_a_terminal():
         if run_id is None:
-            raise UsageError("the monitor needs a terminal; try `shardtop runs` or `shardtop launch --headless`.")
+            raise UsageError(
+                "the monitor needs a terminal to draw on and read keys from (stdin and stdout); "
+                "try `shardtop runs` or `shardtop launch --headless`."
+            )
         from shardtop.headless import follow
         from shardtop.rundir.run_directory import find_run
 

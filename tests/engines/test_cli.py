@@ -55,7 +55,7 @@ def test_read_only_and_interval_reach_the_tui_from_either_side(
     run = finished_run(tmp_path)
     opened: list[dict[str, object]] = []
     monkeypatch.setattr(shardtop.tui.app, "run_app", lambda **kw: opened.append(kw) or 0)
-    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setattr(cli, "on_a_terminal", lambda: True)
     monkeypatch.setenv("SHARDTOP_RUNS_DIR", str(tmp_path / "elsewhere"))
     root = ["--runs-dir", str(tmp_path)]
     assert cli.main(["--read-only", "--interval", "2.5", *root, "attach", run.id]) == 0
@@ -72,7 +72,7 @@ def test_run_on_a_terminal_opens_the_runs_view(tmp_path: Path, monkeypatch: pyte
 
     opened: list[dict[str, object]] = []
     monkeypatch.setattr(shardtop.tui.app, "run_app", lambda **kw: opened.append(kw) or 0)
-    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setattr(cli, "on_a_terminal", lambda: True)
     assert cli.main(["run", "--runs-dir", str(tmp_path), "--", sys.executable, "-c", "pass"]) == 0
     [run] = list_runs(tmp_path)
     assert [o["run"] for o in opened] == [str(run.path)]

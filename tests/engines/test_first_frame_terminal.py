@@ -34,13 +34,14 @@ def recorded_nvml(tmp_path: Path) -> Path:
 
 
 def shardtop_in_a_terminal(
-    samples: Path, runs: Path, *, module: str = "shardtop", extra: Path | None = None
+    samples: Path, runs: Path, *args: str, module: str = "shardtop", extra: Path | None = None, keys: bool = True
 ) -> Terminal:
     path = os.pathsep.join(str(p) for p in (ROOT, extra) if p is not None)
     argv = [
-        sys.executable, str(ROOT / "bench" / "recorded_nvml.py"), str(samples), "-m", module, "--runs-dir", str(runs)
+        sys.executable, str(ROOT / "bench" / "recorded_nvml.py"), str(samples), "-m", module, "--runs-dir", str(runs),
+        *args,
     ]
-    return Terminal(argv, size=(120, 40), env={"PYTHONPATH": path, "SHARDTOP_REFRESH": "1"})
+    return Terminal(argv, size=(120, 40), env={"PYTHONPATH": path, "SHARDTOP_REFRESH": "1"}, keys=keys)
 
 
 def wait_for_exit(term: Terminal, timeout: float = 10.0) -> int:
@@ -145,3 +146,29 @@ def test_ctrl_c_while_the_frame_is_up_restores_the_terminal(tmp_path: Path, reco
     assert code != 0
     assert output.index(LEAVE_ALTERNATE) < output.index(b"KeyboardInterrupt")
     assert_restored(output)
+
+
+def test_without_keys_attach_follows_in_lines_and_the_monitor_says_why_it_cannot_open(
+    tmp_path: Path, recorded_nvml: Path
+) -> None:
+    """stdout a terminal, stdin ``/dev/null`` (a script, ``< /dev/null``): no full-screen view, whose key
+    reader would spin a core on the empty input with no key to quit it."""
+    runs = tmp_path / "runs"
+    run = copy_runs(runs, "h200x2/zero3-linear")["h200x2/zero3-linear"]
+    attach = shardtop_in_a_terminal(recorded_nvml, runs, "attach", run.name, keys=False)
+    try:
+        code = wait_for_exit(attach, timeout=60)
+    finally:
+        attach.close()
+    assert code == 1, attach.screen_text()[-2000:]  # the run's own exit code, as --headless gives it
+    assert TEXTUAL_STARTED not in attach.output and ALTERNATE_SCREEN.encode() not in attach.output
+    assert b"Rank 0 ran out of memory on cuda:0 during setup in model.net.15330" in attach.output
+    monitor = shardtop_in_a_terminal(recorded_nvml, runs, keys=False)
+    try:
+        code = wait_for_exit(monitor, timeout=60)
+    finally:
+        monitor.close()
+    assert code == 2
+    assert b"the monitor needs a terminal to draw on and read keys from" in monitor.output
+    assert ALTERNATE_SCREEN.encode() not in monitor.output, "no frame drawn before the refusal"
+
