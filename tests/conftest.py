@@ -20,6 +20,8 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 LAYERS = ("unit", "engines", "tui")
+QUICK = ("unit", "tui")
+"""The layers whose tests take a second or less."""
 
 # pytest rewrites the asserts of every test module it imports, in every process of a run (three for the
 # quick layers), and caches what it rewrote only where bytecode may be written.  Where
@@ -76,19 +78,16 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         return
     if config.getoption("--snapshot-update", False) or config.option.collectonly or config.getoption("usepdb", False):
         return
-    if not any(layer_selected(config.option.markexpr, layer) and layer in layers_asked(config) for layer in QUICK):
+    asked = {layer for layer in layers_asked(config) if layer_selected(config.option.markexpr, layer)}
+    if not asked & set(QUICK):
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if cores > 1:
         config.option.numprocesses = min(QUICK_WORKERS, cores + 1)
         if config.option.dist == "no":
-            engines = layer_selected(config.option.markexpr, "engines") and "engines" in layers_asked(config)
             # loadgroup keeps the engines' tests together; worksteal lets a process that runs dry take
             # tests from a busy one (lengths vary tenfold)
-            config.option.dist = "loadgroup" if engines else "worksteal"
-
-
-QUICK = ("unit", "tui")
+            config.option.dist = "loadgroup" if "engines" in asked else "worksteal"
 
 
 def layers_asked(config: pytest.Config) -> set[str]:
