@@ -21,7 +21,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 LAYERS = ("unit", "engines", "tui")
 QUICK = ("unit", "tui")
-"""The layers whose tests take a second or less."""
+"""The layers `-m "not engines"` runs: no test of theirs starts a slow process."""
 
 # pytest rewrites the asserts of every test module it imports, in every process of a run (three for the
 # quick layers), and caches what it rewrote only where bytecode may be written.  Where
