@@ -10,11 +10,17 @@ from textual.widgets import Button, Static
 
 
 class ConfirmScreen(ModalScreen[bool]):
-    """Dismissed with True only by ``y`` or the confirm button; anything else cancels."""
+    """Dismissed with True only by ``y`` or the confirm button; anything else cancels.
+
+    The buttons sit side by side, confirm on the left: ← and → move between them, Enter presses
+    the one in focus (Cancel, at first).
+    """
 
     BINDINGS = [
         Binding("y", "answer(True)", "Yes"),
         Binding("n,escape", "answer(False)", "No"),
+        Binding("left", "focus_button('yes')", "To the left button", show=False),
+        Binding("right", "focus_button('no')", "To the right button", show=False),
     ]
 
     def __init__(self, question: str, detail: str = "", confirm: str = "Stop") -> None:
@@ -37,6 +43,9 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "yes")
+
+    def action_focus_button(self, button_id: str) -> None:
+        self.query_one(f"#{button_id}", Button).focus()
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)

@@ -58,7 +58,7 @@ class HomeScreen(Screen[None]):
     BINDINGS = [
         Binding("g", "focus_panel('processes')", "Processes", show=False),
         Binding("u", "focus_panel('runs')", "Runs", show=False),
-        Binding("p", "focus_panel('presets')", "Presets", show=False),
+        Binding("p", "focus_panel('presets')", "Presets"),
     ]
 
     class GpusSampled(Message):

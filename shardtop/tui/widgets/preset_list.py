@@ -1,4 +1,4 @@
-"""``PresetList``: the presets, one line each; Enter launches one (unless read-only)."""
+"""``PresetList``: the presets, one line each; Enter launches the highlighted one (unless read-only)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ from shardtop.config import Preset
 
 
 class PresetList(OptionList):
-    """The presets a run can start from; the option ids are the preset names."""
+    """The presets a run can start from; the option ids are the preset names.
+
+    In focus, one preset is always highlighted (the first, until the cursor moves), so the first ↓
+    moves to the second preset and Enter opens the one the highlight is on.
+    """
 
     DEFAULT_CSS = """
     PresetList {
@@ -38,6 +42,15 @@ class PresetList(OptionList):
             )
             for p in presets
         )
+        if self.has_focus:
+            self._highlight_first()
+
+    def on_focus(self) -> None:
+        self._highlight_first()
+
+    def _highlight_first(self) -> None:
+        if self.highlighted is None and self.option_count:
+            self.highlighted = 0
 
     @property
     def selected(self) -> str | None:
