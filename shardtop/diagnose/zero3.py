@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shardtop.diagnose.facts import (
@@ -35,6 +36,15 @@ takes at least half of the memory the rank may use; a smaller model leaves the b
 
 ACCELERATORS = ("cuda", "xpu", "mps", "hpu", "npu")
 
+HALF_PRECISIONS = {
+    "16": "fp16", "16-mixed": "fp16", "16-true": "fp16", "float16": "fp16", "torch.float16": "fp16", "half": "fp16",
+    "bf16": "bf16", "bf16-mixed": "bf16", "bf16-true": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
+}
+"""Lightning's precision settings and the parameters' dtypes under which DeepSpeed casts the model to half
+precision in ``_configure_distributed_model``."""
+FULL_PRECISIONS = frozenset({"32", "32-true", "64", "64-true", "float32", "torch.float32", "float64"})
+"""Those under which it casts nothing."""
+
 
 # -- zero3-not-partitioned-at-init ------------------------------------------------------------------
 
@@ -60,6 +70,8 @@ class BuiltWhole(Evidence):
     """The OOM while the engine moved or cast the whole model, if one struck there."""
     rehearsed: int = 0
     """Ranks rehearsed, for a rehearsal (0: a real run of every rank)."""
+    precision: str = ""
+    """``fp16`` or ``bf16`` (the engine casts the model), ``fp32`` (it does not), "" where the run did not say."""
 
     @property
     def part(self) -> bool:
@@ -82,6 +94,18 @@ def _accelerators(setup: Shards) -> set[str]:
         setup.devices[d] for d, b in zip(setup.device, setup.bytes, strict=True) if b and 0 <= d < len(setup.devices)
         and setup.devices[d].startswith(ACCELERATORS)
     }
+
+
+def run_precision(info: Mapping[str, object]) -> str:
+    """``fp16``, ``bf16`` or ``fp32`` from what the run said of its precision (Lightning's setting, else the
+    parameters' dtype); "" where it said neither."""
+    for key in ("precision", "param_dtype"):
+        said = str(info.get(key) or "")
+        if said in HALF_PRECISIONS:
+            return HALF_PRECISIONS[said]
+        if said in FULL_PRECISIONS:
+            return "fp32"
+    return ""
 
 
 def find_built_whole(m: RunModel) -> BuiltWhole | None:
@@ -122,6 +146,7 @@ def find_built_whole(m: RunModel) -> BuiltWhole | None:
         driver=driver_of(m),
         oom=moving,
         rehearsed=len(m.rehearsal.ranks) if m.rehearsal is not None else 0,
+        precision=run_precision(m.info),
     )
 
 
@@ -204,22 +229,35 @@ def _why_whole(e: BuiltWhole) -> str:
         if e.part
         else "A model built outside deepspeed.zero.Init exists"
     )
-    how = (
-        "moves it to the GPU (and casts it to fp16/bf16)"
-        if e.on_gpus
-        else "casts it to fp16/bf16 (on GPUs: moves it to the GPU)"
-    )
     needs = (
         f"although training only needs 1/{n} of it ({fmt(held // n)})"
         if n > 1
         else "although on N GPUs each would only ever need 1/N of it (on this one GPU, 1/N is all of it: "
         "see zero3-single-rank)"
     )
+    per = "GPU" if e.on_gpus else "rank"
     return (
-        f"{built} whole on every rank, and DeepSpeedEngine._configure_distributed_model {how} whole, on every "
-        f"rank, before ZeRO-3 partitions it: set-up needs {fmt(held)} per {'GPU' if e.on_gpus else 'rank'} for "
+        f"{built} whole on every rank, and {_engine_keeps_it_whole(e)}: set-up needs {fmt(held)} per {per} for "
         f"them {needs}."
     )
+
+
+def _engine_keeps_it_whole(e: BuiltWhole) -> str:
+    """What the engine's set-up does with the whole model in this run's precision, on its devices, before
+    ZeRO-3 partitions it."""
+    step = "DeepSpeedEngine._configure_distributed_model"
+    cast = {"fp16": "casts it to fp16", "bf16": "casts it to bf16"}.get(e.precision, "")
+    if e.on_gpus and not e.precision:
+        done = f"{step} moves it to the GPU (and casts it, under fp16 or bf16)"
+    elif e.on_gpus:
+        done = f"{step} moves it to the GPU" + (f" and {cast}" if cast else "")
+    elif cast:
+        done = f"{step} {cast}"
+    else:
+        unsaid = "in fp32 on CPU, DeepSpeed's set-up neither moves nor casts it" if e.precision else (
+            "DeepSpeed's set-up casts it whole under fp16 or bf16")
+        return f"it stays whole until ZeRO-3 partitions it ({unsaid})"
+    return f"{done} whole, on every rank, before ZeRO-3 partitions it"
 
 
 def _oom_there(oom: OomEvidence | None) -> str:

@@ -37,10 +37,9 @@ def finding_text(finding: Finding) -> Text:
         text.append_text(with_code_spans(finding.fix.strip() + "\n"))
     if finding.saving_bytes:
         text.append(f"saves ≈ {format_bytes(finding.saving_bytes)} per rank\n", "italic")
-    if finding.modules:
-        shown = ", ".join(finding.modules[:5]) + (
-            f" (+{len(finding.modules) - 5} more)" if len(finding.modules) > 5 else ""
-        )
+    named = [m for m in finding.modules if m]  # the root ("") is the whole model, which the finding says in words
+    if named:
+        shown = ", ".join(named[:5]) + (f" (+{len(named) - 5} more)" if len(named) > 5 else "")
         text.append(f"modules: {shown}\n", "dim")
     return text
 
