@@ -1,26 +1,32 @@
-"""Activations: the tensors a forward saves for backward, live, and which module saved them.
+"""Activations: the tensors autograd holds for backward, live, and which module made them.
 
-``torch.autograd.graph.saved_tensors_hooks`` hands every tensor autograd saves
-to a pack hook.  The hook wraps it in a small ``_Saved`` holder (keeping a
-``detach()``ed alias, as the hook's contract asks, so no reference cycle
-forms); autograd drops the holder when the node that saved it is freed,
-which is right after that node's backward ran.  So the holders alive at any
-moment are exactly the activations still saved, counted per storage (two
-nodes saving one tensor hold it once).  Parameters are not activations: a
-``Parameter`` passes through untouched, and storages a census already
-counted as parameters are skipped when summing.
+Nothing is hooked into autograd: pushing ``saved_tensors_hooks`` would change
+what the job's own code sees (a custom ``autograd.Function`` would get a new
+plain tensor back from ``ctx.saved_tensors`` instead of its saved parameter,
+and ``torch.func`` transforms would refuse to run).  Instead, while a step is
+explained, global module hooks note the autograd sequence number at each
+module call's start and end (``saved_graph.ModuleSpans``, about 1 µs a call),
+and a census reads the graph as it stands (``saved_graph.py``): every tensor a
+node still holds, counted once per storage, attributed to the innermost
+module running when the node was made.  Parameters and their views are not
+activations and are left out, and so are storages a census already counted
+as parameters.
 
-Which module saved a tensor: global forward pre/post hooks keep a stack of
-the modules running; a tensor goes to the innermost one the first time its
-storage is saved ("own only": a parent's forward does not get its children's).
-
-The hooks cost about 5 µs per saved tensor and a hook call per module call,
-so they run only while the probe explains a step (``memory_explain.py``).
-Pack hooks are thread-local: ``start``/``stop`` run on the training thread.
+Where the graph is: whatever the caller hands over (the loss Lightning is
+about to backpropagate, the tensors on an OOM's stack), the node autograd
+is running (a census taken from inside backward), and the outputs of the
+model's outermost calls since ``start`` (held weakly: they never keep a graph
+alive).  What the script computed from those outputs outside any module (a
+loss) is reachable from none of them; where nodes were made after the model's
+last call and no backward has run since, the process's tensors that carry a
+graph made since ``start`` are looked for once (``gc.get_objects()``, about
+0.15 s per 400 000 objects on a 2-core machine) and held weakly in turn.
 """
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,119 +35,60 @@ from torch import nn
 
 from shardtop.probe.allocator_timeline import block_bytes
 from shardtop.probe.eager import compiling
+from shardtop.probe.saved_graph import ModuleSpans, nodes_from, of_a_parameter, readable, saved_by, sequence_number
 
-
-def is_parameter(tensor: torch.Tensor) -> bool:
-    """``isinstance(tensor, nn.Parameter)`` without its metaclass's Python ``__instancecheck__``
-    (about 20 µs a call, more than the rest of a pack hook): a plain tensor is settled by its type."""
-    cls = type(tensor)
-    if cls is torch.Tensor:
-        return False
-    if cls is nn.Parameter:
-        return True
-    return issubclass(cls, nn.Parameter) or bool(getattr(tensor, "_is_param", False))
-
-
-class _Record:
-    """One saved storage: how many holders keep it, and the module that saved it first."""
-
-    __slots__ = ("count", "module", "storage")
-
-    def __init__(self, storage: Any, module: int) -> None:
-        self.count = 1
-        self.storage = storage
-        self.module = module
-
-
-class _Saved:
-    """What autograd keeps instead of the tensor; its death means the saved tensor was released."""
-
-    __slots__ = ("key", "owner", "tensor")
-
-    def __init__(self, tensor: torch.Tensor, key: int, owner: SavedActivations) -> None:
-        self.tensor = tensor
-        self.key = key
-        self.owner = owner
-
-    def __del__(self) -> None:
-        self.owner._release(self.key)
+MAX_OUTPUTS = 64
+"""Outputs of outermost calls held (weakly) as the graph's roots, the latest kept."""
 
 
 class SavedActivations:
-    """Live saved tensors of this process, per storage, with the module that saved each."""
+    """Tensors autograd holds for backward in this process, per storage, with the module that made each."""
 
     def __init__(self) -> None:
-        self._live: dict[int, _Record] = {}
-        self._stack: list[int] = []
-        self._hooks: Any = None
+        self.spans = ModuleSpans()
         self._handles: list[Any] = []
+        self._outputs: list[weakref.ref[torch.Tensor]] = []
+        self.roots: list[Any] = []
+        """Tensors or nodes the next read starts from as well (set by the caller, cleared after the read)."""
+        self._looked = False
+        """The process was searched for graphs since ``start``, or a backward ran: no search needed."""
+        self._model_done: int | None = None
+        """The sequence number when the model's last outermost call returned."""
         self.saved = 0
-        """Tensors packed since ``start`` (a count, for the cost figures)."""
-        self.failed: str | None = None
-        """Why the hooks could not be pushed (``saved_tensors_hooks`` disabled by a torch feature)."""
+        """Saved tensors seen by the last read (a count, for the cost figures)."""
+        self.failed: str | None = readable()
+        """Why saved tensors cannot be read on this torch (None: they can)."""
 
-    # -- autograd's side ----------------------------------------------------------
-
-    def _pack(self, tensor: torch.Tensor) -> Any:
-        if self._hooks is None:
-            return tensor.detach()  # stopped, but left below another pair of hooks: count nothing
-        if is_parameter(tensor):
-            return tensor  # a leaf: no cycle, and not an activation
-        base = tensor._base
-        if base is not None and is_parameter(base):
-            return tensor.detach()  # ``weight.t()`` saved by a Linear: a parameter still
-        storage = tensor.untyped_storage()
-        key = storage.data_ptr()
-        if key == 0:
-            return tensor.detach()
-        record = self._live.get(key)
-        if record is None:
-            self._live[key] = _Record(storage, self._stack[-1] if self._stack else 0)
-        else:
-            record.count += 1
-        self.saved += 1
-        return _Saved(tensor.detach(), key, self)
-
-    @staticmethod
-    def _unpack(packed: Any) -> torch.Tensor:
-        return packed.tensor if isinstance(packed, _Saved) else packed
-
-    def _release(self, key: int) -> None:
-        record = self._live.get(key)
-        if record is not None:
-            record.count -= 1
-            if record.count <= 0:
-                del self._live[key]
+    # -- the forward's module calls -------------------------------------------------
 
     def _enter(self, module: nn.Module, args: Any) -> None:
-        if compiling():  # inside a compiled graph: what it saves is told by the module called eagerly
-            return
-        self._stack.append(id(module))
+        if not compiling():  # inside a compiled graph: the module called eagerly made its nodes
+            self.spans.enter(module)
 
     def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
-        if compiling():
+        if compiling() or not self.spans.leave(module):
             return
-        if self._stack and self._stack[-1] == id(module):
-            self._stack.pop()
-
-    # -- the probe's side ---------------------------------------------------------
+        self._model_done = sequence_number()
+        for tensor in _tensors_in(output):
+            if tensor.grad_fn is not None:
+                self._outputs.append(weakref.ref(tensor))
+        del self._outputs[:-MAX_OUTPUTS]
 
     @property
     def active(self) -> bool:
-        return self._hooks is not None
+        return bool(self._handles)
 
     def start(self) -> bool:
-        """Push the pack hooks and the module hooks on this thread; False if torch refused."""
-        if self._hooks is not None:
-            return True
-        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        try:
-            hooks.__enter__()
-        except RuntimeError as e:  # torch.func and some compiled regions forbid saved-tensor hooks
-            self.failed = str(e).split("\n", 1)[0]
+        """Note the module calls from now on (on this thread's sequence numbers); False if this torch
+        cannot tell what the graph holds."""
+        if self.failed is not None:
             return False
-        self._hooks = hooks
-        self._stack.clear()
+        if self._handles:
+            return True
+        self.spans.begin()
+        self._outputs = []
+        self._looked = False
+        self._model_done = None
         register = nn.modules.module
         self._handles = [
             register.register_module_forward_pre_hook(self._enter),
@@ -150,42 +97,70 @@ class SavedActivations:
         return True
 
     def stop(self) -> None:
-        """Pop the hooks (only ours: if another pair was pushed above them, ours are left inert)."""
+        """Stop noting module calls; what was noted still attributes the graph's nodes."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        hooks, self._hooks = self._hooks, None
-        if hooks is None:
-            return
-        if self._hooks_on_top():
-            try:
-                hooks.__exit__(None, None, None)
-            except RuntimeError:
-                pass
-
-    def _hooks_on_top(self) -> bool:
-        """Are our pack hooks the innermost pair (so popping pops ours)? True if torch cannot say."""
-        top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-        if top is None:
-            return True
-        try:
-            try:
-                current = top(False)
-            except TypeError:  # an older signature, without ``ignore_is_tracing``
-                current = top()
-        except RuntimeError:
-            return True
-        return current is None or current[0] == self._pack
 
     def clear(self) -> None:
-        """Forget the live records (the holders still alive release nothing then)."""
-        self._live = {}
+        """Forget the roots of the last forward."""
+        self._outputs = []
+        self.roots = []
 
     # -- what is saved now ----------------------------------------------------------
 
+    def _roots(self) -> list[Any]:
+        roots: list[Any] = list(self.roots)
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            roots.append(node)
+            self._looked = True  # a backward runs: what the script made after the model ran first
+        outputs = [t for ref in self._outputs if (t := ref()) is not None]
+        if not roots and not self._looked and self._made_after_model():
+            self._looked = True
+            outputs = self._graphs_in_process()
+            self._outputs = [weakref.ref(t) for t in outputs[-MAX_OUTPUTS:]]
+        return roots + outputs
+
+    def _made_after_model(self) -> bool:
+        done = self._model_done
+        return done is not None and sequence_number is not None and sequence_number() > done
+
+    def _graphs_in_process(self) -> list[torch.Tensor]:
+        """Tensors anywhere in the process whose graph was made since ``start``."""
+        first = self.spans.first
+        if first is None:
+            return []
+        found = []
+        tensor = torch.Tensor
+        for obj in gc.get_objects():
+            if issubclass(type(obj), tensor):  # by its type: ``isinstance`` reads ``__class__``, which some
+                node = obj.grad_fn             # module-level proxies answer with a warning
+                if node is not None and node._sequence_nr() >= first:
+                    found.append(obj)
+        return found
+
     def live_storages(self) -> list[tuple[Any, int]]:
-        """(storage, module id) of every saved storage alive now; safe from another thread."""
-        return [(r.storage, r.module) for r in list(self._live.values())]
+        """(storage, module id) of every storage the graph holds for backward now (0: no module)."""
+        if self.failed is not None:
+            return []
+        roots = self._roots()
+        self.roots = []
+        found: dict[int, tuple[Any, int]] = {}
+        saved = 0
+        owner = self.spans.owner
+        numbered = sorted((node._sequence_nr(), i, node) for i, node in enumerate(nodes_from(roots)))
+        for sequence, _, node in numbered:  # in the order they were made: a storage is its first saver's
+            for tensor in saved_by(node):
+                if of_a_parameter(tensor):
+                    continue
+                saved += 1
+                storage = tensor.untyped_storage()
+                key = storage.data_ptr()
+                if key != 0 and key not in found:
+                    found[key] = (storage, owner(sequence))
+        self.saved = saved
+        return list(found.values())
 
     def by_module(self, device: torch.device, skip: Iterable[int] = ()) -> dict[int, int]:
         """Bytes saved and alive now per module id (on ``device``), storages in ``skip`` excluded."""
@@ -197,8 +172,19 @@ class SavedActivations:
                 continue
             key = storage.data_ptr()
             nbytes = storage.nbytes()
-            if key == 0 or nbytes == 0 or key in skipped:
+            if nbytes == 0 or key in skipped:
                 continue
             skipped.add(key)
             out[module] = out.get(module, 0) + block_bytes(nbytes, cuda)
         return out
+
+
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    """The tensors of a module's output: a tensor, or those in a tuple, list or dict (HF outputs)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return [v for v in value if isinstance(v, torch.Tensor)]
+    return []

@@ -194,7 +194,7 @@ class ShardtopCallback(Callback):
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         if self.probe is not None:
-            self.probe.phase("backward")
+            self.probe.phase("backward", graph=loss)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         if self.probe is not None:

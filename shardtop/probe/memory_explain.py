@@ -47,7 +47,7 @@ from shardtop.probe.allocator_timeline import largest_free_block
 from shardtop.probe.allocator_trace import current_split, traced_splits
 from shardtop.probe.memory_kinds import KindCount, MemoryCensus
 from shardtop.probe.memory_options import REQUEST_FILE, MemoryOptions
-from shardtop.probe.oom_event import objects_on_stack
+from shardtop.probe.oom_event import objects_on_stack, tensors_on_stack
 from shardtop.probe.split_figures import better_peak, split_of_moment, unexplained, with_lasting_workspaces
 from shardtop.rundir.events import Memory, Oom, Shards, Tree
 from shardtop.rundir.memory_figures import AllocatorStats, MemorySplit
@@ -140,13 +140,19 @@ class MemoryExplainer:
 
     # -- the training thread's phases --------------------------------------------------------
 
-    def on_phase(self, phase: str, step: int) -> None:
-        if phase == "forward":
-            self._forward(step)
-        elif self._explaining or self.activations.active:
-            self._boundary(phase, step)
-        if self._pending is None:
-            self._census_when_due(phase, step)
+    def on_phase(self, phase: str, step: int, graph: Any = None) -> None:
+        """``graph``: a tensor whose autograd graph the censuses of this phase change read (the loss)."""
+        if graph is not None and self._follows():
+            self.activations.roots = [graph]
+        try:
+            if phase == "forward":
+                self._forward(step)
+            elif self._explaining or self.activations.active:
+                self._boundary(phase, step)
+            if self._pending is None:
+                self._census_when_due(phase, step)
+        finally:
+            self.activations.roots = []
 
     def _follows(self) -> bool:
         """Are activations followed now, so that a census can count them?"""
@@ -364,7 +370,9 @@ class MemoryExplainer:
         """``event`` with the true peak, the allocator's stats and the split at this moment added."""
         follows = self._follows()
         self.activations.stop()
+        self.activations.roots = tensors_on_stack(error) if follows else []
         count = self.census.count(self.activations if follows else None, also=objects_on_stack(error))
+        self.activations.roots = []
         stats = self._stats()
         snapshot = memory_snapshot() if self.cuda else None
         if stats is not None and snapshot is not None:

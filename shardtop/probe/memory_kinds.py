@@ -168,7 +168,7 @@ class MemoryCensus:
             measured.add("optimizer")
         if holders.engine:
             measured.add("comm")
-        if activations is not None:  # the caller passes it only while activations are followed
+        if activations is not None and activations.failed is None:  # passed only while they are followed
             measured.add("activations")
         kinds = MemoryKinds(**{k: (v if k in measured else None) for k, v in tally.bytes.items()})
         return KindCount(kinds, tally.addresses, time.perf_counter() - started)

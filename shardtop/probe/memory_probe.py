@@ -172,7 +172,7 @@ class MemoryProbe:
 
     # -- the rank's phases -------------------------------------------------------
 
-    def at_phase(self, phase: str, step: int) -> None:
+    def at_phase(self, phase: str, step: int, graph: Any = None) -> None:
         """A new phase began: at a forward, read the heap (CPU) and check for kept tensors; tell the
         explainer; take a sample."""
         forward_on_cpu = phase == "forward" and not self.device().startswith("cuda")
@@ -185,7 +185,7 @@ class MemoryProbe:
         explainer = self.current_explainer()
         if explainer is not None:
             with self.faults.guard("split"):
-                explainer.on_phase(phase, step)
+                explainer.on_phase(phase, step, graph)
         self.sample(fresh_rss=forward_on_cpu, heap=self.forward_heap)
 
     def stop(self) -> None:

@@ -59,18 +59,47 @@ def _starved_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {_first_line_of(exc)} (raised with the data segment at its cap, RLIMIT_DATA)"
 
 
-def objects_on_stack(error: BaseException | None) -> list[Any]:
-    """The ``self`` of every frame the error passed through: an engine or optimizer still being built
-    (a set-up OOM in ``_configure_zero_optimizer``) holds buffers no finished object points to yet."""
-    found: list[Any] = []
+def tensors_on_stack(error: BaseException | None) -> list[Any]:
+    """The tensors the frames the error passed through hold, alone or in a tuple, list or dict: what
+    the graphs alive at the error hang from (a loss being computed, outputs a loop kept)."""
+    import torch
+
+    found: dict[int, Any] = {}
+    for frame in _frames(error):
+        for value in frame.f_locals.values():
+            for item in _items(value):
+                if isinstance(item, torch.Tensor) and item.grad_fn is not None:
+                    found.setdefault(id(item), item)
+    return list(found.values())
+
+
+def _items(value: Any) -> Any:
+    """A value, or what a tuple, list or dict holds."""
+    if isinstance(value, dict):
+        return value.values()
+    return value if isinstance(value, (tuple, list)) else (value,)
+
+
+def _frames(error: BaseException | None) -> list[Any]:
+    """The frames of ``error``'s traceback and of the errors it was raised from or during, once each."""
+    frames: list[Any] = []
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         tb = error.__traceback__
         while tb is not None:
-            this = tb.tb_frame.f_locals.get("self")
-            if this is not None and all(this is not known for known in found):
-                found.append(this)
+            frames.append(tb.tb_frame)
             tb = tb.tb_next
         error = error.__cause__ or error.__context__
+    return frames
+
+
+def objects_on_stack(error: BaseException | None) -> list[Any]:
+    """The ``self`` of every frame the error passed through: an engine or optimizer still being built
+    (a set-up OOM in ``_configure_zero_optimizer``) holds buffers no finished object points to yet."""
+    found: list[Any] = []
+    for frame in _frames(error):
+        this = frame.f_locals.get("self")
+        if this is not None and all(this is not known for known in found):
+            found.append(this)
     return found

@@ -115,7 +115,9 @@ class Probe:
         self.writer.write(hello_event(self.world_size, self.local_rank, self.node_rank, device, engine=engine,
                                       strategy=strategy, program=program))
 
-    def phase(self, phase: str, step: int | None = None) -> None:
+    def phase(self, phase: str, step: int | None = None, graph: Any = None) -> None:
+        """A new phase begins.  ``graph``: the tensor about to be backpropagated (a loss), where the caller
+        has it: what its autograd graph holds is read from it."""
         if step is not None:
             self.step_index = step
         if phase == self.phase_name:
@@ -123,7 +125,7 @@ class Probe:
         self.phase_name = phase
         self._say_pending_hello()  # training has begun: the engine, if any, is in place
         self.writer.write(Phase(phase=phase, step=self.step_index))
-        self.memory_probe.at_phase(phase, self.step_index)
+        self.memory_probe.at_phase(phase, self.step_index, graph)
 
     def step(self, step: int, loss: float | None = None, seconds: float | None = None) -> None:
         self.step_index = step
