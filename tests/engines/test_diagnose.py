@@ -259,8 +259,7 @@ def recorded(machine: str, preset: str) -> RunModel:
         for p in (FIXTURES / machine).glob(f"*-{preset}-*")
         if re.fullmatch(rf"\d{{8}}-\d{{6}}-{preset}-[0-9a-f]{{4}}", p.name)
     ]
-    if len(found) != 1:
-        pytest.skip(f"no recorded {preset} run under {FIXTURES / machine}")
+    assert len(found) == 1, f"expected one recorded {preset} run under {FIXTURES / machine}, found {found}"
     events, skipped = read_all(found[0] / "events")
     return RunModel.of(fold(events, skipped))
 

@@ -54,11 +54,9 @@ def test_a_rehearsed_rank_is_the_only_process_of_its_node_on_the_one_device() ->
 
 
 def test_lightning_is_told_one_device_per_node_and_a_self_sized_mesh_keeps_the_jobs_shape() -> None:
-    class ModelParallelStrategy:
-        _data_parallel_size = "auto"
-        _tensor_parallel_size = "auto"
+    from lightning.pytorch.strategies import ModelParallelStrategy
 
-    strategy = ModelParallelStrategy()
+    strategy = ModelParallelStrategy()  # data and tensor parallel sizes "auto": sized from devices and nodes
     kwargs = one_device_per_node({"devices": 4, "num_nodes": 2, "strategy": strategy, "max_steps": 3}, world_size=8)
     assert (kwargs["devices"], kwargs["num_nodes"], kwargs["max_steps"]) == (1, 8, 3)
     assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (2, 4)

@@ -28,6 +28,7 @@ about 2 minutes on 2 cores.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import re
@@ -46,9 +47,8 @@ from tests.support.cli import ROOT, shardtop
 from tests.support.distributed import free_port
 from tests.support.own_job_runs import GLOO_TEARDOWN_ABORT, user_env
 
-for package in ("transformers", "accelerate", "peft", "deepspeed"):
-    pytest.importorskip(package, reason=f"the Hugging Face clients' rehearsals need {package}")
-
+CLIENTS = ("transformers", "accelerate", "peft", "deepspeed")
+"""What the scripts run on: all in the ``test`` extra."""
 TRAINER = "tests/own_scripts/hf_trainer.py"
 LOOP = "tests/own_scripts/accelerate_train.py"
 ZERO3_CONFIG = "tests/own_scripts/ds_zero3.json"
@@ -109,7 +109,8 @@ def run_and_report(job: Job, runs_dir: Path) -> Ran:
     runs = list_runs(runs_dir)
     assert len(runs) == 1, f"{job}: {len(runs)} runs\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
     log = "\n".join(p.read_text(errors="replace") for p in sorted(runs[0].logs_dir.glob("command-*.log")))
-    # Two real gloo processes abort at interpreter exit now and then (DESIGN.md): not what these tests are about.
+    # Two real gloo processes abort at interpreter exit now and then (``GLOO_TEARDOWN_ABORT``): not what these
+    # tests are about.
     torn_down = job.ranks is None and GLOO_TEARDOWN_ABORT in log
     assert done.returncode == 0 or torn_down, (
         f"{job}: exit {done.returncode}\n{done.stdout[-3000:]}{done.stderr[-3000:]}\n--- command ---\n{log[-6000:]}"
@@ -213,6 +214,11 @@ def assert_zero3_shares(report: dict[str, Any], trained: Callable[[str], bool]) 
         assert totals[rank][1] == sum(h[rank]["bytes"] for h in holdings(report).values())
     first, last = min(totals), max(totals)
     assert world == 2 or totals[last][1] < totals[first][1]  # the last rank's partitions are the short ones
+
+
+def test_the_clients_these_jobs_run_are_installed() -> None:
+    """The ``test`` extra brings them: a missing one fails here by name, not as a failed run."""
+    assert [name for name in CLIENTS if importlib.util.find_spec(name) is None] == []
 
 
 # -- the Trainer ----------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +22,8 @@ from shardtop.rundir.events import Exit, Hello, Tree, tree_paths
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.units import count_words as count
 from tests.diagnose_scripts.real_runs import RealRun, runs_base, story
-from tests.support.cli import ROOT
 from tests.support.cli import report as report_of
-from tests.support.recorded import big_tree_run
+from tests.support.recorded import big_tree_run, recorded_run
 
 
 @pytest.fixture(scope="module")
@@ -109,12 +107,7 @@ def test_markdown_tree_folds_repeated_siblings(real: Any) -> None:
 
 
 def test_markdown_report_of_a_recorded_h200_oom() -> None:
-    runs = sorted(
-        (ROOT / "tests" / "fixtures" / "runs" / "h200").glob("*-zero3-linear-[0-9a-f][0-9a-f][0-9a-f][0-9a-f]")
-    )
-    if not runs:
-        pytest.skip("no recorded H200 zero3-linear run")
-    out = report(runs[0], "markdown")
+    out = report(recorded_run("h200/zero3-linear"), "markdown")
     assert "- **module stack:** `(root)` → `model` → `model.net` → `model.net.15330`" in out
     assert "| GPU 0 | NVIDIA H200 | 16.7 GiB | 140 GiB | rank 0 |" in out  # NVML at the OOM
     assert re.search(r"\| 0 \| \S+ \| cuda:0 \| setup \| 17.6 GiB \| - \| - \| 15 GiB \| 16.7 GiB / 140 GiB \|", out)
@@ -265,13 +258,11 @@ def test_unknown_format_is_refused() -> None:
 
 
 def test_a_100k_module_report_stays_short_and_the_json_whole(tmp_path: Path) -> None:
+    """The time the three take: ``bench/bench_costs.py``."""
     run = RunDirectory(big_tree_run(tmp_path))
-    started = time.perf_counter()
     text = render_report(run, "text")
     md = render_report(run, "markdown")
     out = render_report(run, "json")
-    elapsed = time.perf_counter() - started
-    assert elapsed < 15, elapsed
     tree = text[text.index("Shard tree") :]
     assert len(tree.splitlines()) < TREE_MAX_ROWS + 10
     assert "19999 × Block" in tree and "19999 × Block" in md

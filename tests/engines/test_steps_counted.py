@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from tests.support.own_job_runs import ROOT, run_own
 
 SCRIPTS = ROOT / "tests" / "own_scripts"
@@ -20,7 +18,6 @@ def steps_of(report: dict[str, object]) -> int:
 
 
 def test_hf_trainer_under_deepspeed_counts_each_step_once(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
     runs = tmp_path / "runs"
     run = run_own(runs, "torchrun", "--standalone", "--nproc_per_node", "2", str(SCRIPTS / "hf_trainer.py"),
                   "--steps", "3", "--deepspeed", str(SCRIPTS / "ds_zero3.json"))

@@ -269,7 +269,6 @@ async def test_mouse_click_opens_a_module_and_selects_a_line(recorded_root: Path
 
 
 async def test_report_key_with_the_real_report(recorded_root: Path) -> None:
-    pytest.importorskip("shardtop.report")
     app = app_for(recorded_root, run=ZERO3)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("r")
