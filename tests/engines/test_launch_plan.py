@@ -9,7 +9,6 @@ description starts that helper, which imports torch (seconds on 2 cores).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -90,22 +89,26 @@ async def test_a_model_that_cannot_be_built_says_why_in_one_line(tmp_path: Path)
         await wait_for(pilot, lambda: app.screen is not prompt, what="the launch")
 
 
-def test_planning_on_a_key_costs_milliseconds() -> None:
-    """What the prompt does on each key once the description is in hand: plan every strategy, every GPU."""
+def test_a_key_replans_from_the_description_in_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the prompt does on each key once the description is in hand: plan every strategy for every GPU,
+    arithmetic alone, the model not built again (what a key costs: ``bench/bench_costs.py``)."""
     from shardtop.config import resolve
     from shardtop.launch import resolve_devices
+    from shardtop.plan import meta
     from shardtop.plan.presets import describe_preset
     from shardtop.tui.widgets.plan_bars import plan_text, prompt_plan
 
     config = resolve_devices(resolve("zero3-linear", [("gpu_mem_limit", "15GiB")]), lambda: 2)
     desc = describe_preset(config)
-    prompt_plan(config, desc, two_h200s())
-    started = time.perf_counter()
-    for _ in range(10):
-        text = plan_text(prompt_plan(config, desc, two_h200s()))
-    per_key = (time.perf_counter() - started) / 10
-    assert "does not fit" in text.plain
-    assert per_key < 0.05, f"{per_key * 1000:.1f} ms per key"
+    first = plan_text(prompt_plan(config, desc, two_h200s()))
+
+    def built_again(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a key built the model again")
+
+    monkeypatch.setattr(meta, "build_on_meta", built_again)
+    again = [plan_text(prompt_plan(config, desc, two_h200s())).plain for _ in range(3)]
+    assert "does not fit" in first.plain
+    assert again == [first.plain] * 3
 
 
 @pytest.fixture

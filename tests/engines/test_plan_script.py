@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from tests.support.own_job_runs import SCRIPTS, user_env
 
 MANY_STEPS = "1000000"
 PLAN_S = 240.0
+"""A deadline, not a figure: a plan that let the script train its million steps would not come back."""
 
 
 def env() -> dict[str, str]:
@@ -32,9 +32,7 @@ def env() -> dict[str, str]:
 
 def plan(*words: str, fmt: str = "json") -> tuple[int, Any, str]:
     """``shardtop plan [WORDS before --] --format FMT -- COMMAND``; (exit code, the plan, the command's output)."""
-    started = time.monotonic()
     done = shardtop("plan", "--format", fmt, *words, runs_dir=Path("/nonexistent-runs"), timeout=PLAN_S, env=env())
-    assert time.monotonic() - started < PLAN_S
     out = json.loads(done.stdout) if fmt == "json" and done.returncode == 0 else done.stdout
     return done.returncode, out, done.stderr
 

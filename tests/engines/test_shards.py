@@ -9,7 +9,6 @@ rank they agree with the engine's own books (FlatParameter sizes, DTensor
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -542,15 +541,12 @@ class Cell(nn.Module):
         self.bias = nn.Parameter(torch.empty(2))
 
 
-def test_100k_modules_read_fast_and_encode_small() -> None:
+def test_100k_modules_read_whole_and_encode_small() -> None:
+    """Every module a row, every byte counted, under 10 MB encoded (the time it takes:
+    ``bench/bench_probe.py``, ``bench/bench_costs.py``)."""
     model = nn.Sequential(*(nn.Sequential(*(Cell() for _ in range(100))) for _ in range(1000)))
-    timings = []
-    for _ in range(3):  # the best of three: CI neighbours should not decide this
-        start = time.perf_counter()
-        tree, shards = read_shards(model, tree_id=0, stage="setup")
-        timings.append(time.perf_counter() - start)
+    tree, shards = read_shards(model, tree_id=0, stage="setup")
     assert len(tree.names) == 101_001
-    assert min(timings) < 1.0, f"read_shards took {min(timings):.2f}s for 101 001 modules"
     size = len(encode(tree)) + len(encode(shards))
     assert size < 10_000_000, size
     assert isinstance(msgspec.json.decode(encode(tree)), dict)

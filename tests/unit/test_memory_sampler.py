@@ -15,6 +15,7 @@ from shardtop.probe.heap import heap_in_use
 from shardtop.probe.memory import MemorySampler, allocator_numbers, cuda_allocated, cuda_device_index
 from shardtop.rundir.event_files import EventWriter, read_all
 from shardtop.rundir.events import Memory
+from tests.support.waiting import wait_until
 
 no_driver = pytest.mark.skipif(nvml_or_none() is not None, reason="an NVIDIA driver is present")
 
@@ -53,34 +54,82 @@ def test_cuda_allocated_reads_the_nested_stats_of_the_named_or_current_device() 
     assert asked == [2, 5]
 
 
-def test_sampler_writes_at_least_twice_a_second(tmp_path: Path) -> None:
+def test_sampler_samples_on_its_own_while_the_training_thread_is_busy(tmp_path: Path) -> None:
+    """The sampler is a thread of its own: samples keep coming while this (training) thread computes."""
     writer = EventWriter(tmp_path / "events" / "rank-0.jsonl", rank=0)
-    sampler = MemorySampler(writer.write, device="cpu", sample_gpus=False, limit=123)
+    sampler = MemorySampler(writer.write, device="cpu", interval=0.05, sample_gpus=False, limit=123)
     sampler.start()
-    time.sleep(2.1)
+    busy = 0
+    deadline = time.monotonic() + 60  # only so that a sampler that never samples fails instead of hanging
+    while sampler.samples < 5 and time.monotonic() < deadline:
+        busy = sum(i * i for i in range(10_000)) + busy % 7  # the training thread holds the interpreter
     sampler.stop()
     writer.close()
     events, _ = read_all(tmp_path / "events")
     samples = [e for e in events if isinstance(e, Memory)]
-    assert len(samples) >= 4  # at 0, 0.5, 1.0, 1.5 and 2.0 s
-    gaps = [b.t - a.t for a, b in zip(samples, samples[1:], strict=False)]
-    assert max(gaps) < 0.75
+    assert len(samples) >= 5 and sampler.failures == 0
+    assert [s.t for s in samples] == sorted(s.t for s in samples), "written in the order taken"
     for sample in samples:
         assert sample.host_rss > 0
         assert (sample.device, sample.limit) == ("cpu", 123)
         assert sample.allocated is None and sample.gpus is None  # CPU: no allocator numbers, GPUs not asked
 
 
+def test_the_default_pace_is_two_samples_a_second() -> None:
+    assert MemorySampler(lambda sample: None, device="cpu", sample_gpus=False, limit=None).interval == 0.5
+
+
+class _Clock:
+    """The sampler's clock and its stop event, on a timeline the test drives: each sample costs ``costs[i]``
+    seconds, each wait lasts what the sampler asked for, and the run ends after ``waits`` waits."""
+
+    def __init__(self, costs: list[float], waits: int) -> None:
+        self.now = 0.0
+        self.costs = list(costs)
+        self.waits = waits
+        self.asked: list[float] = []
+        self.taken_at: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def write(self, sample: Memory) -> None:
+        self.taken_at.append(self.now)
+        self.now += self.costs.pop(0) if self.costs else 0.0
+
+    def is_set(self) -> bool:
+        return len(self.asked) >= self.waits
+
+    def wait(self, seconds: float) -> bool:
+        self.asked.append(round(seconds, 9))
+        self.now += seconds
+        return self.is_set()
+
+
+def test_each_wait_is_what_is_left_of_the_interval_and_a_late_sample_is_not_made_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Samples start a whole interval apart whatever each costs; one that overruns the interval is followed
+    at once, and the pace then restarts from there instead of sampling twice to catch up."""
+    clock = _Clock(costs=[0.1, 0.1, 0.7, 0.1, 0.1], waits=5)
+    monkeypatch.setattr("shardtop.probe.memory.time", SimpleNamespace(monotonic=clock.monotonic))
+    sampler = MemorySampler(clock.write, device="cpu", interval=0.5, sample_gpus=False, limit=None)
+    sampler._stop = clock  # type: ignore[assignment]
+    sampler._run()
+    assert clock.asked == [0.4, 0.4, 0.0, 0.4, 0.4]
+    assert [round(t, 9) for t in clock.taken_at] == [0.0, 0.5, 1.0, 1.7, 2.2]
+
+
 def test_stop_is_prompt_and_idempotent() -> None:
+    """Stopping ends the wait between samples: with an hour between them the thread is gone when stop
+    returns (it would still be waiting if stop waited out the interval), and nothing more was written."""
     written: list[Memory] = []
-    sampler = MemorySampler(written.append, device="cpu", interval=30.0, sample_gpus=False, limit=None)
+    sampler = MemorySampler(written.append, device="cpu", interval=3600.0, sample_gpus=False, limit=None)
     sampler.stop()  # before start: nothing to do
     sampler.start()
-    time.sleep(0.05)
-    started = time.monotonic()
+    wait_until(lambda: len(written) == 1, 60, "the first sample")
     sampler.stop()
     sampler.stop()
-    assert time.monotonic() - started < 0.5
     assert not any(t.name == "shardtop-memory" for t in threading.enumerate())
     assert len(written) == 1
 
@@ -98,7 +147,7 @@ def test_without_a_driver_gpus_are_none_and_not_retried() -> None:
     written: list[Memory] = []
     sampler = MemorySampler(written.append, device="cpu", interval=0.05, sample_gpus=True, limit=None)
     sampler.start()
-    time.sleep(0.3)
+    wait_until(lambda: len(written) >= 3, 60, "three samples")
     sampler.stop()
     sampler.sample_now()
     assert len(written) >= 3
@@ -115,7 +164,7 @@ def test_a_failing_writer_never_stops_the_thread() -> None:
 
     sampler = MemorySampler(write, device="cpu", interval=0.05, sample_gpus=False, limit=None)
     sampler.start()
-    time.sleep(0.3)
+    wait_until(lambda: len(calls) >= 3, 60, "three failed writes")
     sampler.stop()
     assert len(calls) >= 3 and sampler.failures == len(calls)
     sampler.sample_now()  # on the training thread too: counted, not raised
