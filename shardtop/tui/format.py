@@ -20,9 +20,11 @@ if TYPE_CHECKING:
     from shardtop.tui.watch.run_catalog import RankOwner
 
 __all__ = [
+    "BAR_EIGHTHS",
     "BAR_EMPTY",
     "BAR_FULL",
     "BAR_RESERVED",
+    "SPARKS",
     "STATUS_MARKS",
     "bar",
     "column_widths",
@@ -52,8 +54,10 @@ STATUS_MARKS: dict[RunState, str] = {
 BAR_FULL = "█"
 BAR_RESERVED = "▒"
 BAR_EMPTY = "░"
-_PARTIALS = " ▏▎▍▌▋▊▉"
-_SPARKS = "▁▂▃▄▅▆▇█"
+BAR_EIGHTHS = "▏▎▍▌▋▊▉"
+"""The last cell of a bar filled to 1/8 … 7/8, so a bar moves before it fills a cell."""
+SPARKS = "▁▂▃▄▅▆▇█"
+"""A sparkline's levels, lowest to highest: memory over time."""
 
 
 def short_count(n: int) -> str:
@@ -88,7 +92,7 @@ def bar(frac: float, width: int) -> tuple[str, str]:
     frac = max(0.0, min(1.0, frac))
     eighths = round(frac * width * 8)
     full, part = divmod(eighths, 8)
-    filled = BAR_FULL * full + (_PARTIALS[part] if part and full < width else "")
+    filled = BAR_FULL * full + (BAR_EIGHTHS[part - 1] if part and full < width else "")
     return filled, BAR_EMPTY * (width - len(filled))
 
 
@@ -116,9 +120,9 @@ def sparkline(values: Sequence[int | float], width: int, maximum: float | None =
         return " " * width
     top = maximum if maximum else max(tail)
     if not top or top <= 0:
-        cells = _SPARKS[0] * len(tail)
+        cells = SPARKS[0] * len(tail)
     else:
-        cells = "".join(_SPARKS[min(7, max(0, int(v / top * 7.999)))] for v in tail)
+        cells = "".join(SPARKS[min(7, max(0, int(v / top * 7.999)))] for v in tail)
     return cells.rjust(width)
 
 

@@ -37,7 +37,7 @@ class HostMemoryRow:
     """Allocated bytes of the host's ranks (GPU ranks), else their host RSS."""
     reserved: int | None
     whole: int | None
-    """The largest limit (or GPU size) among its ranks; None on CPU."""
+    """The largest limit (or GPU size) among its ranks; on CPU, their host's memory (limit)."""
     on_allocator: bool
     status: RankStatus
 
@@ -59,7 +59,7 @@ def host_memory_rows(rows: tuple[RankMemoryRow, ...]) -> tuple[HostMemoryRow, ..
                 low=min(values),
                 high=max(values),
                 reserved=max(reserved) if reserved else None,
-                whole=max(wholes) if wholes and on_allocator else None,
+                whole=max(wholes) if wholes else None,
                 on_allocator=on_allocator,
                 status=status,
             )
@@ -129,7 +129,7 @@ def host_lines(
             whole = h.whole or h.high or 1
             figures = f"{span}/{short_bytes(h.whole)}" if h.whole and wide else span
         else:
-            whole, figures = top, f"rss {span}"
+            whole, figures = h.whole or top, f"rss {span}" + (f"/{short_bytes(h.whole)}" if h.whole and wide else "")
         out.append("\n" if i else "")
         out.append_text(label)
         out.append(" " * (label_width - label.cell_len + 1))

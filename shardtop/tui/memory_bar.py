@@ -33,9 +33,10 @@ SMALL = "small"
 """The run that holds the kinds too small for a cell of their own."""
 FREE = "free"
 
-GLYPHS: dict[str, str] = {"unexplained": "▓", CACHE: BAR_RESERVED, OUTSIDE: "▚", SMALL: "▪", FREE: BAR_EMPTY}
+GLYPHS: dict[str, str] = {"unexplained": "╳", CACHE: BAR_RESERVED, OUTSIDE: "▚", SMALL: "▪", FREE: BAR_EMPTY}
 """What each part is drawn with besides colour (every kind a source measured: █), so the bar reads
-without colour: measured █, unexplained ▓, cache ▒, outside PyTorch ▚, small kinds ▪, free ░."""
+without colour: measured █, unexplained ╳ (not ▓: the launch prompt's plan bar draws gradients with it),
+cache ▒, outside PyTorch ▚, small kinds ▪, free ░."""
 SHORT: dict[str, str] = {**KIND_SHORT, "unexplained": "unexpl", CACHE: "cache", OUTSIDE: "outside"}
 """The legend's word for each part."""
 PEAK = "│"

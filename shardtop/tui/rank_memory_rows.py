@@ -2,7 +2,7 @@
 
 ``rank_rows`` turns a ``RunModel`` into one row per rank: allocated, reserved
 and peak bytes (the OOM's when it came after the latest sample), the rank's
-limit and GPU, its history, its status and what fills its memory by kind.
+limit and GPU, its status and what fills its memory by kind.
 ``RankMemory`` draws the rows as bars, ``host_memory`` as one line per host.
 Pure: no Textual.
 """
@@ -16,7 +16,7 @@ from shardtop.read.rank_facts import RankStatus, held
 from shardtop.read.run_model import RunModel
 from shardtop.read.run_state import RankState
 from shardtop.rundir.memory_figures import GpuMemory, MemorySplit
-from shardtop.tui.bar_scale import may_use_words
+from shardtop.tui.bar_scale import host_scale, may_use_words
 from shardtop.tui.memory_bar import BarPart, bar_parts
 from shardtop.tui.over_time import shows_over_time
 
@@ -36,14 +36,13 @@ class RankMemoryRow:
     host_rss: int
     gpu: GpuMemory | None
     """The NVML view of the rank's GPU (matched by pid, else by device index)."""
-    history: tuple[int, ...]
     status: RankStatus
     parts: tuple[BarPart, ...] = ()
     """What fills the rank's memory now, by kind, then the cache and memory outside PyTorch
     (``memory_bar.bar_parts``); empty where the probe split nothing (the bar is not stacked then)."""
     may_use: int | None = None
-    """What the rank may use before it runs out (``RunModel.memory_limit_of``): its cap, its GPU, or the
-    host's memory limit or memory."""
+    """What the rank may use before it runs out (``RunModel.memory_limit_of``): its cap or its GPU; on CPU,
+    where the bar shows rss, the host's memory limit or memory (``bar_scale.host_scale``)."""
     may_use_words: str = ""
     """What ``may_use`` is: ``cap``, ``GPU``, ``host memory limit`` or ``host memory``."""
     steps: tuple[int, ...] = ()
@@ -52,15 +51,24 @@ class RankMemoryRow:
     """Memory that grows every step, where the read model found it."""
 
     @property
+    def on_cpu(self) -> bool:
+        """The rank has no allocator figures: its bar shows its resident memory (rss)."""
+        return self.allocated is None
+
+    @property
     def whole(self) -> int | None:
-        """What the bar measures against: the limit, else the GPU, else what the rank may use (a CPU
-        rank: the host's memory), else the allocator's own peak."""
+        """What the bar measures against: the limit, else the GPU, else what the rank may use, else the
+        allocator's own peak; a CPU rank's rss: the host's memory (limit), never the cap on its data segment."""
+        if self.on_cpu:
+            return self.may_use
         gpu = self.gpu.total if self.gpu else None
-        return self.limit or gpu or self.may_use or (self.peak or self.reserved if self.allocated is not None else None)
+        return self.limit or gpu or self.may_use or self.peak or self.reserved
 
     @property
     def whole_words(self) -> str:
         """What ``whole`` is, in the title's words; empty where the bar measures against its own peak."""
+        if self.on_cpu:
+            return self.may_use_words if self.may_use else ""
         if self.limit:
             return "cap"
         if self.gpu is not None and self.gpu.total:
@@ -122,6 +130,7 @@ def rank_rows(model: RunModel) -> tuple[RankMemoryRow, ...]:
         parts = bar_parts(split_of(r.memory_now, allocated), r.cache_bytes, r.outside_pytorch_bytes)
         if parts and r.allocator_peak is not None:
             peak = r.allocator_peak  # the mark on a stacked bar is allocated memory's peak
+        may_use, words = host_scale(r) if allocated is None else (model.memory_limit_of(r), may_use_words(r))
         rows.append(
             RankMemoryRow(
                 rank=rs.rank,
@@ -134,11 +143,10 @@ def rank_rows(model: RunModel) -> tuple[RankMemoryRow, ...]:
                 limit=(m.limit if m else None) or (rs.oom.limit if rs.oom else None),
                 host_rss=m.host_rss if m else 0,
                 gpu=gpu_of(rs, gpus),
-                history=rs.allocated_history,
                 status=r.status,
                 parts=parts,
-                may_use=model.memory_limit_of(r),
-                may_use_words=may_use_words(r),
+                may_use=may_use,
+                may_use_words=words,
                 steps=tuple(s.bytes for s in rs.step_memory),
                 growth=model.growth.get(rs.rank),
             )

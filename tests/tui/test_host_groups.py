@@ -64,7 +64,7 @@ def _row(rank: int, host: str, allocated: int | None, state: str = "running", rs
     return RankMemoryRow(
         rank=rank, host=host, device=f"cuda:{rank % 8}", pid=None, allocated=allocated,
         reserved=None if allocated is None else allocated + GIB, peak=allocated, limit=None,
-        host_rss=rss, gpu=GpuMemory(index=rank % 8, total=80 * GIB), history=(), status=RankStatus(state),
+        host_rss=rss, gpu=GpuMemory(index=rank % 8, total=80 * GIB), status=RankStatus(state),
     )  # fmt: skip
 
 

@@ -22,7 +22,7 @@ from shardtop.rundir.event_files import event_file, read_all
 from shardtop.rundir.event_lines import encode
 from shardtop.rundir.events import Hello
 from shardtop.tui.app import ShardtopApp
-from shardtop.tui.memory_bar import PEAK
+from shardtop.tui.memory_bar import GLYPHS, PEAK
 from shardtop.tui.screens.run_view import RunScreen
 from shardtop.tui.widgets.oom_panel import OomPanel
 from shardtop.tui.widgets.rank_memory import RankMemory
@@ -51,7 +51,7 @@ async def opened(pilot: object, app: ShardtopApp) -> RunScreen:
 
 def bar_of(line: str) -> str:
     """The bar's cells in a line of the panel: from its first bar glyph to its last."""
-    glyphs = "█▓▒▚▪░" + PEAK
+    glyphs = "█" + "".join(GLYPHS.values()) + PEAK
     start = next(i for i, ch in enumerate(line) if ch in glyphs)
     end = max(i for i, ch in enumerate(line) if ch in glyphs)
     return line[start : end + 1]
@@ -120,7 +120,7 @@ async def test_a_run_using_little_of_its_gpu_is_magnified_and_says_so(tmp_path: 
         lines = screen.query_one(RankMemory).render().plain.splitlines()
         assert lines[1].rstrip().endswith(" zoom ×36"), "3.8 GiB held, 1.29 of them outside PyTorch, of 140 GiB"
         bar = bar_of(lines[1].rstrip().removesuffix(" zoom ×36"))
-        assert runs_of(bar) == "█▓▒▚" + PEAK + "▚", "the parts fill the magnified bar to its end"
+        assert runs_of(bar) == "█╳▒▚" + PEAK + "▚", "the parts fill the magnified bar to its end"
         at = bar.index(PEAK)
         assert at / len(bar) <= 3_175_195_648 * 36 / 150_754_820_096 < (at + 1) / len(bar), "2.96 GiB, ×36"
         assert lines[2].strip().startswith("█param 805M █grad 805M █optim 805M ▚outside 1.29G")

@@ -10,19 +10,36 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 
+from shardtop.tui.format import BAR_EIGHTHS, BAR_EMPTY, BAR_FULL, BAR_RESERVED, SPARKS
+from shardtop.tui.memory_bar import CACHE, GLYPHS, OUTSIDE, PEAK, SMALL
+from shardtop.tui.widgets.plan_bars import FREE as PLAN_FREE
+from shardtop.tui.widgets.plan_bars import LIMIT as PLAN_LIMIT
+from shardtop.tui.widgets.plan_bars import PART_MARKS
+
 SYMBOLS = (
     ("▶ / ▼", "a closed / open module (Enter, Space, → and ← open and close)"),
     ("net.0 … net.17 18 × Linear", "repeated siblings of one type and size, folded into one line"),
     ("✗ OOM", "the module that was running when a rank ran out of memory"),
     ("✗", "a module on the way to the one that ran out of memory"),
     ("◆", "the root of a sharding unit (FSDP unit, ZeRO partition…)"),
-    ("█ ▒ ░", "allocated, reserved but free, and free memory"),
     (
-        "█ ▓ ▒ ▚ ▪ │",
+        f"{BAR_FULL} {' '.join(BAR_EIGHTHS[::-1])} {BAR_EMPTY}",
+        "memory in use, its last cell filled to the eighth, and free: a GPU's memory, a CPU rank's resident "
+        "memory (rss) of its host's",
+    ),
+    (f"{BAR_FULL} {BAR_RESERVED} {BAR_EMPTY}", "allocated, reserved but free (the allocator's cache), and free memory"),
+    (
+        " ".join((BAR_FULL, GLYPHS["unexplained"], GLYPHS[CACHE], GLYPHS[OUTSIDE], GLYPHS[SMALL], PEAK)),
         "a rank's memory by kind, each kind in its colour (the legend names them): measured, unexplained, "
         "the allocator's cache, outside PyTorch, kinds too small for a cell; the rank's peak",
     ),
     ("zoom ×47", "the memory bars magnified 47 times: every rank uses under a quarter of its GPU"),
+    (SPARKS, "memory over time, lowest to highest: a GPU's latest samples, a rank's memory at each step"),
+    (
+        " ".join((*PART_MARKS, PLAN_FREE, PLAN_LIMIT)),
+        "in the launch prompt's plan: parameters, gradients, optimizer state, the rest of the peak; free "
+        "memory, and the limit where the peak goes past it",
+    ),
     ("● ‖ ✓ ✗ ■ ?", "running, stalled, finished, failed, stopped, lost"),
     ("↗ grows", "a rank whose memory grows every step, and when it runs out"),
     ("✗ error  ! warning  i info", "how serious a finding is"),

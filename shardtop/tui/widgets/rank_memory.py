@@ -9,8 +9,11 @@ up the rest (``host_memory.host_lines``).
 Where the probe split a rank's allocated memory by kind (``RankFacts.memory_now``),
 its bar stacks the kinds, then the allocator's cache and memory outside PyTorch,
 each in its colour, with the rank's peak marked (``memory_bar``); a legend says
-the kinds' sizes where there is room.  Without a split (CPU ranks, older
-recordings) the bar is allocated █ within reserved ▒ within the limit ░.
+the kinds' sizes where there is room.  Without a split (older recordings) the
+bar is allocated █ within reserved ▒ within the limit ░.  A CPU rank's bar is
+its resident memory (rss) █ of its host's memory ░, to an eighth of a cell; a
+cap on CPU limits the data segment, not rss, and is said in words under the
+bars (``bar_scale.cpu_cap_words``).
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from textual.reactive import reactive
 from shardtop.read.rank_facts import RankStatus
 from shardtop.read.run_model import RunModel
 from shardtop.rundir.memory_figures import GpuMemory
-from shardtop.tui.bar_scale import scale_title
-from shardtop.tui.format import bar, fraction, sparkline, split_bar
+from shardtop.tui.bar_scale import cpu_cap_words, scale_title
+from shardtop.tui.format import bar, fraction, split_bar
 from shardtop.tui.host_groups import by_host, rank_spans
 from shardtop.tui.host_memory import HOST_LINES_FROM, host_lines, host_memory_rows
 from shardtop.tui.memory_bar import PEAK, BarRun, LegendEntry, zoom_of
@@ -37,13 +40,18 @@ STATUS_WORDS = {"out of memory": "OOM"}
 """Rank states said shorter beside a bar."""
 
 
-Shape = tuple[tuple[str, bool, bool, bool, bool], ...]
+Shape = tuple[tuple[str, bool, bool, bool, bool, bool], ...]
 
 
 def line_shape(rows: tuple[RankMemoryRow, ...]) -> Shape:
     """What decides how many lines the bars take (at one width): the ranks' hosts, allocator, NVML figures,
-    splits (a stacked bar has a legend) and lines over time."""
-    return tuple((r.host, r.allocated is None, r.gpu is None, r.stacked, r.over_time) for r in rows)
+    splits (a stacked bar has a legend), lines over time and caps said in words (CPU)."""
+    return tuple((r.host, r.on_cpu, r.gpu is None, r.stacked, r.over_time, bool(r.on_cpu and r.limit)) for r in rows)
+
+
+def cpu_caps(rows: tuple[RankMemoryRow, ...]) -> list[int]:
+    """The caps of the CPU ranks that have one."""
+    return [r.limit for r in rows if r.on_cpu and r.limit]
 
 
 LEGEND_LINES = {"wide": 1, "tall": 1}
@@ -134,10 +142,16 @@ class RankMemory(PaintsChanges):
 
     def _title(self) -> None:
         """``Memory per rank, of 23.5 GiB host memory``: what the bars measure against, where all share it."""
-        scale = scale_title([(r.whole, r.whole_words) for r in self.rows])
+        width = self.size.width
+        scales = [(r.whole, r.whole_words) for r in self.rows]
+        scale = scale_title(scales)
         title = f"Memory per host ({len(self.rows)} ranks)" if self._per_host() else "Memory per rank"
-        if scale:  # a narrow panel keeps what the bars measure against, not "per rank"
-            title = f"Memory {scale}" if 0 < self.size.width < 44 and not self._per_host() else f"{title}, {scale}"
+        if scale and 0 < width < 44 and not self._per_host():  # narrow: what the bars measure against, not "per rank"
+            title = f"Memory {scale}"
+            if len(title) > width - 2:  # the border's corners
+                title = f"Memory {scale_title(scales, short=True)}"
+        elif scale:
+            title = f"{title}, {scale}"
         if title != self.border_title:
             self.border_title = title
 
@@ -202,6 +216,9 @@ class RankMemory(PaintsChanges):
                 out.append("\n" if lines else "")
                 self._render_row(out, row, labels[row.rank], label_width, width, layout, top, legend)
                 lines += 1
+        caps = cpu_caps(self.rows)
+        if caps and layout == "wide":  # the tall layout says it under each rank; the others have no room
+            out.append("\n" + cpu_cap_words(caps), self.get_component_rich_style("rank-memory--muted"))
         return out
 
     def _label(self, row: RankMemoryRow, layout: str) -> Text:
@@ -236,14 +253,15 @@ class RankMemory(PaintsChanges):
         """One rank's lines in ``layout`` (``memory_layout``); one-line labels padded to ``label_width``;
         ``legend``: lines of legend under a stacked bar."""
         out.append_text(label)
-        if row.allocated is not None:
+        if not row.on_cpu:
             whole = row.whole or 1
             figures = f"{short_bytes(row.allocated)}/{short_bytes(whole)}"
         else:
-            whole, figures = row.whole or top, f"rss {short_bytes(row.host_rss)}"
+            whole = row.whole or top
+            figures = f"rss {short_bytes(row.host_rss)}" + (f"/{short_bytes(row.whole)}" if row.whole else "")
         legend = legend if row.stacked else 0
-        if layout == "one-line" or (layout == "wide" and row.allocated is None):
-            # a CPU rank has one figure (its RSS): label, history and figure fit one line even when wide
+        if layout == "one-line" or (layout == "wide" and row.on_cpu):
+            # a CPU rank has one figure (its rss): label, bar and figure fit one line even when wide
             out.append(" " * (label_width - label.cell_len + 1))
             self._bar(out, row, whole, top, max(4, min(40, width - label_width - len(figures) - 2)))
             out.append(" " + figures)
@@ -255,8 +273,11 @@ class RankMemory(PaintsChanges):
             if legend:
                 peak = LegendEntry("peak", PEAK, row.peak) if row.peak else None
                 bar_legend(out, row.parts, runs, max(4, width - 2), legend, " ", peak, self.get_component_rich_style)
-            elif layout == "tall" and row.allocated is not None:
+            elif layout == "tall" and not row.on_cpu:
                 out.append(f"\n resv {short_bytes(row.reserved)} · peak {short_bytes(row.peak)}")
+            elif layout == "tall" and row.limit:
+                muted = self.get_component_rich_style("rank-memory--muted")
+                out.append("\n " + cpu_cap_words([row.limit], short=True), muted)
             self._steps(out, row, width, " ")
             if layout == "tall" and row.gpu is not None:
                 self._nvml(out, row.gpu, max(4, width - 19), " ", "")
@@ -291,10 +312,12 @@ class RankMemory(PaintsChanges):
 
     def _bar(self, out: Text, row: RankMemoryRow, whole: int, top: int, width: int) -> tuple[BarRun, ...]:
         """Stacked by kind (``_stacked``: returns its runs); else allocated █ within reserved ▒ within
-        the limit ░; CPU ranks: their RSS history, against what they may use (``whole``)."""
+        the limit ░; CPU ranks: their rss █ (to an eighth of a cell) of ``whole`` (the host's memory) ░."""
         style = self.get_component_rich_style
-        if row.allocated is None:
-            out.append(sparkline(row.history, width, maximum=whole), style("rank-memory--allocated"))
+        if row.on_cpu:
+            filled, empty = bar(fraction(row.host_rss, whole), width)
+            out.append(filled, style("rank-memory--allocated"))
+            out.append(empty, style("rank-memory--free"))
             return ()
         if row.stacked:
             zoom = zoom_words(self._zoom, words=width >= 30)
