@@ -234,16 +234,19 @@ def test_planning_from_a_description_imports_no_torch() -> None:
 
 
 def test_the_plan_reproduces_story_2_at_4000_layers_as_measured_on_two_h200s() -> None:
-    """DESIGN.md's measurements, 4000 layers on 2 H200s: fixed, capped at 15 GiB, the first Adam step ran
-    out asking for 1.96 GiB with 12.55 GiB allocated; capped at 3.5 GB, set-up ran out in
-    ``_configure_zero_optimizer`` on a 1.96 GiB buffer (the fp32 master copy, beside the flat partitions)."""
+    """4000 layers on two H200s (``bench/RESULTS.md``, "two H200s, before the recordings"): fixed, capped at
+    15 GiB, the first Adam step ran out asking for 1.96 GiB with 12.55 GiB allocated; capped at 3.5 GB, set-up
+    ran out in ``_configure_zero_optimizer`` on a 1.96 GiB buffer (the fp32 master copy, beside the flat
+    partitions).  At 15 GiB the plan's need, 14.51 GiB, is under the cap: that it does not fit is the
+    allocator allowance's verdict (``FRAGMENTATION``), set from the rehearsal of this run."""
     request = read_request(["zero3-linear-fixed", "model.n_layers=4000", "devices=2", "gpu_mem_limit=15GiB"],
                            detect_gpu=False)
     plan = plan_config(request.config, devices=2, accelerator="cuda", gpu=request.gpu)
     asked = plan.asked
-    assert asked.fits is False and asked.runs_out_at == "optimizer step"
     step = asked.per_rank.phases[3]
     assert abs(step - (12.55 + 1.96) * GiB) <= 0.01 * step
+    assert request.gpu is not None and request.gpu.usable < step < 15 * GiB
+    assert asked.fits is False and asked.runs_out_at == "optimizer step"
     assert abs(asked.per_rank.step_temporary / 2 - 1.96 * GiB) <= 0.01 * 1.96 * GiB  # the asked-for sqrt(exp_avg_sq)
 
     small = read_request(["zero3-linear-fixed", "model.n_layers=4000", "devices=2", "gpu_mem_limit=3.5GB"],
@@ -262,9 +265,10 @@ def _planned(*args: str) -> Any:
 
 
 def test_the_plan_puts_deepspeeds_set_up_and_first_step_where_the_h200_runs_ran_out() -> None:
-    """DESIGN.md, 15 GiB caps: on two H200s 8000 layers ran out in ``_configure_zero_optimizer`` and 2000
-    trained (peak 8,456,457,728 B); rehearsed as rank 0 of six, story 2 fixed ran out in the first Adam step
-    with 12.55 GiB allocated asking for 2.94 GiB, and as asked inside ``deepspeed.initialize``."""
+    """15 GiB caps: on two H200s 8000 layers ran out in ``_configure_zero_optimizer`` and 2000 trained (peak
+    8,456,457,728 B; ``bench/RESULTS.md``, "two H200s, before the recordings"); rehearsed as rank 0 of six
+    (``tests/fixtures/runs/h200-rehearsal``), story 2 fixed ran out in the first Adam step with 12.55 GiB
+    allocated asking for 2.94 GiB, and as asked inside ``deepspeed.initialize``."""
     at_8000 = _planned("zero3-linear-fixed", "model.n_layers=8000", "devices=2", "gpu_mem_limit=15GiB")
     assert at_8000.runs_out_at == "set-up"
     assert "the engine's set-up, up to the gradient partitions" in at_8000.note
