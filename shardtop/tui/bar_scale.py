@@ -51,11 +51,17 @@ def cpu_cap_words(limits: Iterable[int], short: bool = False) -> str:
     return f"capped: +{told} data segment (RLIMIT_DATA), not rss"
 
 
+SHORT_WORDS = {"host memory": "host RAM", "host memory limit": "RAM limit"}
+"""What a narrow panel's title calls the host's memory."""
+
+
 def scale_title(scales: Iterable[tuple[int | None, str]], short: bool = False) -> str:
-    """``of 23.5 GiB host memory`` (``short``: ``of 23.5G host memory``) when every bar measures against the
+    """``of 23.5 GiB host memory`` (``short``: ``of 23.5G host RAM``) when every bar measures against the
     same (bytes, words); else empty."""
     distinct = set(scales)
     if len(distinct) != 1:
         return ""
     whole, words = distinct.pop()
-    return f"of {(short_bytes if short else format_bytes)(whole)} {words}" if whole and words else ""
+    if short:
+        return f"of {short_bytes(whole)} {SHORT_WORDS.get(words, words)}" if whole and words else ""
+    return f"of {format_bytes(whole)} {words}" if whole and words else ""

@@ -62,7 +62,7 @@ async def test_the_cap_on_cpu_is_said_as_what_it_caps(in_tmp: Path) -> None:
         assert "capped: +150 MiB data segment (RLIMIT_DATA), not rss" in text
         await pilot.resize_terminal(80, 24)
         await settled(pilot)
-        assert panel.border_title == "Memory of 23.5G host memory"
+        assert panel.border_title == "Memory of 23.5G host RAM"
         assert panel.render().plain.count("cap +150M data segment") == 2  # type: ignore[union-attr]
 
 

@@ -51,7 +51,7 @@ def test_run_feed_posts_changes_urgent_ones_at_once(tmp_path: Path) -> None:
     assert first is not None and first.serial == 1
     assert first.tree is not None and first.tree.ranks == (0, 1)
     assert first.model.step == 3 and first.meta.title == "fsdp2-mlp"
-    assert any("max_steps=3" in line for line in first.new_log)
+    assert any("max_steps=3" in line.text for line in first.new_log)
     assert feed.poll() is None, "nothing changed: no snapshot"
     t = first.state.last_t
 

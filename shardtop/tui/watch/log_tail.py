@@ -1,4 +1,4 @@
-"""Follow the ranks' and the supervisor's logs: new complete lines only."""
+"""Follow the ranks' and the supervisor's logs: new complete lines only, each with where it came from."""
 
 from __future__ import annotations
 
@@ -13,6 +13,17 @@ FIRST_READ_BYTES = 64 * 1024
 """On the first look at a log, only its end: a long run's log can be large."""
 MAX_LINE = 2000
 _RANK_LOG = re.compile(r"rank-(\d+)\.log$")
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One line of a log: ``source`` is ``runner``, ``r0``… or a host's command."""
+
+    source: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.source:>6} │ {self.text}"
 
 
 @dataclass
@@ -38,10 +49,11 @@ class LogTail:
         return out
 
     def read_new(self) -> list[str]:
-        lines: list[str] = []
-        for label, path in self.sources():
-            lines.extend(f"{label:>6} │ {line}" for line in self._read(path))
-        return lines
+        """The new lines as one text each: ``    r0 │ line``."""
+        return [str(line) for line in self.read_new_lines()]
+
+    def read_new_lines(self) -> list[LogLine]:
+        return [LogLine(label, line) for label, path in self.sources() for line in self._read(path)]
 
     def _read(self, path: Path) -> list[str]:
         try:

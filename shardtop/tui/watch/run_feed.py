@@ -23,7 +23,7 @@ from shardtop.read.run_state import RunState
 from shardtop.read.shard_model import ShardModel
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.rundir.run_status import RunStatus
-from shardtop.tui.watch.log_tail import LogTail
+from shardtop.tui.watch.log_tail import LogLine, LogTail
 from shardtop.tui.watch.rank_activity import RankActivity, rank_activity
 
 Diagnosis = Callable[[RunModel], Sequence[Finding]]
@@ -55,7 +55,7 @@ class RunSnapshot:
     model: RunModel
     tree: ShardModel | None
     findings: tuple[Finding, ...]
-    new_log: tuple[str, ...]
+    new_log: tuple[LogLine, ...]
     """Log lines since the previous snapshot."""
     serial: int
     """1 for the first snapshot of a feed, then counting up."""
@@ -112,7 +112,7 @@ class RunFeed:
         self._tree: ShardModel | None = None
         self._findings: tuple[Finding, ...] = ()
         self._posted: RunModel | None = None
-        self._pending_log: list[str] = []
+        self._pending_log: list[LogLine] = []
         self._activity: tuple[RankActivity, ...] = ()
 
     @property
@@ -130,7 +130,7 @@ class RunFeed:
         if not (urgent or due):
             return None
         status_changed = self._check_status(now)
-        self._pending_log.extend(self.logs.read_new())
+        self._pending_log.extend(self.logs.read_new_lines())
         model = self.follower.model()
         state = model.state
         activity = rank_activity(self.run, model) if state.tree is None else ()

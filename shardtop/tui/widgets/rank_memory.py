@@ -148,7 +148,7 @@ class RankMemory(PaintsChanges):
         title = f"Memory per host ({len(self.rows)} ranks)" if self._per_host() else "Memory per rank"
         if scale and 0 < width < 44 and not self._per_host():  # narrow: what the bars measure against, not "per rank"
             title = f"Memory {scale}"
-            if len(title) > width - 2:  # the border's corners
+            if len(title) > width - 4:  # the border's corners and the spaces around the title
                 title = f"Memory {scale_title(scales, short=True)}"
         elif scale:
             title = f"{title}, {scale}"
