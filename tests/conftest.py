@@ -1,7 +1,9 @@
 """The suite's layers, by directory: ``unit`` (pure and fast), ``engines`` (processes that take
-seconds: ranks over gloo, real engines, runs of shardtop, mypy and a wheel build) and ``tui``
-(the app driven by Pilot, and its snapshots).  Each test is marked with its layer, so
-``pytest -m "not engines"`` leaves out the slow processes and ``pytest`` runs everything.
+seconds: ranks over gloo, real engines, runs of shardtop, mypy and a wheel build), ``tui``
+(the app driven by Pilot, and its snapshots) and ``frameworks`` (training frameworks installed in
+environments of their own and run as their users run them).  Each test is marked with its layer, so
+``pytest -m "not engines"`` leaves out the slow processes and ``pytest`` runs every layer but
+``frameworks``, which runs only when its directory is named: ``pytest tests/frameworks``.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from typing import Any
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-LAYERS = ("unit", "engines", "tui")
+LAYERS = ("unit", "engines", "tui", "frameworks")
 QUICK = ("unit", "tui")
 """The layers `-m "not engines"` runs: no test of theirs starts a slow process."""
+ON_REQUEST = ("frameworks",)
+"""Layers that run only when the command names their directory: they install frameworks and take minutes."""
 
 # pytest rewrites the asserts of every test module it imports, in every process of a run (three for the
 # quick layers), and caches what it rewrote only where bytecode may be written.  Where
@@ -92,14 +96,15 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 def layers_asked(config: pytest.Config) -> set[str]:
     """The layers the command's paths reach: every layer for none, or for the tests folder or one above."""
+    by_default = set(LAYERS) - set(ON_REQUEST)
     found: set[str] = set()
     for arg in config.args or [str(TESTS)]:
         path = Path(config.invocation_params.dir, arg.split("::")[0]).resolve()
         if TESTS.is_relative_to(path):
-            return set(LAYERS)
-        if path.is_relative_to(TESTS):
+            found.update(by_default)
+        elif path.is_relative_to(TESTS):
             layer = path.relative_to(TESTS).parts[0]
-            found.update((layer,) if layer in LAYERS else LAYERS)
+            found.update((layer,) if layer in LAYERS else by_default)
     return found
 
 
@@ -116,18 +121,21 @@ PYTHON_GC_THRESHOLD = gc.get_threshold()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    quick = item.get_closest_marker("engines") is None
+    quick = all(item.get_closest_marker(layer) is None for layer in LAYERS if layer not in QUICK)
     gc.set_threshold(*(QUICK_GC_THRESHOLD if quick else PYTHON_GC_THRESHOLD))
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """Leave a layer's directory unimported where ``-m`` deselects every test in it.
+    """Leave a layer's directory unimported where ``-m`` deselects every test in it, or where the
+    command did not name a layer that runs only on request.
 
     ``-m "not engines"`` would otherwise import every module of tests/engines (torch,
     DeepSpeed, transformers) only to deselect its tests: seconds of a run meant to be quick.
     """
     if collection_path.parent != TESTS or collection_path.name not in LAYERS:
         return None
+    if collection_path.name in ON_REQUEST and collection_path.name not in layers_asked(config):
+        return True
     return True if not layer_selected(config.option.markexpr, collection_path.name) else None
 
 

@@ -1,0 +1,155 @@
+"""TRL's ``SFTTrainer`` under ``accelerate launch`` with TRL's own ``zero3.yaml`` (DeepSpeed ZeRO-3), on CPU.
+
+The config file is the one TRL ships; on CPU a user overrides its bf16 with
+``--mixed_precision no`` and sets ``DS_ACCELERATOR=cpu``.  The script
+(``trl_sft.py``) builds a two-layer Llama from its config after the
+``SFTConfig``, so ZeRO-3 builds it partitioned; its MLP matrices are over
+DeepSpeed's default persistence threshold and split, everything else is kept
+whole on every rank.  Each command runs once (module fixtures) and the tests
+read what it left, as a user would: the command's output, ``shardtop report
+--format json`` and ``shardtop plan --format json``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.frameworks.environments import Environment
+from tests.frameworks.figures import Inventory, held_by, rank_entry, read_inventory, report_params, zero3_bytes
+from tests.frameworks.runs import (
+    Ended,
+    Finish,
+    Plan,
+    ShardtopRun,
+    Workspace,
+    alone,
+    assert_ended_alike,
+    planned,
+    rehearsed,
+    torn_down_by_gloo,
+    under_run,
+)
+from tests.support.distributed import free_port
+
+SCRIPT = Path(__file__).with_name("trl_sft.py")
+STEPS = 3
+BATCH = 2
+FINAL = re.compile(r"^final steps=(\d+) loss=(\S+) distributed_type=(\w+)$", re.MULTILINE)
+
+
+def finish(output: str) -> Finish | None:
+    found = FINAL.findall(output)
+    return Finish(int(found[-1][0]), found[-1][1]) if found else None
+
+
+def zero3(env: Environment, processes: int) -> list[str]:
+    config = env.site_packages / "trl" / "accelerate_configs" / "zero3.yaml"
+    return ["accelerate", "launch", "--config_file", str(config), "--num_processes", str(processes),
+            "--mixed_precision", "no", "--main_process_port", str(free_port()), str(SCRIPT)]
+
+
+@pytest.fixture(scope="module")
+def space(trl_env: Environment, tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    return Workspace(trl_env, tmp_path_factory.mktemp("trl-zero3"), (("DS_ACCELERATOR", "cpu"),))
+
+
+@pytest.fixture(scope="module")
+def model(space: Workspace) -> Inventory:
+    return read_inventory(space.env.python, [str(SCRIPT), "--inventory"], space.workdir)
+
+
+@pytest.fixture(scope="module")
+def threshold(model: Inventory) -> int:
+    return int(model.extra["persistence_threshold"])
+
+
+@pytest.fixture(scope="module")
+def trained(space: Workspace) -> Ended:
+    return alone(space, zero3(space.env, 2), "alone")
+
+
+@pytest.fixture(scope="module")
+def probed(space: Workspace) -> ShardtopRun:
+    return under_run(space, zero3(space.env, 2), "run")
+
+
+@pytest.fixture(scope="module")
+def rehearsal(space: Workspace) -> ShardtopRun:
+    return rehearsed(space, zero3(space.env, 8), "rehearse")
+
+
+@pytest.fixture(scope="module")
+def plan(space: Workspace) -> Plan:
+    return planned(space, zero3(space.env, 2), "plan")
+
+
+def test_trl_trains_with_zero3_on_two_cpu_processes(trained: Ended) -> None:
+    found = FINAL.findall(trained.output)
+    assert trained.code == 0 or torn_down_by_gloo(trained, ""), trained.output[-6000:]
+    assert found and found[-1][0] == str(STEPS) and found[-1][2] == "DEEPSPEED", trained.output[-6000:]
+
+
+def test_under_shardtop_run_it_ends_as_it_does_alone(trained: Ended, probed: ShardtopRun) -> None:
+    assert_ended_alike(trained, probed, finish)
+
+
+def test_the_report_counts_the_model_its_config_builds(probed: ShardtopRun, model: Inventory) -> None:
+    report = probed.report
+    assert report, probed.describe()
+    assert report["engine"] == "zero3", probed.describe()
+    assert report["model"]["params"] == model.params
+    assert report_params(report) == model.params_by_module
+
+
+def test_each_rank_holds_its_partitions_and_the_persistent_parameters(
+    probed: ShardtopRun, model: Inventory, threshold: int
+) -> None:
+    report = probed.report
+    assert report, probed.describe()
+    for rank in (0, 1):
+        expected = zero3_bytes(model, 2, rank, threshold)
+        assert held_by(report, rank) == expected, f"rank {rank}"
+        assert rank_entry(report, rank)["param_bytes"] == sum(expected.values()), f"rank {rank}"
+
+
+def test_memory_by_kind_agrees_with_each_ranks_totals(probed: ShardtopRun) -> None:
+    """The rank's parameters and gradients, as its memory split counts them and as its totals count them."""
+    report = probed.report
+    assert report, probed.describe()
+    for entry in report["ranks"]:
+        split = entry["memory_now"]
+        assert split is not None, f"rank {entry['rank']}: no memory split"
+        kinds = split["by_kind"]
+        assert (kinds["params"], kinds["grads"]) == (entry["param_bytes"], entry["grad_bytes"]), (
+            f"rank {entry['rank']}: by kind params {kinds['params']}, grads {kinds['grads']}; "
+            f"the rank's totals params {entry['param_bytes']}, grads {entry['grad_bytes']}")
+
+
+def test_rehearsal_of_the_first_and_last_of_eight_ranks(
+    rehearsal: ShardtopRun, model: Inventory, threshold: int
+) -> None:
+    assert rehearsal.ended.code == 0, rehearsal.describe()
+    report = rehearsal.report
+    assert report["rehearsal"]["world_size"] == 8 and report["rehearsal"]["ranks"] == [0, 7]
+    assert report["step"] == STEPS
+    for rank in (0, 7):
+        entry = rank_entry(report, rank)
+        assert entry["status"] == "finished", entry["status_detail"]
+        expected = zero3_bytes(model, 8, rank, threshold)
+        assert held_by(report, rank) == expected, f"rank {rank}"
+        assert entry["param_bytes"] == sum(expected.values()), f"rank {rank}"
+
+
+def test_plan_of_eight_ranks(plan: Plan, model: Inventory, threshold: int) -> None:
+    assert plan.ended.code == 0, plan.describe()
+    assert "could not trace" not in plan.stderr, plan.describe()
+    assert plan.plan is not None
+    assert plan.plan["model"]["params"] == model.params
+    assert plan.plan["model"]["batch_size"] == BATCH, plan.describe()
+    option = plan.as_run()
+    assert option["engine"] == "zero3"
+    assert option["per_rank"]["params"] == sum(zero3_bytes(model, 8, 0, threshold).values())
+    assert option["per_rank"]["activations"] > 0, plan.describe()
