@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import re
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from shardtop.rundir.run_directory import list_runs
 from tests.support.cli import ROOT, shardtop
 from tests.support.distributed import free_port
 from tests.support.own_job_runs import GLOO_TEARDOWN_ABORT, user_env
+from tests.support.shares import zero3_share
 
 CLIENTS = ("transformers", "accelerate", "peft", "deepspeed")
 """What the scripts run on: all in the ``test`` extra."""
@@ -163,12 +163,6 @@ def rank_totals(report: dict[str, Any]) -> dict[int, tuple[str, int, int, int]]:
     return {r["rank"]: (r["snapshot"], r["param_bytes"], r["grad_bytes"], r["optim_bytes"]) for r in report["ranks"]}
 
 
-def zero3_share(numel: int, world: int, rank: int) -> int:
-    """Elements of a ZeRO-3 parameter in ``rank``'s partition: partitions of ``ceil(numel / world)``, the last short."""
-    size = math.ceil(numel / world)
-    return max(0, min(size, numel - rank * size))
-
-
 def logged_losses(log: str) -> list[tuple[float, float]]:
     """The Trainer's logged (loss, grad_norm) pairs, in order."""
     return [(float(loss), float(norm)) for loss, norm in re.findall(r"'loss': '([^']+)', 'grad_norm': '([^']+)'", log)]
@@ -191,8 +185,8 @@ def assert_finished(ran: Ran, engine: str, world: int, ranks: list[int]) -> None
 
 
 def assert_zero3_shares(report: dict[str, Any], trained: Callable[[str], bool]) -> None:
-    """Every module as ZeRO-3 deals it to each rehearsed rank: partitioned past the persistence threshold,
-    whole below it; gradients partitioned, AdamW's fp32 master and moments (3 × 4 bytes an element) for the
+    """Every module as ZeRO-3 deals it to each rehearsed rank: partitioned, and below the persistence
+    threshold also whole; gradients partitioned, AdamW's fp32 master and moments (3 × 4 bytes an element) for the
     ``trained`` modules only."""
     world = report["world_size"]
     assert report["info"]["persistence_threshold"] == PERSISTENCE  # HF's "auto", filled from the model
@@ -206,7 +200,8 @@ def assert_zero3_shares(report: dict[str, Any], trained: Callable[[str], bool]) 
             share = zero3_share(numel, world, rank) * itemsize
             persistent = numel <= PERSISTENCE
             assert held["state"] == ("persistent" if persistent else "sharded"), (path, rank, held)
-            assert held["bytes"] == (full if persistent else share), (path, rank, held)
+            # a persistent parameter is held whole beside its partition once a forward gathered it
+            assert held["bytes"] == share + (full if persistent else 0), (path, rank, held)
             assert held["device"] == "cpu"
             assert held["grad_bytes"] == (share if trained(path) else 0), (path, rank, held)
             assert held["optim_bytes"] == (3 * share if trained(path) else 0), (path, rank, held)

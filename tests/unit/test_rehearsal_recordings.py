@@ -1,20 +1,26 @@
 """Rehearsals recorded on one H200 (``tests/fixtures/runs/h200-rehearsal``), read back as a user reads
 them (``shardtop report RUN --format json``), and set against what real multi-GPU runs measured.
 
-The real figures come from runs of the same presets on two H200s (15 GiB per-process cap), recorded
-before rehearsals existed (DESIGN.md, "Measured on two H200s" and "Rehearsal").  A rehearsal must
-land on them: the fake process group changes what crosses ranks, not what a rank holds.
+The real figures come from runs of the same presets on two H200s (15 GiB per-process cap), made before
+rehearsals existed and written down in ``bench/RESULTS.md`` ("two H200s, before the recordings"; story 2
+as asked is also a recording, ``tests/fixtures/runs/h200x2``).  A rehearsal must land on them: the fake
+process group changes what crosses ranks, not what a rank holds.  The users' own commands rehearsed as
+ranks 0 and 7 of eight (``h200-rehearsal-own``) hold exactly the shares their engines deal.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.cli import shardtop
+from tests.support.shares import dim0_share, zero3_share
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "h200-rehearsal"
 
@@ -109,33 +115,96 @@ def test_story_1_as_asked_rehearsed_on_two_shows_the_hand_wrapped_units_and_the_
 
 
 OWN = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "h200-rehearsal-own"
+Shape = tuple[int, ...]
+
+
+def llama(module: dict[str, Any]) -> list[Shape]:
+    """``hf_tiny.py``'s Llama: every module holds one parameter (its linear layers have no bias); ZeRO-3 cuts
+    a parameter's elements whatever its shape."""
+    return [(module["params"],)]
+
+
+def with_bias(inputs: int) -> Callable[[dict[str, Any]], list[Shape]]:
+    """A ``Linear(inputs, out)``'s weight and bias, ``out`` from its parameter count."""
+    return lambda module: [(module["params"] // (inputs + 1), inputs), (module["params"] // (inputs + 1),)]
+
+
+def fsdp2_train(module: dict[str, Any]) -> list[Shape]:
+    """``fsdp2_train.py`` at ``--dim 64``: blocks of LayerNorm(64) and Linear(64, 64), a Linear(64, 1) head."""
+    return [(64,), (64,)] if module["type"] == "LayerNorm" else with_bias(64)(module)
+
+
+def lightning_gpt(module: dict[str, Any]) -> list[Shape]:
+    """``lightning_deepspeed_user.py``'s model at its default width, 1024: an embedding of 32 000 tokens, blocks
+    of LayerNorm, MultiheadAttention (in-projection and out-projection) and an MLP of 4 x 1024, a head."""
+    width = 1024
+    kind, path = module["type"], module["path"]
+    if kind == "Embedding":
+        return [(module["params"] // width, width)]
+    if kind == "LayerNorm":
+        return [(width,), (width,)]
+    if kind == "MultiheadAttention":
+        return [(3 * width, width), (3 * width,)]
+    return with_bias(4 * width if path.endswith("mlp.2") else width)(module)
+
+
+@dataclass(frozen=True)
+class OwnRun:
+    engine: str
+    steps: int
+    """The optimizer steps the script takes."""
+    parameters: Callable[[dict[str, Any]], list[Shape]]
+    """A module's own parameters, by shape, as the script builds them."""
+    persistence: int = 0
+    """ZeRO-3's persistence threshold: parameters of at most this many elements are whole on every rank."""
+
+
 OWN_RUNS = {
-    # script: (engine, steps it takes)
-    "hf_trainer": ("zero3", 3),  # HF Trainer with a DeepSpeed ZeRO-3 config, under torchrun
-    "accelerate_train": ("zero3", 3),  # accelerate launch with its DeepSpeed plugin
-    "fsdp2_train": ("fsdp2", 2),  # fully_shard under torchrun
-    "lightning_deepspeed_user": ("zero3", 3),  # Lightning Trainer(devices=8, strategy="deepspeed_stage_3")
-    "zero3_train": ("zero3", 2),  # raw DeepSpeed under the deepspeed launcher
+    # HF Trainer with a DeepSpeed ZeRO-3 config, under torchrun; "auto" persistence: 10 x the hidden size, 30
+    "hf_trainer": OwnRun("zero3", 3, llama, persistence=300),
+    # accelerate launch with its DeepSpeed plugin, the same config
+    "accelerate_train": OwnRun("zero3", 3, llama, persistence=300),
+    # fully_shard under torchrun
+    "fsdp2_train": OwnRun("fsdp2", 2, fsdp2_train),
+    # Lightning Trainer(devices=8, strategy="deepspeed_stage_3"): Lightning's threshold, 100 000
+    "lightning_deepspeed_user": OwnRun("zero3", 3, lightning_gpt, persistence=100_000),
+    # raw DeepSpeed under the deepspeed launcher, DeepSpeed's threshold (100 000): its 256-wide layers are below
+    "zero3_train": OwnRun("zero3", 2, with_bias(256), persistence=100_000),
 }
+
+
+def expected_share(own: OwnRun, module: dict[str, Any], world: int, rank: int) -> tuple[str, int]:
+    """The state and the bytes of ``module``'s own parameters that ``rank`` of ``world`` holds."""
+    shapes = own.parameters(module)
+    assert sum(math.prod(shape) for shape in shapes) == module["params"], (module["path"], shapes)
+    itemsize = module["bytes"] // module["params"]
+    if own.engine == "fsdp2":
+        return "sharded", itemsize * sum(dim0_share(shape, world, rank) for shape in shapes)
+    numels = [math.prod(shape) for shape in shapes]
+    held = sum(n if n <= own.persistence else zero3_share(n, world, rank) for n in numels)
+    return ("persistent" if all(n <= own.persistence for n in numels) else "sharded"), itemsize * held
 
 
 @pytest.mark.parametrize("script", list(OWN_RUNS))
 def test_a_users_own_command_rehearsed_as_first_and_last_of_eight_on_an_h200(script: str, tmp_path: Path) -> None:
+    """Each rank holds of each module exactly what its engine deals it: ZeRO-3's partitions of every parameter
+    past the persistence threshold and the rest whole, FSDP2's rows of every parameter; rank 7's share is
+    the short one."""
     run = next(p for p in OWN.iterdir() if p.is_dir() and p.name.split("-", 2)[2].rsplit("-", 1)[0] == script)
     r = report(run, tmp_path)
-    engine, steps = OWN_RUNS[script]
-    assert (r["engine"], r["world_size"], r["rehearsal"]["ranks"]) == (engine, 8, [0, 7])
-    assert r["step"] == steps
+    own = OWN_RUNS[script]
+    assert (r["engine"], r["world_size"], r["rehearsal"]["ranks"]) == (own.engine, 8, [0, 7])
+    assert r["step"] == own.steps
     ranks = {k["rank"]: k for k in r["ranks"]}
     assert all(k["status"] == "finished" for k in ranks.values())
-    for module in r["modules"]:
-        held = [x for x in module["ranks"] if x["state"] == "sharded"]
-        if module["bytes"] and len(held) == 2:  # a sharded module: split, the last rank's share no larger
-            first, last = (x["bytes"] for x in held)
-            assert last <= first <= module["bytes"] and last < module["bytes"], module["path"]
-    if script != "zero3_train":  # its 256-wide layers are under ZeRO-3's persistence threshold: whole on every rank
-        whole = r["model"]["bytes"]
-        assert all(k["param_bytes"] < whole / 2 for k in ranks.values())  # each rank holds a part, not the model
+    totals = dict.fromkeys(ranks, 0)
+    for module in (m for m in r["modules"] if m["params"]):
+        held = {x["rank"]: (x["state"], x["bytes"]) for x in module["ranks"]}
+        expected = {rank: expected_share(own, module, 8, rank) for rank in ranks}
+        assert held == expected, module["path"]
+        for rank, (_, held_bytes) in held.items():
+            totals[rank] += held_bytes
+    assert {rank: k["param_bytes"] for rank, k in ranks.items()} == totals
 
 
 def test_story_2_fixed_on_six_gpus_rehearsed_gets_through_set_up_and_runs_out_at_the_first_adam_step(
