@@ -7,7 +7,7 @@ distributed environment; each rank calls the function with ``rank``,
 function returns (JSON-able) comes back, one entry per rank.
 
 Ranks leave with ``os._exit`` after writing their result: raw gloo runs abort
-at interpreter exit now and then (DESIGN.md), which must not fail a test.
+at interpreter exit now and then (``own_job_runs.GLOO_TEARDOWN_ABORT``), which must not fail a test.
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ LAUNCHER_VARS = (
 """What a launcher around the tests may have set: a user's shell starts without them."""
 
 GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
-"""Raw gloo runs abort at interpreter exit now and then, with or without shardtop (DESIGN.md)."""
+"""Raw gloo runs abort at interpreter exit now and then, with or without shardtop: why shardtop's own ranks
+leave with ``os._exit`` (``shardtop/runner/rank.py``) and ``tests/own_scripts/fsdp2_train.py`` has ``--os-exit``."""
 
 
 def user_env(**extra: str) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 Every ``import`` of every module counts, at its top, inside a function or under
 ``TYPE_CHECKING``: a function-level import is still a dependency, only a later
-one.  The rules are those of DESIGN.md's package layout:
+one.  The rules, each checked below:
 
 - ``rundir/`` (the run directory contract) imports nothing else of shardtop;
 - ``read/`` (the fold, the read model, the facts) imports only ``rundir/`` and
@@ -169,8 +169,8 @@ def test_no_import_circle() -> None:
 
 
 def test_no_test_imports_another_test_module() -> None:
-    """What the test layers share lives in tests/support (DESIGN.md): a test module, or a layer's conftest,
-    imported by another would run its fixtures and hooks where nobody asked for them."""
+    """What the test layers share lives in tests/support (tests/conftest.py names the layers): a test module,
+    or a layer's conftest, imported by another would run its fixtures and hooks where nobody asked for them."""
     tests = ROOT / "tests"
     found = []
     for path in sorted(tests.rglob("*.py")):
