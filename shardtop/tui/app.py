@@ -35,7 +35,7 @@ class ShardtopApp(App[int]):
     CSS_PATH = Path(__file__).parent / "shardtop.tcss"
     TITLE = "shardtop"
     BINDINGS = [
-        Binding("q", "quit", "Quit (runs go on)"),
+        Binding("q", "quit", "Quit", tooltip="Quit shardtop; the runs go on"),
         Binding("question_mark", "help", "Help"),
     ]
 

@@ -26,11 +26,11 @@ async def test_the_footer_follows_the_focus(recorded_root: Path) -> None:
         await wait_for(pilot, lambda: "Open run" in footer_keys(app), what="the run list's key in the footer")
         await pilot.press("p")
         await wait_for(pilot, lambda: "Open run" not in footer_keys(app), what="the footer without it")
-        assert "Launch preset" in footer_keys(app)
+        assert "Launch" in footer_keys(app)
 
         await pilot.press("u", "enter")
         await wait_for(pilot, lambda: isinstance(app.screen, RunScreen), what="the run view")
-        await wait_for(pilot, lambda: "Search" in footer_keys(app), what="the run view's keys")
+        await wait_for(pilot, lambda: "Find" in footer_keys(app), what="the run view's keys")
         assert "Close search" not in footer_keys(app)
         await pilot.press("slash")
         await wait_for(pilot, lambda: app.screen.query_one(SearchBar).display, what="the search bar")

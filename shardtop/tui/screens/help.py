@@ -67,7 +67,7 @@ def keys_table(screen: Screen[object]) -> Table:
         ):
             continue
         seen.add(binding.description)
-        table.add_row(screen.app.get_key_display(binding), binding.description)
+        table.add_row(screen.app.get_key_display(binding), binding.tooltip or binding.description)
     return table
 
 

@@ -239,8 +239,8 @@ class ControlledHomeScreen(HomeScreen):
     """The monitor with its two actions: launch a preset, stop a run."""
 
     BINDINGS = [
-        Binding("l", "launch", "Launch preset"),
-        Binding("k", "stop", "Stop run"),
+        Binding("l", "launch", "Launch", tooltip="Launch the highlighted preset"),
+        Binding("k", "stop", "Stop run", tooltip="Stop the selected run (asks first)"),
     ]
 
     def choose_preset(self, name: str) -> None:

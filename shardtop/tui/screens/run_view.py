@@ -79,8 +79,8 @@ class RunScreen(Screen[None]):
     """Watch one run: nothing here changes the run."""
 
     BINDINGS = [
-        Binding("slash", "search", "Search"),
-        Binding("o", "jump_oom", "Go to OOM"),
+        Binding("slash", "search", "Find", tooltip="Find modules by path"),
+        Binding("o", "jump_oom", "OOM", tooltip="Go to the module where a rank ran out of memory"),
         Binding("r", "report", "Report"),
         Binding("m", "tab('module')", "Module", show=False),
         Binding("f", "tab('findings')", "Findings", show=False),
@@ -289,7 +289,7 @@ class RunScreen(Screen[None]):
 class ControlledRunScreen(RunScreen):
     """The run view with the one action that changes the run: stopping it."""
 
-    BINDINGS = [Binding("k", "stop", "Stop run")]
+    BINDINGS = [Binding("k", "stop", "Stop run", tooltip="Stop this run (asks first)")]
 
     def action_stop(self) -> None:
         if self.snapshot is not None and not self.snapshot.live:
