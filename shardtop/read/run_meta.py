@@ -49,6 +49,16 @@ class Rehearsal(RehearsalConfig):
 
 
 @dataclass(frozen=True)
+class RankProcess:
+    """A rank's process as the launcher recorded it when it started the rank (before the rank says hello)."""
+
+    rank: int
+    pid: int
+    started: float | None
+    """The process's start time (with the pid, it tells the process from a later one given the same pid)."""
+
+
+@dataclass(frozen=True)
 class RunMeta:
     """What a run's ``run.json`` says; every field optional, as old and external runs lack some."""
 
@@ -74,6 +84,8 @@ class RunMeta:
     slurm_step_id: str = ""
     rehearsal: Rehearsal | None = None
     """Set where the run rehearses ranks of a larger job (``shardtop rehearse``)."""
+    rank_processes: tuple[RankProcess, ...] = ()
+    """The ranks' processes the launcher started, on ``host`` (none for a script's own launcher)."""
 
     @property
     def command_line(self) -> str:
@@ -112,7 +124,22 @@ class RunMeta:
             slurm_job_id=_text(slurm.get("job_id")),
             slurm_step_id=_text(slurm.get("step_id")),
             rehearsal=Rehearsal(r.world_size, r.ranks, r.on) if (r := config.rehearsal) is not None else None,
+            rank_processes=_rank_processes(raw.get("rank_pids")),
         )
+
+
+def _rank_processes(raw: object) -> tuple[RankProcess, ...]:
+    """``rank_pids``: entries of the wrong shape are left out."""
+    if not isinstance(raw, list):
+        return ()
+    out = []
+    for entry in raw:
+        if not isinstance(entry, Mapping):
+            continue
+        rank, pid = entry.get("rank"), entry.get("pid")
+        if isinstance(rank, int) and isinstance(pid, int) and not isinstance(rank, bool) and pid > 0:
+            out.append(RankProcess(rank, pid, _number(entry.get("started"))))
+    return tuple(out)
 
 
 def _number(value: object) -> float | None:

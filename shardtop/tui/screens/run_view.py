@@ -167,7 +167,9 @@ class RunScreen(Screen[None]):
     @work(thread=True, exclusive=True, exit_on_error=False, group="run-feed", name="run feed")
     def follow_run(self) -> None:
         worker = get_current_worker()
-        feed = RunFeed(self.run_dir, refresh=self.refresh_s, findings=self.findings_of, follower=self._follower)
+        feed = RunFeed(
+            self.run_dir, refresh=self.refresh_s, findings=self.findings_of, follower=self._follower, now=self.clock
+        )
         self._follower = None  # the feed's from now on
         while not worker.is_cancelled and not self._feeds_done.is_set():
             forced = self._wake.is_set()

@@ -1,17 +1,23 @@
 """What the ranks are doing before the run view has a module tree: each rank's phase and last log line.
 
 An engine's set-up can take a minute before the probe sends the tree (DeepSpeed building its CPU
-optimizer); the tree pane says meanwhile what each rank is doing.  Read by the run feed, in its
-thread: the logs are files, and only the feed touches the disk.
+ops); the tree pane says meanwhile what each rank is doing: its phase, else its status, and, for a
+rank still starting on this host, what its process is building (``rank_builds``); its log's last
+line, or that its log is empty.  Read by the run feed, in its thread: the logs are files, and only
+the feed touches the disk and the processes.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from shardtop.read.run_model import RunModel
 from shardtop.read.whole_run import read_file_tail
+from shardtop.rundir.cluster import host_name
 from shardtop.rundir.run_directory import RunDirectory
+from shardtop.tui.watch.rank_builds import ChildProcess, build_words, builds_under
 
 SHOWN_RANKS = 8
 """Ranks told at most; a pane of a few lines has no room for more."""
@@ -29,16 +35,30 @@ class RankActivity:
 
     @property
     def words(self) -> str:
-        said = ", ".join(p for p in (self.doing, f"last log line: {self.last_line}" if self.last_line else "") if p)
+        log = f"last log line: {self.last_line}" if self.last_line else "nothing in its log yet" if self.doing else ""
+        said = ", ".join(p for p in (self.doing, log) if p)
         return f"{self.who}: {said or 'no log line yet'}"
 
 
-def rank_activity(run: RunDirectory, model: RunModel) -> tuple[RankActivity, ...]:
-    """Each rank's phase (else its status) and last log line; a run of ``shardtop run`` has one log per host,
-    its ranks' output together, whose last line stands for the host's ranks."""
+Builds = Callable[[int, float | None], tuple[ChildProcess, ...]]
+"""``rank_builds.builds_under``, or what a test stands in for it."""
+
+
+def rank_activity(
+    run: RunDirectory, model: RunModel, now: float | None = None, builds: Builds = builds_under
+) -> tuple[RankActivity, ...]:
+    """Each rank's phase (else its status, and what a starting rank builds) and last log line; a run of
+    ``shardtop run`` has one log per host, its ranks' output together, whose last line stands for the
+    host's ranks.  ``now``: the time, for how long a build has run."""
+    now = time.time() if now is None else now
+    local = {p.rank: p for p in model.meta.rank_processes} if model.meta.host == host_name() else {}
     out = []
     for r in model.ranks[:SHOWN_RANKS]:
         doing = r.state.phase or r.status.words
+        process = local.get(r.rank)
+        if r.status.state == "starting" and process is not None:
+            building = build_words(builds(process.pid, process.started), now)
+            doing += f", {building}" if building else ""
         tail = read_file_tail(run.rank_log(r.rank), 1)
         out.append(RankActivity(f"r{r.rank}", doing, tail[-1] if tail else ""))
     if not model.ranks:

@@ -95,11 +95,14 @@ class RunFeed:
         clock: Callable[[], float] = time.monotonic,
         findings: Diagnosis = diagnose,
         follower: RunFollower | None = None,
+        now: Callable[[], float] = time.time,
     ) -> None:
-        """``follower``: the run's follower where a first frame has read the head of its events already."""
+        """``follower``: the run's follower where a first frame has read the head of its events already;
+        ``now``: the time of day (how long a starting rank has been building)."""
         self.run = run
         self.refresh = refresh
         self.clock = clock
+        self.now = now
         self.findings_of = findings
         self.follower = follower if follower is not None else RunFollower(run)
         self.logs = LogTail(run)
@@ -133,7 +136,7 @@ class RunFeed:
         self._pending_log.extend(self.logs.read_new_lines())
         model = self.follower.model()
         state = model.state
-        activity = rank_activity(self.run, model) if state.tree is None else ()
+        activity = rank_activity(self.run, model, self.now()) if state.tree is None else ()
         changed = model is not self._posted or bool(self._pending_log) or activity != self._activity
         if not changed:
             return None
