@@ -266,7 +266,10 @@ def _oom_there(oom: OomEvidence | None) -> str:
         return ""
     what = f", converting `{oom.module}` ({oom.module_type or 'module'})" if oom.module else ""
     others = f" ({oom.ranks_out_of_memory} ranks did)" if oom.ranks_out_of_memory > 1 else ""
-    return f"Rank {oom.rank} ran out of memory right there, in {oom.engine_step}{what}{oom.held_words()}{others}."
+    held = oom.held_words()
+    if not oom.device.startswith(ACCELERATORS) and oom.limit and not oom.allocated:  # a cap on CPU: RLIMIT_DATA
+        held = f", under a cap of {fmt(oom.limit)} more data segment (RLIMIT_DATA)"
+    return f"Rank {oom.rank} ran out of memory right there, in {oom.engine_step}{what}{held}{others}."
 
 
 def _what_zero3_splits(n: int) -> str:

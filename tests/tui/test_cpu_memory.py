@@ -11,6 +11,7 @@ from shardtop.tui.app import ShardtopApp
 from shardtop.tui.format import BAR_EIGHTHS, BAR_EMPTY, BAR_FULL, BAR_RESERVED, SPARKS
 from shardtop.tui.memory_bar import GLYPHS, PEAK
 from shardtop.tui.screens.help import HelpScreen
+from shardtop.tui.widgets.oom_panel import OomPanel
 from shardtop.tui.widgets.plan_bars import FREE, LIMIT, PART_MARKS
 from shardtop.tui.widgets.rank_memory import RankMemory
 from tests.support.apps import run_app, run_ready, text_of
@@ -60,6 +61,10 @@ async def test_the_cap_on_cpu_is_said_as_what_it_caps(in_tmp: Path) -> None:
         assert panel.border_title == "Memory per rank, of 23.5 GiB host memory"
         assert "rss 460M/23.5G" in rank_line(panel, 0) and "OOM" in rank_line(panel, 0)
         assert "capped: +150 MiB data segment (RLIMIT_DATA), not rss" in text
+        oom = " ".join(text_of(app.screen.query_one(OomPanel).query_one("#oom-text", Static)).split())
+        assert "cap +150 MiB data segment (RLIMIT_DATA) from the rank's start" in oom, "the OOM tab says it alike"
+        assert "_configure_distributed_model, under a cap of 150 MiB more data segment (RLIMIT_DATA)" in oom
+        assert "limit" not in oom, "the cap on CPU is not a limit on the memory the bars show"
         await pilot.resize_terminal(80, 24)
         await settled(pilot)
         assert panel.border_title == "Memory of 23.5G host RAM"

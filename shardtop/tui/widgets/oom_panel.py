@@ -98,7 +98,9 @@ def oom_report(
         facts.add_row("engine step", oom.engine_step)
     if oom.requested_bytes is not None:
         facts.add_row("requested", format_bytes(oom.requested_bytes))
-    if story.held:
+    if oom.device == "cpu" and oom.limit and not oom.allocated:  # gpu_mem_limit on CPU caps the data segment
+        facts.add_row("cap", f"+{format_bytes(oom.limit)} data segment (RLIMIT_DATA) from the rank's start")
+    elif story.held:
         facts.add_row("rank held", ", ".join(f"{label} {format_bytes(v)}" for label, v in story.held))
     if story.stack:
         facts.add_row("stack", story.stack_words)
