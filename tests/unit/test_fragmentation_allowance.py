@@ -19,8 +19,8 @@ GPUs, rehearsed on an H200 under a 15 GiB cap, whose first Adam step ran out ask
   them bounds the allowance from above.
 
 Without a cap the allocator keeps what it freed: reserved over allocated at the peaks of the uncapped
-recordings runs from 1.01 to 2.71 (``bench/allocator_shares.py``; ``bench/RESULTS.md``, 2026-12-06), with
-no retry, and says nothing of what a capped allocator can hand out.
+recordings runs from 1.01 to 2.71 (``bench/allocator_shares.py``; ``bench/RESULTS.md``, 2026-12-06) while
+nothing presses it to free its cache, and says nothing of what a capped allocator can hand out.
 """
 
 from __future__ import annotations
