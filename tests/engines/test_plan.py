@@ -233,7 +233,7 @@ def test_planning_from_a_description_imports_no_torch() -> None:
     assert done.stdout.strip() == "[]"
 
 
-def test_the_plan_reproduces_story_2_at_4000_layers_as_measured_on_two_h200s() -> None:
+def test_the_plan_of_story_2_at_4000_layers_needs_what_two_h200s_measured() -> None:
     """4000 layers on two H200s (``bench/RESULTS.md``, "two H200s, before the recordings"): fixed, capped at
     15 GiB, the first Adam step ran out asking for 1.96 GiB with 12.55 GiB allocated; capped at 3.5 GB, set-up
     ran out in ``_configure_zero_optimizer`` on a 1.96 GiB buffer (the fp32 master copy, beside the flat
