@@ -91,3 +91,16 @@ async def test_the_help_names_every_glyph_the_bars_draw(in_tmp: Path) -> None:
     missing = sorted(g for g in every if g not in help_text)
     assert not missing, f"the help does not say what {missing} mean"
     assert GLYPHS["unexplained"] not in PART_MARKS, "unexplained memory and the plan's gradients look different"
+
+
+async def test_without_the_hosts_memory_the_bars_are_against_the_highest_rss_and_say_so(in_tmp: Path) -> None:
+    """A recording from before ranks said their host's memory: six CPU ranks, each bar of the fullest's rss."""
+    runs = copy_runs(in_tmp / "runs", "cpu-6ranks/zero3-linear")
+    app = run_app(in_tmp / "runs", runs["cpu-6ranks/zero3-linear"])
+    async with app.run_test(size=(160, 48)) as pilot:
+        await run_ready()(pilot)
+        panel = app.screen.query_one(RankMemory)
+        assert panel.border_title == "Memory per rank, of the highest rss"
+        fullest = rank_line(panel, 5)
+        assert "rss 888M" in fullest and BAR_EMPTY not in fullest, "the highest fills its bar"
+        assert BAR_EMPTY in rank_line(panel, 3) or any(c in rank_line(panel, 3) for c in BAR_EIGHTHS)

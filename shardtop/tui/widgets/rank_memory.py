@@ -145,11 +145,13 @@ class RankMemory(PaintsChanges):
         width = self.size.width
         scales = [(r.whole, r.whole_words) for r in self.rows]
         scale = scale_title(scales)
+        if self.rows and all(r.on_cpu and not r.whole for r in self.rows):  # no host memory said: the highest rss
+            scale = "of the highest rss"
         title = f"Memory per host ({len(self.rows)} ranks)" if self._per_host() else "Memory per rank"
         if scale and 0 < width < 44 and not self._per_host():  # narrow: what the bars measure against, not "per rank"
             title = f"Memory {scale}"
             if len(title) > width - 4:  # the border's corners and the spaces around the title
-                title = f"Memory {scale_title(scales, short=True)}"
+                title = f"Memory {scale_title(scales, short=True) or scale}"
         elif scale:
             title = f"{title}, {scale}"
         if title != self.border_title:
