@@ -4,8 +4,8 @@ The model's parameters come from the framework's own config, built in its own
 environment (each script's ``inventory``: module path -> the shapes of the
 module's own parameters).  The shares follow each engine's documented layout:
 FSDP2 splits every parameter along its first dimension, ZeRO-3 splits every
-parameter flat except those at or under its persistence threshold, which
-every rank keeps whole, FSDP1 splits each unit's flat parameter, DDP keeps
+parameter flat and keeps those at or under its persistence threshold whole
+beside their part, FSDP1 splits each unit's flat parameter, DDP keeps
 everything whole.  Padding is never counted as held.
 """
 
@@ -77,10 +77,14 @@ def fsdp2_bytes(inventory: Inventory, world: int, rank: int) -> dict[str, int]:
 
 
 def zero3_bytes(inventory: Inventory, world: int, rank: int, threshold: int) -> dict[str, int]:
-    """ZeRO-3: a parameter of at most ``threshold`` elements is kept whole, any other is split flat."""
+    """ZeRO-3: every parameter split flat; one of at most ``threshold`` elements also kept whole beside its part.
+
+    DeepSpeed partitions a persistent parameter like any other (the optimizer steps on the part) and
+    then keeps the gathered whole as well, on every rank, instead of releasing it after each use.
+    """
     def held(shape: list[int]) -> int:
         count = numel(shape)
-        return count if count <= threshold else share(count, world, rank)
+        return share(count, world, rank) + (count if count <= threshold else 0)
 
     return {path: sum(held(shape) for shape in shapes) * FP32 for path, shapes in inventory.shapes.items() if shapes}
 
