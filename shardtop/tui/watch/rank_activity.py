@@ -32,10 +32,12 @@ class RankActivity:
     """Its phase or status (``setup``, ``starting``); empty for a host's command."""
     last_line: str
     """The last line its log has, empty where it has none yet."""
+    own_log: bool = False
+    """It has a log of its own (a rank of ``shardtop run`` writes to its host's command's)."""
 
     @property
     def words(self) -> str:
-        log = f"last log line: {self.last_line}" if self.last_line else "nothing in its log yet" if self.doing else ""
+        log = f"last log line: {self.last_line}" if self.last_line else "nothing in its log yet" if self.own_log else ""
         said = ", ".join(p for p in (self.doing, log) if p)
         return f"{self.who}: {said or 'no log line yet'}"
 
@@ -59,12 +61,13 @@ def rank_activity(
         if r.status.state == "starting" and process is not None:
             building = build_words(builds(process.pid, process.started), now)
             doing += f", {building}" if building else ""
-        tail = read_file_tail(run.rank_log(r.rank), 1)
-        out.append(RankActivity(f"r{r.rank}", doing, tail[-1] if tail else ""))
+        log = run.rank_log(r.rank)
+        tail = read_file_tail(log, 1)
+        out.append(RankActivity(f"r{r.rank}", doing, tail[-1] if tail else "", log.is_file()))
     if not model.ranks:
         for path in sorted(run.logs_dir.glob("rank-*.log"))[:SHOWN_RANKS]:
             tail = read_file_tail(path, 1)
-            out.append(RankActivity(path.stem.replace("rank-", "r"), "starting", tail[-1] if tail else ""))
+            out.append(RankActivity(path.stem.replace("rank-", "r"), "starting", tail[-1] if tail else "", True))
     for path in sorted(run.logs_dir.glob("command-*.log"))[:SHOWN_RANKS]:
         tail = read_file_tail(path, 1)
         if tail:

@@ -145,13 +145,14 @@ class RankMemory(PaintsChanges):
         width = self.size.width
         scales = [(r.whole, r.whole_words) for r in self.rows]
         scale = scale_title(scales)
-        if self.rows and all(r.on_cpu and not r.whole for r in self.rows):  # no host memory said: the highest rss
+        highest = bool(self.rows) and all(r.on_cpu and not r.whole for r in self.rows)
+        if highest:  # no host's memory said: the bars measure against the highest rss
             scale = "of the highest rss"
         title = f"Memory per host ({len(self.rows)} ranks)" if self._per_host() else "Memory per rank"
         if scale and 0 < width < 44 and not self._per_host():  # narrow: what the bars measure against, not "per rank"
             title = f"Memory {scale}"
             if len(title) > width - 4:  # the border's corners and the spaces around the title
-                title = f"Memory {scale_title(scales, short=True) or scale}"
+                title = "Memory vs highest rss" if highest else f"Memory {scale_title(scales, short=True)}"
         elif scale:
             title = f"{title}, {scale}"
         if title != self.border_title:
@@ -260,7 +261,8 @@ class RankMemory(PaintsChanges):
             figures = f"{short_bytes(row.allocated)}/{short_bytes(whole)}"
         else:
             whole = row.whole or top
-            figures = f"rss {short_bytes(row.host_rss)}" + (f"/{short_bytes(row.whole)}" if row.whole else "")
+            rss = short_bytes(row.host_rss or None)  # 0: no sample yet
+            figures = f"rss {rss}" + (f"/{short_bytes(row.whole)}" if row.whole else "")
         legend = legend if row.stacked else 0
         if layout == "one-line" or (layout == "wide" and row.on_cpu):
             # a CPU rank has one figure (its rss): label, bar and figure fit one line even when wide
