@@ -2,7 +2,7 @@
 elements (1e5 by default) are kept whole on every rank from the first forward on, so a model
 made of many small layers is barely sharded at all.
 
-The probe reads those parameters as ``persistent`` at their full size (``Shards.info``:
+The probe reads those parameters as ``persistent``, held whole beside their partition (``Shards.info``:
 ``persistent_params``, ``persistent_bytes``, ``persistence_threshold``).
 """
 
@@ -42,7 +42,9 @@ class Persistent(Evidence):
 
     @property
     def freed_bytes(self) -> int:
-        return self.persistent_bytes - self.persistent_bytes // max(self.data_parallel_size, 1)
+        """A rank holds a persistent parameter whole beside its partition: below the threshold, the
+        partition alone."""
+        return self.persistent_bytes
 
 
 def find_persistent(m: RunModel) -> Persistent | None:
@@ -90,7 +92,8 @@ def explain_persistent(e: Persistent) -> Finding:
         f"{e.persistent_params} of the {e.params} parameter tensors ZeRO-3 manages are at most "
         f"{threshold} elements, ZeRO-3's stage3_param_persistence_threshold: it keeps them whole on every rank "
         f"from the first forward on, to spare an all-gather per use. Together they are {fmt(e.persistent_bytes)}, "
-        f"{share:.0%} of the model's {fmt(e.model_bytes)}, held in full by each of the {n} ranks instead of 1/{n}"
+        f"{share:.0%} of the model's {fmt(e.model_bytes)}, held in full by each of the {n} ranks beside its 1/{n} "
+        "partition"
         + (f" ({list_names(e.modules)})." if e.modules and e.modules != ("",) else ".")
     )
     setting = '"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, ...}'

@@ -144,18 +144,29 @@ def _forward_started() -> None:
 
 @guarded("following the backward pass")
 def _root_output(module: Any, args: Any, output: Any) -> None:
-    tensor = _grad_tensor(output)
-    if tensor is not None:
+    for tensor in _grad_tensors(output):
         tensor.register_hook(_backward_started)
 
 
-def _grad_tensor(output: Any) -> Any:
-    """The first tensor of the output that gradients will flow into, if any."""
-    values = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else [output]
-    for value in values:
-        if getattr(value, "grad_fn", None) is not None:
-            return value
-    return None
+MAX_WATCHED_OUTPUTS = 8
+"""Output tensors whose gradient tells that backward began: the loss may come from any of them (TRL
+computes it from the hidden states, not from the logits the model returns)."""
+
+
+def _grad_tensors(output: Any) -> list[Any]:
+    """The tensors of the output that gradients may flow into: at its top level and one level down."""
+    found: list[Any] = []
+    for value in _values(output):
+        for item in _values(value) if isinstance(value, (tuple, list, dict)) else (value,):
+            if getattr(item, "grad_fn", None) is not None and len(found) < MAX_WATCHED_OUTPUTS:
+                found.append(item)
+    return found
+
+
+def _values(value: Any) -> Any:
+    if isinstance(value, dict):
+        return value.values()
+    return value if isinstance(value, (tuple, list)) else (value,)
 
 
 def _backward_started(grad: Any) -> None:
@@ -186,9 +197,11 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     if STATE.steps and STATE.step_started is None and STATE.root is not None:
         return  # no forward since the last step: this step's optimizer stepped again (a wrapper's, then the engine's)
     STATE.steps += 1
-    seconds = time.perf_counter() - STATE.step_started if STATE.step_started is not None else None
-    STATE.step_started = None
-    p.step(STATE.steps, seconds=seconds)
+    started, STATE.step_started = STATE.step_started, None
+    if STATE.in_engine_step and STATE.engine_steps is STATE.root:
+        STATE.step_pending = (STATE.steps, started)  # the engine still holds the step's buffers: told on return
+        return
+    p.step(STATE.steps, seconds=time.perf_counter() - started if started is not None else None)
     if STATE.engine_steps is None or STATE.engine_steps is not STATE.root:
         _stepped_snapshot(p, optimizer)
 
@@ -209,8 +222,14 @@ def read_after_engine_steps(engine: Any) -> None:
 
     @functools.wraps(step)
     def engine_step(*args: Any, **kwargs: Any) -> Any:
-        result = step(*args, **kwargs)
-        _after_engine_step()
+        outer = STATE.in_engine_step
+        STATE.in_engine_step = True
+        try:
+            result = step(*args, **kwargs)
+        finally:
+            STATE.in_engine_step = outer
+        if not outer:
+            _after_engine_step()
         return result
 
     engine.step = engine_step
@@ -219,8 +238,16 @@ def read_after_engine_steps(engine: Any) -> None:
 
 @guarded("reading the shards after the engine's step")
 def _after_engine_step() -> None:
+    """The step is told, and its shards read, once the engine's ``step`` returned: ZeRO-3 frees the fp32
+    copy of its gradient partition only after the optimizer stepped, inside the engine's ``step``."""
     p = rank_probe()
-    if p is not None and STATE.steps and STATE.engine_steps is STATE.root:
+    pending, STATE.step_pending = STATE.step_pending, None
+    if p is None or STATE.engine_steps is not STATE.root:
+        return
+    if pending is not None:
+        step, started = pending
+        p.step(step, seconds=time.perf_counter() - started if started is not None else None)
+    if STATE.steps:
         _stepped_snapshot(p, None)
 
 

@@ -59,6 +59,10 @@ class InjectState:
         self.stepped_snapshot = False
         self.engine_steps: Any = None
         """A DeepSpeed engine whose ``step`` takes the step's snapshot once it returns (see ``model_hooks``)."""
+        self.in_engine_step = False
+        """That engine's ``step`` is running: a step its optimizer finished is told once it returns."""
+        self.step_pending: tuple[int, float | None] | None = None
+        """(step, when its forward began) of such a step, until the engine's ``step`` returns."""
 
     def remove_hooks(self) -> None:
         """Take out every hook ``model_hooks`` put in (the global ones and the root model's)."""

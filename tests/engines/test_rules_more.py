@@ -236,9 +236,9 @@ def test_zero3_keeps_tensors_under_the_persistence_threshold_whole(reports: Any)
     ev = f["evidence"]
     model = report["model"]["bytes"]
     assert (ev["threshold"], ev["persistent_params"], ev["params"]) == (100_000, 128, 128)
-    assert ev["persistent_bytes"] == model and f["saving_bytes"] == model // 2
-    # what each rank keeps: the whole model, as the tree now says (it used to say sharded)
-    assert [r["param_bytes"] for r in report["ranks"]] == [model, model]
+    assert ev["persistent_bytes"] == model and f["saving_bytes"] == model  # the whole copy goes
+    # what each rank keeps: its half of the partitions and the whole model beside them
+    assert [r["param_bytes"] for r in report["ranks"]] == [model // 2 + model] * 2
     assert {r["state"] for r in module(report, "0")["ranks"]} == {"persistent"}
     assert '"stage3_param_persistence_threshold": 0' in f["fix"]
     fixed = reports("zero3-no-persistence")

@@ -11,11 +11,12 @@ ZeRO-1/2 keep every parameter whole on every rank (``replicated``) and
 partition the optimizer (``zero_optim.py``).
 
 Parameters ZeRO-3 keeps whole on every rank (``ds_persist``: at most
-``stage3_param_persistence_threshold`` elements each) read ``persistent`` and
-count their full size: from the first forward on, every rank holds them whole,
-for as long as the engine runs.  A parameter gathered at the moment of the
-snapshot (in use by a forward or backward) reads ``gathered``, at its full
-size; both are summed in ``info`` too.
+``stage3_param_persistence_threshold`` elements each) read ``persistent``:
+from the first forward on, every rank holds them whole, for as long as the
+engine runs, beside their partition.  A parameter gathered at the moment of
+the snapshot (in use by a forward or backward) reads ``gathered``.  Either
+counts what the rank holds now: its partition, and the whole parameter while
+it is gathered.  Both are summed in ``info`` too.
 
 Nothing here imports deepspeed: everything is read from the objects it made.
 """
@@ -124,11 +125,14 @@ def _read_partitioned(tree: ModuleTree, table: ShardTable, offload: bool) -> Non
         state = OFFLOADED if offload or part.device.type != param.device.type or device == "nvme" else SHARDED
         itemsize = part.element_size()
         stored = local
+        whole = param.numel() == numel and numel > 0  # gathered: the whole parameter beside the partition
+        if whole:
+            stored, device = local + numel, param.device
         if getattr(param, "ds_persist", False):  # whole on every rank from the first forward on
-            state, stored, device = PERSISTENT, numel, param.device
+            state = PERSISTENT
             kept.add(numel, numel * itemsize)
-        elif param.numel() == numel and numel > 0:  # gathered for compute right now
-            state, stored, device = GATHERED, numel, param.device
+        elif whole:  # gathered for compute right now
+            state = GATHERED
             gathered.add(numel, numel * itemsize)
         table.add(tree.param_rows[index], numel, stored, itemsize, table.device_id(device), table.state_id(state), unit)
         numel_total += numel
