@@ -142,7 +142,8 @@ class ShardModel:
         unit_roots: dict[int, Unit] = {}
         if usable:
             for unit in usable[min(usable)].units:
-                unit_roots.setdefault(unit.module, unit)
+                for row in (unit.module, *unit.also):
+                    unit_roots.setdefault(row, unit)
         return cls(
             tree=tree,
             paths=tuple(paths) if paths is not None else tuple(tree_paths(tree.names, parents)),

@@ -99,6 +99,10 @@ class Hello(Event, tag="hello", frozen=True):
     """The memory limit of the rank's cgroup (its container or job), where lower than ``host_memory``."""
     alloc_conf: str | None = None
     """``PYTORCH_CUDA_ALLOC_CONF`` (or ``PYTORCH_ALLOC_CONF``) as the rank saw it; None where unset."""
+    asked_engine: str = ""
+    """The engine the launcher's configuration asked for, as the environment it set says (accelerate's
+    ``ACCELERATE_USE_FSDP`` and ``FSDP_VERSION``, ``ACCELERATE_USE_DEEPSPEED``): fsdp1, fsdp2, zero1-3
+    or deepspeed; "" where none says."""
 
 
 class Tree(Event, tag="tree", frozen=True):
@@ -145,6 +149,8 @@ class Unit(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     elements included); None when the unit had no gradient at the snapshot."""
     root: bool | None = None
     """FSDP2: the unit is a root (it never reshards after forward by default); None where not known."""
+    also: list[int] = []
+    """Tree rows of the other modules the unit was made of (FSDP2's ``fully_shard([norm, lm_head])``)."""
 
 
 class Shards(Event, tag="shards", frozen=True):

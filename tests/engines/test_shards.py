@@ -25,7 +25,7 @@ from shardtop.rundir.event_lines import encode
 from shardtop.rundir.events import Shards, Tree, tree_paths
 from tests.support.distributed import run_ranks
 from tests.support.memory_expect import check_activations
-from tests.support.shard_workers import TinyNet
+from tests.support.shard_workers import DIM, VOCAB, TinyNet
 
 WORKERS = "tests.support.shard_workers"
 WORLD = 2
@@ -275,6 +275,33 @@ def test_fsdp2_fully_shard(tmp_path: Path, mesh: list[int], offload: bool, facto
 
 
 @distributed
+def test_fsdp2_gradients_accumulated_without_sync_are_whole_on_every_rank(tmp_path: Path) -> None:
+    """With the sync off each rank keeps every gradient unsharded until the micro-step that syncs."""
+    results = run(tmp_path, "fsdp2_accumulating")
+    check_sums([r["micro0"] for r in results], "grad_bytes", factor=WORLD)
+    check_sums([r["micro1"] for r in results], "grad_bytes")
+
+
+@distributed
+def test_fsdp2_as_torchtitan_applies_it(tmp_path: Path) -> None:
+    """Checkpoint-wrapped blocks are units, one ``fully_shard([norm, output])`` is one unit of both modules,
+    and a root that owns no parameter is still wrapped."""
+    results = run(tmp_path, "torchtitan_style")
+    for column in ("bytes", "grad_bytes", "optim_bytes"):
+        check_sums(results, column)
+    for result in results:
+        shards = result["shards"]
+        assert shards["engine"] == "fsdp2"
+        assert set(states(result).values()) == {"sharded"}
+        assert sum(shards["bytes"]) == result["ref"]["local_bytes"]
+        assert unit_roots(result) == ["tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "norm"]
+        (pair,) = [u for u in shards["units"] if paths(result)[u["module"]] == "norm"]
+        assert [paths(result)[row] for row in pair["also"]] == ["output"]
+        assert pair["numel"] == DIM * 2 + DIM * VOCAB
+        assert shards["info"]["fsdp_units"] == 6 and shards["info"]["root_wrapped"] is True
+
+
+@distributed
 def test_lightning_model_parallel_shards_over_data_parallel(tmp_path: Path) -> None:
     results = run(tmp_path, "lightning_fsdp2", data_parallel_size=2)
     wrapped = [r["wrapped"] for r in results]
@@ -352,7 +379,8 @@ def test_lightning_ddp_wrappers_vanish(tmp_path: Path) -> None:
 @distributed
 def test_zero3_built_outside_zero_init(tmp_path: Path) -> None:
     """Story 2: whole on every rank before the engine; after it, TinyNet's tensors are all under
-    ZeRO-3's default persistence threshold (1e5 elements), so every rank keeps them whole."""
+    ZeRO-3's default persistence threshold (1e5 elements): each rank holds its partition of each, and
+    from the first forward on the whole parameter beside it."""
     results = run(tmp_path, "deepspeed_zero", stage=3)
     setup = [r["setup"] for r in results]
     check_tree(setup[0])
@@ -363,13 +391,13 @@ def test_zero3_built_outside_zero_init(tmp_path: Path) -> None:
     for stage in ("engine", "step", "step_passed_optimizer"):
         staged = [r[stage] for r in results]
         check_tree(staged[0])
-        check_sums(staged, factor=WORLD)  # persistent: whole on every rank, not 1/N
+        gathered = stage != "engine"  # not gathered before the first forward
+        check_sums(staged, factor=1 + WORLD * gathered)  # the partitions, and each rank's whole copy
         for result in staged:
             shards = result["shards"]
             assert shards["engine"] == "zero3"
             assert set(states(result).values()) == {"persistent"}
             assert unit_roots(result) == [""]
-            assert sum(shards["bytes"]) == model_bytes
             info = shards["info"]
             assert info["zero_stage"] == 3 and info["data_parallel_size"] == WORLD
             assert info["persistence_threshold"] == 100_000

@@ -240,6 +240,73 @@ def fsdp2(
     return out
 
 
+def fsdp2_accumulating(rank: int, world_size: int, out_dir: Path) -> dict[str, Any]:
+    """Two micro-steps under ``fully_shard``, the first with the gradient sync off (as the Trainers
+    accumulate): read after each backward."""
+    _init()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    model = TinyNet()
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    out = {}
+    for micro, sync in enumerate((False, True)):
+        model.set_requires_gradient_sync(sync)
+        model(tokens()).float().pow(2).mean().backward()
+        out[f"micro{micro}"] = result(model, stage="step")
+    return out
+
+
+class Titan(nn.Module):
+    """torchtitan's Llama in small: embeddings, blocks in a ModuleDict, a final norm and an output head."""
+
+    def __init__(self, blocks: int = 4) -> None:
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(VOCAB, DIM)
+        self.layers = nn.ModuleDict({str(i): Block() for i in range(blocks)})
+        self.norm = nn.LayerNorm(DIM)
+        self.output = nn.Linear(DIM, VOCAB, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tok_embeddings(tokens)
+        for layer in self.layers.values():
+            x = layer(x)
+        return self.output(self.norm(x))
+
+
+def torchtitan_style(rank: int, world_size: int, out_dir: Path) -> dict[str, Any]:
+    """FSDP2 as torchtitan applies it: built on the meta device, each block wrapped for activation
+    checkpointing, then ``fully_shard`` on the embeddings, on each block, on ``[norm, output]`` together
+    and on the root (which owns no parameter of its own), then materialised and initialised."""
+    _init()
+    from torch.distributed._composable.fsdp import fully_shard
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp_shard",))
+    with torch.device("meta"):
+        model = Titan()
+    for name, block in list(model.layers.named_children()):
+        model.layers.register_module(name, checkpoint_wrapper(block))
+    fully_shard(model.tok_embeddings, mesh=mesh)
+    for block in model.layers.values():
+        fully_shard(block, mesh=mesh)
+    fully_shard([model.norm, model.output], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.02)
+    ref = _local_ref(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)  # one buffer the size of the shard
+    model(tokens()).float().pow(2).mean().backward()
+    optimizer.step()
+    return result(model, stage="step", optimizer=optimizer, **ref)
+
+
 class LitTiny:
     """Built lazily so that importing this file does not import Lightning."""
 

@@ -19,6 +19,13 @@ is what the rank holds then.  Each unit also says whether it is a root (FSDP2
 never reshards a root after forward; a layer whose forward runs before any
 enclosing unit's becomes a root of its own), how many of its elements are
 frozen, and how large its gradients are.
+
+With the gradient sync off (``set_requires_gradient_sync(False)``: HF's
+``gradient_accumulation_steps``, Lightning's ``accumulate_grad_batches`` and
+torchtitan accumulate so) a backward leaves each gradient unsharded, whole on
+every rank, on the unsharded parameter (or in ``unsharded_accumulated_grad``
+under mixed precision) until the micro-step that syncs: those are counted at
+their full size.
 """
 
 from __future__ import annotations
@@ -58,7 +65,7 @@ def is_dtensor(param: Any) -> bool:
 def read_fsdp2(tree: ModuleTree, table: ShardTable, optimizer: Any = None) -> None:
     """Fill ``table`` for a model with ``fully_shard`` applied (and any DTensor parameters)."""
     claimed: set[int] = set()
-    found = _param_groups(tree)
+    found, applied = _param_groups(tree)
     groups = [group for group, _ in found]
     for group, root in found:
         _add_group(tree, table, group, root, claimed)
@@ -75,6 +82,7 @@ def read_fsdp2(tree: ModuleTree, table: ShardTable, optimizer: Any = None) -> No
     table.claimed.update(claimed)
     add_stale_optimizer_info(tree, table, optimizer)
     _fill_info(table, groups, count, nbytes)
+    table.info["root_wrapped"] = 0 in applied
     _fill_mesh(table, groups[0] if groups else None)
 
 
@@ -88,13 +96,21 @@ def _fsdp_state(module: Any) -> Any:
         return None
 
 
-def _param_groups(tree: ModuleTree) -> list[tuple[Any, bool | None]]:
+def _param_groups(tree: ModuleTree) -> tuple[list[tuple[Any, bool | None]], set[int]]:
     """Every FSDPParamGroup under the tree, once, in row order, with whether its state is a root
-    (None before the first forward decided it)."""
+    (None before the first forward decided it); and the rows ``fully_shard`` was applied to.
+
+    A module wrapped before ``fully_shard`` (torchtitan wraps each block for activation checkpointing
+    first) is a wrapper of the tree, at the row of the module it wraps.  A ``fully_shard`` whose
+    parameters all belong to units below (torchtitan's on the root) makes a state without a group.
+    """
     groups: list[tuple[Any, bool | None]] = []
+    applied: set[int] = set()
     seen: set[int] = set()
     cache: dict[type, bool] = {}
-    for module in tree.modules:
+    candidates = sorted([*((row, m) for row, m in enumerate(tree.modules)), *((row, w) for w, row in tree.wrappers)],
+                        key=lambda pair: pair[0])
+    for row, module in candidates:
         cls = type(module)
         known = cache.get(cls)
         if known is None:
@@ -105,13 +121,14 @@ def _param_groups(tree: ModuleTree) -> list[tuple[Any, bool | None]]:
         if state is None or id(state) in seen:
             continue
         seen.add(id(state))
+        applied.add(row)
         many = getattr(state, "_fsdp_param_groups", None)
         if many is None:  # torch < 2.13: one group per state
             one = getattr(state, "_fsdp_param_group", None)
             many = [one] if one is not None else []
         root = getattr(state, "_is_root", None)
         groups.extend((g, root if isinstance(root, bool) else None) for g in many if g is not None)
-    return groups
+    return groups, applied
 
 
 def _strategy(group: Any) -> str:
@@ -139,7 +156,8 @@ def _offloads(group: Any) -> bool:
 def _add_group(tree: ModuleTree, table: ShardTable, group: Any, root: bool | None, claimed: set[int]) -> None:
     fsdp_params = list(getattr(group, "fsdp_params", ()))
     modules = getattr(group, "modules", ()) or ()
-    row0 = tree.row_of.get(id(modules[0]), 0) if modules else 0
+    rows = list(dict.fromkeys(tree.row_of[id(m)] for m in modules if id(m) in tree.row_of))
+    row0 = rows[0] if rows else 0
     shard_size, _ = _group_sizes(group)
     offload = _offloads(group)
     gathered = bool(getattr(group, "is_unsharded", False)) and not offload
@@ -165,6 +183,9 @@ def _add_group(tree: ModuleTree, table: ShardTable, group: Any, root: bool | Non
             frozen += full
         if param.grad is not None:
             grad_numel = (grad_numel or 0) + local_tensor(param.grad).numel()
+        for grad in _unsharded_grads(fsdp_param, tree):
+            table.add_grad(row, grad.numel() * grad.element_size())
+            grad_numel = (grad_numel or 0) + grad.numel()
     table.units[unit] = Unit(
         module=row0,
         kind="fsdp2",
@@ -178,7 +199,22 @@ def _add_group(tree: ModuleTree, table: ShardTable, group: Any, root: bool | Non
         frozen=frozen,
         grad_numel=grad_numel,
         root=root,
+        also=rows[1:],
     )
+
+
+def _unsharded_grads(fsdp_param: Any, tree: ModuleTree) -> list[Any]:
+    """Gradients a backward with the sync off left unsharded, where the reader of registered parameters
+    does not see them (the module holds the sharded parameter again)."""
+    found = []
+    unsharded = getattr(fsdp_param, "_unsharded_param", None)
+    grad = getattr(unsharded, "grad", None)
+    if grad is not None and tree.row_of_param(unsharded) < 0:
+        found.append(grad)
+    accumulated = getattr(fsdp_param, "unsharded_accumulated_grad", None)
+    if accumulated is not None:
+        found.append(accumulated)
+    return found
 
 
 def _row(tree: ModuleTree, fsdp_param: Any, claimed: set[int]) -> int:
@@ -200,7 +236,6 @@ def _row(tree: ModuleTree, fsdp_param: Any, claimed: set[int]) -> int:
 def _fill_info(table: ShardTable, groups: list[Any], unmanaged: int, nbytes: int) -> None:
     info = table.info
     info["fsdp_units"] = len(table.units)
-    info["root_wrapped"] = any(unit.module == 0 for unit in table.units)
     info["unmanaged_params"] = unmanaged
     info["unmanaged_bytes"] = nbytes
     if not groups:
