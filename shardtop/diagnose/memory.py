@@ -261,9 +261,11 @@ class NothingRecorded(Evidence):
     status: str
     world_size: int
     last_error: str
-    """The last line of a rank's (or the runner's) log that reads like an error."""
-    error_rank: int
-    """The rank whose log says it (-1: the runner's)."""
+    """The last line of a log that reads like an error."""
+    log: str
+    """The log that says it (its path in the run directory; "" for none)."""
+    logs: tuple[str, ...] = ()
+    """Every log the run has, by its path in the run directory."""
     rehearsed: str = ""
     """For a rehearsal, the ranks it ran (``ranks 0, 7 of 8``): the others were never meant to write."""
 
@@ -274,31 +276,32 @@ ERROR_MARKERS = ("Error", "Exception", "error:", "Traceback", "Killed", "Aborted
 def find_nothing_recorded(m: RunModel) -> NothingRecorded | None:
     if not m.recorded_nothing or m.status is None or m.status.state == "running":
         return None
-    last_error, error_rank = "", -1
-    for rank, tail in sorted(m.log_tails.items()):
+    last_error, log = "", ""
+    for name, tail in m.log_tails.items():
         errors = [line for line in tail if any(mark in line for mark in ERROR_MARKERS) and "Traceback" not in line]
         if errors:
-            last_error, error_rank = errors[-1].strip(), rank
+            last_error, log = errors[-1].strip(), name
             break
     rehearsed = m.rehearsal.ranks_words if m.rehearsal is not None else ""
-    return NothingRecorded(m.status_text, m.world_size, last_error[:300], error_rank, rehearsed)
+    return NothingRecorded(m.status_text, m.world_size, last_error[:300], log, tuple(m.log_tails), rehearsed)
 
 
 def explain_nothing_recorded(e: NothingRecorded) -> Finding:
-    who = "the launcher" if e.error_rank < 0 else f"rank {e.error_rank}"
     ranks = f"the rehearsed {e.rehearsed}" if e.rehearsed else "its ranks"
     if e.last_error:
         detail = (
             f"The run {e.status}, and none of {ranks} wrote an event: they stopped before shardtop's probe came "
-            f"up. The log of {who} ends with: {e.last_error}"
+            f"up. `{e.log}` ends with: {e.last_error}"
         )
-        fix = "Fix that error (the rank logs in the run directory have the whole traceback), then run again."
+        fix = f"Fix that error (`{e.log}` in the run directory has the whole traceback), then run again."
     else:
+        logs = ", ".join(f"`{log}`" for log in e.logs)
         detail = (
             f"The run {e.status}, and none of {ranks} wrote an event or an error to its log: they were stopped "
             "before shardtop's probe came up (killed, or out of host memory), or the probe was turned off."
         )
-        fix = "Look at the run's logs (`logs/rank-N.log` and `runner.log` in the run directory) and run again."
+        fix = (f"Look at the run's logs ({logs} in the run directory) and run again." if logs
+               else "The run left no log either: run it again in a terminal to see what stops it.")
     return Finding(
         code="nothing-recorded",
         title="Nothing was recorded: the ranks ended before the probe came up",

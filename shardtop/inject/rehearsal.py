@@ -11,7 +11,8 @@ module loads (``PATCHES``), and only in a process that rehearses
 - ``init_process_group``: whatever backend, store or rank the caller asks for,
   the group is the fake one, rank R of N.  ``new_group`` and ``split_group``
   make fake groups too (a gloo group beside NCCL would wait for peers that never
-  come).  ``monitored_barrier`` returns at once.
+  come).  ``monitored_barrier`` returns at once, as the c10d function and as the
+  group's own method (Fabric's ``rank_zero_first`` calls the method).
 - object collectives (``broadcast_object_list``, ``all_gather_object``,
   ``gather_object``, ``scatter_object_list``, ``recv_object_list``) answer with
   this rank's own objects: through the fake group they would read lengths no peer
@@ -155,6 +156,13 @@ def _monitored_barrier(original: Callable[..., Any]) -> Callable[..., Any]:
     return monitored_barrier
 
 
+def _group_monitored_barrier(original: Callable[..., Any]) -> Callable[..., Any]:
+    def monitored_barrier(self: Any, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    return monitored_barrier
+
+
 C10D_FUNCTIONS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "init_process_group": _init_process_group,
     "new_group": lambda f: _fake_backend(f, backend_at=2),
@@ -173,6 +181,9 @@ def patch_c10d(module: ModuleType) -> None:
     """``torch.distributed.distributed_c10d``, before ``torch.distributed`` re-exports its names."""
     for name, make in C10D_FUNCTIONS.items():
         replace(module, name, make)
+    group = getattr(module, "ProcessGroup", None)
+    if isinstance(group, type):
+        replace(group, "monitored_barrier", _group_monitored_barrier)
     top = sys.modules.get("torch.distributed")
     if top is not None:  # already loaded (the patch came late): its copies of the names too
         for name in C10D_FUNCTIONS:

@@ -48,8 +48,9 @@ class RunModel:
     meta: RunMeta = field(default_factory=RunMeta)
     status: RunStatus | None = None
     """The run's status from its directory (None: events alone, no directory read)."""
-    log_tails: Mapping[int, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
-    """The last lines of each rank's log, read only when the ranks recorded nothing."""
+    log_tails: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    """The last lines of each of the run's logs (by its path in the run directory), read only when the ranks
+    recorded nothing."""
 
     @classmethod
     def of(
@@ -57,7 +58,7 @@ class RunModel:
         state: RunState,
         meta: RunMeta | None = None,
         status: RunStatus | None = None,
-        log_tails: Mapping[int, tuple[str, ...]] | None = None,
+        log_tails: Mapping[str, tuple[str, ...]] | None = None,
     ) -> RunModel:
         return cls(state, meta or RunMeta(), status, MappingProxyType(dict(log_tails or {})))
 

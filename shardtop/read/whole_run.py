@@ -22,11 +22,6 @@ LOG_TAIL_LINES = 12
 LOG_TAIL_BYTES = 16 << 10
 
 
-def read_log_tail(run: RunDirectory, rank: int, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
-    """The last ``lines`` non-empty lines of a rank's log (the runner's log stands in for rank -1)."""
-    return read_file_tail(run.runner_log if rank < 0 else run.rank_log(rank), lines)
-
-
 def read_file_tail(path: Path, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
     """The last ``lines`` non-empty lines of a log file (a host's command log, a rank's); none if unreadable."""
     try:
@@ -41,11 +36,14 @@ def read_file_tail(path: Path, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
     return tuple(line for line in text if line.strip())[-lines:]
 
 
-def log_tails(run: RunDirectory, ranks: Iterable[int]) -> Mapping[int, tuple[str, ...]]:
-    """The log tail of each of ``ranks``, and the runner's as rank -1; only for runs that recorded no event."""
-    tails = {rank: read_log_tail(run, rank) for rank in ranks}
-    tails[-1] = read_log_tail(run, -1)
-    return {rank: tail for rank, tail in tails.items() if tail}
+def log_tails(run: RunDirectory, ranks: Iterable[int]) -> Mapping[str, tuple[str, ...]]:
+    """The tail of every log the run has, by its path in the run directory: each of ``ranks``' own (a preset's
+    runs), each host's command's (``shardtop run``, a rehearsed command), the runner's.  Read only for
+    runs that recorded no event."""
+    paths = [run.rank_log(rank) for rank in ranks]
+    paths += sorted(run.logs_dir.glob("command-*.log")) + [run.runner_log]
+    tails = {str(path.relative_to(run.path)): read_file_tail(path) for path in paths}
+    return {name: tail for name, tail in tails.items() if tail}
 
 
 def read_run(run: RunDirectory) -> RunModel:

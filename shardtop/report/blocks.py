@@ -258,9 +258,8 @@ def traceback_section(data: ReportData) -> list[Block]:
     for r in data.model.ranks:
         if r.exit is not None and r.exit.error and r.oom is None:
             blocks.append(Details(f"Error on rank {r.rank} ({r.status.state})", tuple(r.exit.error.splitlines())))
-    for rank, tail in sorted(data.model.log_tails.items()):
-        who = "the launcher" if rank < 0 else f"rank {rank}"
-        blocks.append(Details(f"The end of {who}'s log", tail))
+    for log, tail in data.model.log_tails.items():
+        blocks.append(Details(f"The end of {log}", tail))
     return ([Heading("Tracebacks and logs")] + blocks) if blocks else []
 
 

@@ -213,7 +213,7 @@ def test_report_of_a_run_with_no_events_yet(tmp_path: Path) -> None:
     assert (data["engine"], data["oom"], data["modules"]) == (None, None, [])
     (nothing,) = data["findings"]
     assert nothing["code"] == "nothing-recorded" and nothing["severity"] == "error"
-    assert nothing["evidence"]["error_rank"] == 0 and nothing["evidence"]["status"] == "lost"
+    assert nothing["evidence"]["log"] == "logs/rank-0.log" and nothing["evidence"]["status"] == "lost"
     assert data["events"]["read"] == 0 and data["run"]["preset"] == "fsdp2-mlp"
 
 
