@@ -23,6 +23,7 @@ evidence, ``explain`` words a ``Finding`` from that evidence alone.  Stable code
 - ``stall.py``: ``rank-stalled`` (a rank waits while the others moved on)
 - ``probe_faults.py``: ``probe-fault`` (a part of the probe switched itself off)
 - ``plan_missed.py``: ``plan-missed`` (the measured peak is far from the run's own plan)
+- ``engine_asked.py``: ``engine-not-as-asked`` (a launcher asked for one engine, the ranks run another)
 
 A finding of severity ``error`` explains a failure.  No torch, no textual, no I/O.
 """
@@ -34,6 +35,7 @@ from typing import Any
 
 from shardtop.diagnose import (
     allocator,
+    engine_asked,
     frozen,
     fsdp,
     fsdp_settings,
@@ -70,6 +72,7 @@ RULES: tuple[Rule[Any], ...] = (
     hybrid.HYBRID_SHARD,
     persistence.PERSISTENT,
     zero12.REPLICATED_PARAMS,
+    engine_asked.ENGINE_NOT_ASKED,
     optimizer_order.OPTIMIZER_BEFORE_WRAP,
     host_memory.WHOLE_ON_HOST,
     growth.GROWING,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 
 from shardtop.probe.host import host_facts
 from shardtop.rundir.cluster import SlurmIds
@@ -31,7 +32,18 @@ def hello_event(world_size: int, local_rank: int, node_rank: int, device: str, *
         host_memory=host.memory,
         host_memory_limit=host.memory_limit,
         alloc_conf=host.alloc_conf,
+        asked_engine=engine_asked(os.environ),
     )
+
+
+def engine_asked(env: Mapping[str, str]) -> str:
+    """The engine accelerate's launcher (or the Trainer's ``--fsdp`` / ``--deepspeed``) asked for."""
+    if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
+        return f"zero{stage}" if stage in ("1", "2", "3") else "deepspeed"
+    if env.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        return "fsdp2" if env.get("FSDP_VERSION") == "2" else "fsdp1"
+    return ""
 
 
 def versions() -> dict[str, str]:

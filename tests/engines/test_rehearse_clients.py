@@ -257,6 +257,7 @@ def test_trainer_under_torchrun_with_a_streamed_dataset(runs: Runs) -> None:
 def test_accelerate_zero3_plugin_trains_lora_adapters(runs: Runs) -> None:
     ran = runs.get(LOOP_ZERO3_LORA)
     assert_finished(ran, "zero3", 8, [0, 7])
+    assert "engine-not-as-asked" not in {f["code"] for f in ran.report["findings"]}  # ZeRO-3 asked, ZeRO-3 run
     adapters = [p for p in holdings(ran.report) if ".lora_A." in p or ".lora_B." in p]
     assert len(adapters) == 2 * 2 * 2  # q_proj and v_proj of two layers, A and B each
     assert_zero3_shares(ran.report, trained=lambda path: path in adapters)
@@ -270,6 +271,10 @@ def test_accelerate_fsdp_plugin_on_cpu_trains_with_ddp(runs: Runs) -> None:
     assert "trained as DistributedType.MULTI_CPU (DistributedDataParallel), 8 processes" in ran.log
     sizes = {m["path"]: m["bytes"] for m in ran.report["modules"] if m["params"]}
     assert {p: h[7]["bytes"] for p, h in holdings(ran.report).items()} == sizes
+    # The config asked for FSDP2: the report says what it got instead, and why on CPU.
+    (asked,) = [f for f in ran.report["findings"] if f["code"] == "engine-not-as-asked"]
+    assert (asked["evidence"]["asked"], asked["evidence"]["engine"]) == ("fsdp2", "ddp")
+    assert "FSDP only on accelerator devices" in asked["fix"]
 
 
 def test_rehearsed_accelerate_ranks_hold_and_read_what_the_real_ranks_do(runs: Runs) -> None:

@@ -1,0 +1,78 @@
+"""The engine a launcher's configuration asked for, against the one the ranks train with.
+
+``accelerate launch`` tells its ranks what its config file asked through the
+environment (``ACCELERATE_USE_FSDP`` with ``FSDP_VERSION``,
+``ACCELERATE_USE_DEEPSPEED`` with ``ACCELERATE_DEEPSPEED_ZERO_STAGE``), and the
+Trainer's ``--fsdp`` and ``--deepspeed`` set the same; every rank's ``Hello``
+records it (``asked_engine``).  accelerate falls back to DDP where it cannot
+run what was asked: its FSDP runs only on accelerator devices, so TRL's
+``fsdp2.yaml`` on CPU processes trains with DDP, every rank holding the whole
+model.  Such a run is sharded less than its configuration says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.read.run_model import RunModel
+from shardtop.units import format_bytes
+
+NAMES = {"fsdp1": "FSDP", "fsdp2": "FSDP2", "zero1": "DeepSpeed ZeRO-1", "zero2": "DeepSpeed ZeRO-2",
+         "zero3": "DeepSpeed ZeRO-3", "deepspeed": "DeepSpeed", "ddp": "DDP", "plain": "no engine"}
+
+
+def family(engine: str) -> str:
+    """fsdp, zero or what the engine is: FSDP asked and FSDP2 run is what was asked."""
+    if engine.startswith("fsdp"):
+        return "fsdp"
+    if engine.startswith("zero") or engine == "deepspeed":
+        return "zero"
+    return engine
+
+
+@dataclass(frozen=True)
+class EngineNotAsked(Evidence):
+    asked: str
+    """The engine the launcher's configuration asked for (``fsdp2``, ``zero3``...)."""
+    engine: str
+    """The engine the ranks hold the model with."""
+    device: str
+    world_size: int
+    model_bytes: int
+    """The model's full size: what each rank holds more than asked, at most."""
+
+
+def find_engine_not_asked(m: RunModel) -> EngineNotAsked | None:
+    asked = next((r.hello.asked_engine for r in m.ranks if r.hello is not None and r.hello.asked_engine), "")
+    engine = m.engine
+    if not asked or not engine or not m.engine_ranks or family(asked) == family(engine):
+        return None
+    device = next((r.device for r in m.ranks if r.device), "")
+    return EngineNotAsked(asked, engine, device, m.world_size, m.full_bytes)
+
+
+def explain_engine_not_asked(e: EngineNotAsked) -> Finding:
+    asked, engine = NAMES.get(e.asked, e.asked), NAMES.get(e.engine, e.engine)
+    whole = f" ({format_bytes(e.model_bytes)})" if e.model_bytes and e.engine in ("ddp", "plain") else ""
+    detail = (
+        f"The launcher's configuration asked for {asked}, and the ranks hold the model with {engine}"
+        f"{': each of the ' + str(e.world_size) + ' ranks holds the whole model' + whole if whole else ''}."
+    )
+    if e.device.startswith("cpu") and family(e.asked) == "fsdp":
+        fix = ("accelerate runs FSDP only on accelerator devices and trains with DDP on CPU processes: run on "
+               "GPUs to shard, or read this run's memory as DDP's.")
+    else:
+        fix = (f"Check which engine the script and its launcher set up (`accelerate env`, the Trainer's "
+               f"arguments): the ranks did not apply the {asked} that was asked.")
+    return Finding(
+        code="engine-not-as-asked",
+        title=f"{asked} was asked for, the ranks run {engine}",
+        detail=detail,
+        fix=fix,
+        evidence=e,
+        severity="warning",
+    )
+
+
+ENGINE_NOT_ASKED = Rule("engine-not-as-asked", find_engine_not_asked, explain_engine_not_asked)
