@@ -40,6 +40,11 @@ class PlanState:
         """The device type of the mesh ``fully_shard`` was given ("" for its default mesh)."""
         self.planning = False
         self.seen: set[int] = set()
+        self.written = False
+        """A plan was written (at a hand-over or at the first call)."""
+        self.handed_on: set[str] | None = None
+        """The device types the model's parameters were on when first handed to an engine (``meta`` for a
+        model built on the meta device and materialised after sharding, as torchtitan does)."""
 
 
 STATE = PlanState()
@@ -119,6 +124,23 @@ def _plan_now(root: Any, called: Any, args: Any, kwargs: Any) -> None:
     _leave()
 
 
+def plan_at_exit() -> None:
+    """Rank 0 of a script that handed its model to an engine and then ended before calling it (its next
+    step needs what the engine would have done: Fabric builds its optimizer after FSDP materialised the
+    model): the plan of what it saw, without activations, said as such."""
+    if STATE.written or STATE.planning or STATE.root is None or global_rank() != 0:
+        return
+    from shardtop.inject.plan_trace import describe_call
+
+    STATE.planning = True
+    try:
+        write_plan(describe_call(STATE.root, None, None, None), complete=False)
+        _say(f"the command ended after handing its model to {STATE.entry}, before calling it: planned without "
+             "activations")
+    except Exception as e:  # noqa: BLE001 - the command's own exit code and output say the rest
+        _say(f"could not plan the model handed to {STATE.entry} ({type(e).__name__}: {e})")
+
+
 def _where(error: BaseException) -> str:
     """`` in FILE:LINE`` of the innermost frame outside torch: the code that asked for what meta tensors lack."""
     import traceback
@@ -186,7 +208,9 @@ def write_plan(described: tuple[Any, list[str]], *, complete: bool) -> None:
     if classes and root is not None:
         units += [i for i, m in enumerate(walk(root)[0]) if isinstance(m, classes)]
     accelerator = _accelerator(root) if root is not None else "cpu"
-    on_device = root is not None and any(p.device.type == accelerator for p in root.parameters())
+    handed = STATE.handed_on if STATE.handed_on is not None else {p.device.type for p in root.parameters()} if (
+        root is not None) else set()
+    on_device = accelerator in handed
     asked = Asked(
         engine=STATE.engine, entry=STATE.entry, units=tuple(sorted(set(units))), on_device=on_device,
         optimizer=STATE.optimizer, momentum=STATE.momentum, trainer_precision=STATE.trainer_precision, **facts,
@@ -195,3 +219,4 @@ def write_plan(described: tuple[Any, list[str]], *, complete: bool) -> None:
     plan = ScriptPlan(description=desc, strategy=strategy, devices=_world_size(), accelerator=accelerator,
                       entry=STATE.entry, notes=[*notes, *assumed], complete=complete)
     write_script_plan(Path(os.environ[PLAN_ONLY_ENV]), plan)
+    STATE.written = True

@@ -36,7 +36,14 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType
 
-from shardtop.inject.plan_first_call import STATE, global_rank, on_module_call, on_root_call, write_plan
+from shardtop.inject.plan_first_call import (
+    STATE,
+    global_rank,
+    on_module_call,
+    on_root_call,
+    plan_at_exit,
+    write_plan,
+)
 
 # -- the hand-over -----------------------------------------------------------------------------
 
@@ -47,6 +54,11 @@ def _take(module: Any, engine: str, entry: str, **facts: Any) -> None:
         return
     from shardtop.inject.model_hooks import contains
 
+    if STATE.root is None:
+        import atexit
+
+        atexit.register(plan_at_exit)
+        STATE.handed_on = {p.device.type for p in module.parameters()}
     if STATE.root is None or contains(module, STATE.root):
         if STATE.root_hook is not None:
             STATE.root_hook.remove()

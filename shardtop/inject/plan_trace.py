@@ -29,6 +29,8 @@ def on_meta(root: Any) -> Iterator[None]:
 
     In place rather than a copy: a copy would also copy whatever else a module refers to (a Lightning
     module's trainer), and the plan needs only the shapes.  A ZeRO-3 partition stands for its full shape.
+    A parameter's stand-in carries what was set on the parameter (DeepSpeed's ``ds_*``, a library's own
+    marks), so the script's forward finds them; a ZeRO-3 parameter's reads gathered, as in a forward.
     """
     import torch
 
@@ -41,8 +43,7 @@ def on_meta(root: Any) -> Iterator[None]:
                     continue
                 if id(t) not in metas:
                     meta = torch.empty(tuple(getattr(t, "ds_shape", None) or t.shape), dtype=t.dtype, device="meta")
-                    is_param = isinstance(t, torch.nn.Parameter)
-                    metas[id(t)] = torch.nn.Parameter(meta, requires_grad=t.requires_grad) if is_param else meta
+                    metas[id(t)] = _stand_in(t, meta) if isinstance(t, torch.nn.Parameter) else meta
                 saved.append((table, name, t))
                 table[name] = metas[id(t)]
     try:
@@ -50,6 +51,46 @@ def on_meta(root: Any) -> Iterator[None]:
     finally:
         for table, name, t in saved:
             table[name] = t
+
+
+def _stand_in(param: Any, meta: Any) -> Any:
+    import torch
+
+    stand_in = torch.nn.Parameter(meta, requires_grad=param.requires_grad)
+    stand_in.__dict__.update(getattr(param, "__dict__", {}))
+    status = getattr(param, "ds_status", None)
+    available = getattr(type(status), "AVAILABLE", None)
+    if available is not None:
+        setattr(stand_in, "ds_status", available)  # noqa: B010 - an attribute torch does not declare
+    return stand_in
+
+
+@contextlib.contextmanager
+def autocast_as_on(device_type: str) -> Iterator[None]:
+    """``torch.is_autocast_enabled`` and ``torch.get_autocast_dtype`` asked of the meta device answer for
+    ``device_type``, the device the job runs on: a forward that picks its compute dtype from the device
+    of its tensors (TRL's chunked loss) asks them of the meta device while it is traced."""
+    import torch
+
+    originals = {name: getattr(torch, name, None) for name in ("is_autocast_enabled", "get_autocast_dtype")}
+
+    def for_device(original: Any) -> Any:
+        def asked(*args: Any, **kwargs: Any) -> Any:
+            if args and args[0] == "meta":
+                args = (device_type, *args[1:])
+            return original(*args, **kwargs)
+
+        return asked
+
+    for name, original in originals.items():
+        if original is not None:
+            setattr(torch, name, for_device(original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            if original is not None:
+                setattr(torch, name, original)
 
 
 @contextlib.contextmanager
@@ -115,6 +156,7 @@ def describe_call(root: Any, called: Any, args: Any, kwargs: Any) -> tuple[Any, 
     else:
         notes.append("no forward pass was traced (the script stopped before calling the model): activations "
                      "are not planned")
-    with on_meta(root), meta_counts_as_tracing(), torch.enable_grad():
+    device_type = next((p.device.type for p in root.parameters() if p.device.type != "meta"), "cpu")
+    with on_meta(root), meta_counts_as_tracing(), autocast_as_on(device_type), torch.enable_grad():
         desc = describe_model(root, forward_loss, name=type(root).__name__, batch_size=batch, input_bytes=input_bytes)
     return desc, notes

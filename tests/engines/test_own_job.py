@@ -55,6 +55,22 @@ def test_fsdp2_script_under_torchrun(runs_base: Path) -> None:
     assert ran.run.id in listing.stdout and status.describe() in listing.stdout
 
 
+def test_fsdp2_applied_as_torchtitan_applies_it(runs_base: Path) -> None:
+    """Checkpoint-wrapped blocks, ``fully_shard([norm, output])`` and a root without parameters of its own."""
+    runs_dir = runs_base / "titan"
+    ran = run_own(runs_dir, "torchrun", "--standalone", "--nproc_per_node", "2", str(SCRIPTS / "fsdp2_from_meta.py"))
+    if ran.code != 0:  # gloo's teardown abort, with or without shardtop: not what this test is about
+        assert GLOO_TEARDOWN_ABORT in ran.command_log(), ran.describe()
+    report = ran.report(runs_dir)
+    assert report["engine"] == "fsdp2" and report["info"]["fsdp_units"] == 6, ran.describe()
+    assert report["info"]["root_wrapped"] is True
+    rows = {m["path"]: m for m in report["modules"]}
+    assert {path for path, m in rows.items() if m.get("unit") == "fsdp2"} == {
+        "tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "norm", "output"}
+    for path in ("layers.0.feed_forward.0", "output"):
+        assert sum(r["bytes"] for r in rows[path]["ranks"]) == rows[path]["bytes"]  # each rank its half
+
+
 def test_raw_zero3_script_under_the_deepspeed_launcher(runs_base: Path) -> None:
     runs_dir = runs_base / "zero3"
     ran = run_own(

@@ -87,6 +87,33 @@ def test_a_lightning_script_planned_at_its_training_step() -> None:
     assert "2 ranks on CPU processes" in text
 
 
+def test_a_script_that_stops_after_handing_its_model_over_is_planned_from_what_it_handed() -> None:
+    """FSDP1 would materialise a model built on the meta device; the plan's stand-in does not, and the script's
+    own check stops it before its first forward (Fabric's does so for litgpt): planned without activations."""
+    code, doc, err = plan("devices=8", "--", "torchrun", "--standalone", "--nproc_per_node", "2",
+                          str(SCRIPTS / "fsdp1_from_meta.py"))
+    assert code == 0, err[-3000:]
+    assert "handing its model to FullyShardedDataParallel, before calling it" in err
+    asked = doc["options"][0]
+    assert asked["engine"] == "fsdp1" and doc["devices"] == 8
+    params = 64 * 256 + 256 + 256 * 64 + 64 + 64 + 1
+    assert doc["model"]["params"] == params
+    assert abs(asked["per_rank"]["params"] - params * 4 / 8) <= 4 * 8  # an eighth of it on each rank
+    assert asked["per_rank"]["activations"] == 0
+    assert any("no forward pass was traced" in note for note in doc["notes"])
+
+
+def test_a_model_built_on_the_meta_device_and_sharded_before_it_is_materialised() -> None:
+    """torchtitan's way: no rank ever holds the whole model, so the set-up is not planned as built whole."""
+    code, doc, err = plan("devices=8", "--", "torchrun", "--standalone", "--nproc_per_node", "2",
+                          str(SCRIPTS / "fsdp2_from_meta.py"), "--steps", MANY_STEPS)
+    assert code == 0, err[-3000:]
+    asked = doc["options"][0]
+    assert asked["engine"] == "fsdp2" and asked["built_whole"] is False
+    assert "built whole" not in asked["strategy"]
+    assert asked["per_rank"]["phases"]["setup"] < doc["model"]["bytes"]  # never the whole model on a rank
+
+
 def test_a_command_that_never_reaches_an_engine_says_so() -> None:
     code, _, err = plan("--", "python", "-c", "print('no model here')", fmt="text")
     assert code == 2
