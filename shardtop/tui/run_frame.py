@@ -23,6 +23,7 @@ from shardtop.read.run_model import RunModel
 from shardtop.read.shard_model import Fold, Node, ShardModel
 from shardtop.read.tree_lines import Line, default_expanded, iter_lines_from, iter_visible_lines, oom_marks
 from shardtop.rundir.run_directory import RunDirectory
+from shardtop.tui.bar_scale import host_scale
 from shardtop.tui.format import bar, duration, fraction, short_count, truncate
 from shardtop.tui.header_info import header_parts, run_header_info
 from shardtop.tui.tree_columns import OOM_WORDS, cut, module_heading, tree_columns
@@ -57,8 +58,12 @@ def memory_lines(model: RunModel, whole: bool = True) -> list[str]:
         ended = r.status.ended and (whole or rs.exit is not None or oom is not None)
         how = f" {r.status.mark} {'OOM' if r.status.state == 'out of memory' else r.status.state}"
         label = f" r{r.rank} {rs.device or '?'}" + (how if ended else "")
-        if allocated is None:
-            lines.append(f"{label}  {format_bytes(rs.memory.host_rss) if rs.memory else '-'} host memory")
+        if allocated is None:  # a CPU rank: its rss of its host's memory, as the run view's bar has it
+            rss = rs.memory.host_rss if rs.memory else 0
+            host, _ = host_scale(r)
+            drawn = "".join(bar(fraction(rss, host), BAR_CELLS)) + " " if host else ""
+            of = f" / {format_bytes(host)}" if host else ""
+            lines.append(f"{label}  {drawn}rss {format_bytes(rss) if rss else '-'}{of}")
             continue
         filled, empty = bar(fraction(allocated, limit), BAR_CELLS)
         of = f" / {format_bytes(limit)}" if limit else ""

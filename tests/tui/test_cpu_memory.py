@@ -7,9 +7,12 @@ from pathlib import Path
 
 from textual.widgets import Static
 
+from shardtop.read.whole_run import read_run
+from shardtop.rundir.run_directory import RunDirectory
 from shardtop.tui.app import ShardtopApp
 from shardtop.tui.format import BAR_EIGHTHS, BAR_EMPTY, BAR_FULL, BAR_RESERVED, SPARKS
 from shardtop.tui.memory_bar import GLYPHS, PEAK
+from shardtop.tui.run_frame import memory_lines
 from shardtop.tui.screens.help import HelpScreen
 from shardtop.tui.widgets.oom_panel import OomPanel
 from shardtop.tui.widgets.plan_bars import FREE, LIMIT, PART_MARKS
@@ -104,3 +107,12 @@ async def test_without_the_hosts_memory_the_bars_are_against_the_highest_rss_and
         fullest = rank_line(panel, 5)
         assert "rss 888M" in fullest and BAR_EMPTY not in fullest, "the highest fills its bar"
         assert BAR_EMPTY in rank_line(panel, 3) or any(c in rank_line(panel, 3) for c in BAR_EIGHTHS)
+
+
+def test_attachs_first_frame_says_a_cpu_ranks_memory_as_the_run_view_does(in_tmp: Path) -> None:
+    """The plain frame ``attach`` draws before the view: rss of the host's memory, in the same words."""
+    run = copy_first_minutes(in_tmp / "runs", CPU_OOM)
+    lines = memory_lines(read_run(RunDirectory(run)))
+    assert [line.split("  ")[0] for line in lines] == [" r0 cpu ✗ OOM", " r1 cpu ✗ OOM"]
+    assert lines[0].endswith(" rss 460 MiB / 23.5 GiB") and lines[1].endswith(" rss 420 MiB / 23.5 GiB")
+    assert 0 < eighths(lines[1]) < eighths(lines[0]) < 8, "a bar that moves by the eighth of a cell"
