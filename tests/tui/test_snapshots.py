@@ -1,7 +1,8 @@
 """What the user sees, at 80×24 (SSH) and 160×48, replaying real recorded runs.
 
-The runs are the H200 and 6-rank CPU recordings (``tests/fixtures/runs/``), read
-and diagnosed live, as a user would see them.  Deterministic: the recordings are
+The runs are the H200 and CPU recordings (``tests/fixtures/runs/``, and the first
+launches on CPU in ``tests/tui/fixtures/cpu-first-minutes/``), read and diagnosed
+live, as a user would see them.  Deterministic: the recordings are
 fixed data; NVML's and psutil's answers are recorded; the runs are finished (their
 elapsed time ends with them); one GPU sample (a refresh longer than the test);
 the clock, the time zone (UTC) and the working directory (paths are shown
@@ -20,6 +21,7 @@ import pytest
 from shardtop.gpus import HostSample
 from shardtop.tui.app import ShardtopApp
 from tests.support.apps import HOUR, frozen_clock, home_ready, run_app, run_ready
+from tests.support.first_minutes import CPU_OOM, FIRST_LAUNCH, copy_first_minutes
 from tests.support.recorded import (
     ALL_RUNS,
     EIGHT_GPU_HOST,
@@ -31,6 +33,7 @@ from tests.support.recorded import (
     eight_h200s,
     live_copy,
 )
+from tests.support.waiting import settled
 
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 48), id="160x48")]
 
@@ -201,3 +204,45 @@ def test_home_with_a_rehearsal(snap_compare: Any, in_tmp: Path) -> None:
         clock=frozen_clock,
     )
     assert snap_compare(laptop, terminal_size=(80, 24), run_before=home_ready())
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_run_view_of_story_2_out_of_memory_on_cpu(snap_compare: Any, in_tmp: Path, size: tuple[int, int]) -> None:
+    """Story 2 on two CPU ranks under gpu_mem_limit=150MiB: both out of memory at set-up; each bar is the rank's
+    rss of the host's 23.5 GiB, the cap said as what it caps (the data segment); the OOM tab says why."""
+    run = copy_first_minutes(in_tmp / "runs", CPU_OOM)
+    app = run_app(in_tmp / "runs", run)
+    assert snap_compare(app, terminal_size=size, run_before=run_ready())
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_log_of_a_first_launch_on_cpu(snap_compare: Any, in_tmp: Path, size: tuple[int, int]) -> None:
+    """The first launch on CPU, Log tab: torch's two FutureWarnings, printed five times by each rank, are two
+    lines with their counts and ranks, their messages wrapped, not cut."""
+    run = copy_first_minutes(in_tmp / "runs", FIRST_LAUNCH)
+    app = run_app(in_tmp / "runs", run)
+    assert snap_compare(app, terminal_size=size, run_before=run_ready("l"))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_home_on_a_laptop_after_the_first_launches(snap_compare: Any, in_tmp: Path, size: tuple[int, int]) -> None:
+    """No GPU; the two first launches of story 2 on CPU and the recorded CPU runs: at 80×24 the run list keeps
+    each run's status, step and the note that says OOM; p highlights the first preset."""
+    root = in_tmp / "runs"
+    copy_runs(root, "cpu-6ranks/zero3-linear", "cpu-6ranks/zero3-linear-fixed", "cpu/fsdp2-mlp")
+    copy_first_minutes(root, FIRST_LAUNCH)
+    copy_first_minutes(root, CPU_OOM)
+    laptop = ShardtopApp(
+        root,
+        refresh=HOUR,
+        gpu_source=NoDriver(),
+        host_probe=RecordedHost(LOGIN_NODE, name="laptop"),  # type: ignore[arg-type]
+        clock=frozen_clock,
+    )
+
+    async def run_before(pilot: Any) -> None:
+        await home_ready()(pilot)
+        await pilot.press("p")
+        await settled(pilot)
+
+    assert snap_compare(laptop, terminal_size=size, run_before=run_before)
