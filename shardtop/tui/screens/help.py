@@ -53,21 +53,19 @@ GENERIC_ACTIONS = frozenset(
 
 
 def keys_table(screen: Screen[object]) -> Table:
+    """Every key of the screen once, in the words of its tooltip where it has one (the footer's short
+    words in full: ``Quit shardtop; the runs go on``)."""
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
     table.add_column()
     seen: set[str] = set()
     for active in screen.active_bindings.values():
         binding = active.binding
-        if (
-            not binding.description
-            or binding.description in seen
-            or not active.enabled
-            or binding.action in GENERIC_ACTIONS
-        ):
+        words = binding.tooltip or binding.description
+        if not binding.description or words in seen or not active.enabled or binding.action in GENERIC_ACTIONS:
             continue
-        seen.add(binding.description)
-        table.add_row(screen.app.get_key_display(binding), binding.tooltip or binding.description)
+        seen.add(words)
+        table.add_row(screen.app.get_key_display(binding), words)
     return table
 
 
