@@ -8,9 +8,9 @@ from pathlib import Path
 from shardtop.tui.widgets.keys_footer import KeysFooter
 from shardtop.tui.widgets.run_list import RunList
 from tests.support.apps import app_for, home_ready, run_ready
+from tests.support.footer import footer_keys
 from tests.support.recorded import copy_runs
 from tests.support.waiting import settled
-from tests.tui.test_footer import footer_keys
 
 
 async def test_the_run_views_footer_keeps_every_key_at_80_columns(recorded_root: Path) -> None:

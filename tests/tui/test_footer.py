@@ -5,16 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from shardtop.tui.screens.run_view import RunScreen
-from shardtop.tui.widgets.keys_footer import KeysFooter
 from shardtop.tui.widgets.run_list import RunList
 from shardtop.tui.widgets.search_bar import SearchBar
 from tests.support.apps import app_for
+from tests.support.footer import footer_keys
 from tests.support.waiting import wait_for
-
-
-def footer_keys(app: object) -> str:
-    footer = app.screen.query_one(KeysFooter)  # type: ignore[attr-defined]
-    return "  ".join(key.render().plain.strip() for key in footer.children)
 
 
 async def test_the_footer_follows_the_focus(recorded_root: Path) -> None:

@@ -12,8 +12,8 @@ from shardtop.tui.screens.confirm import ConfirmScreen
 from shardtop.tui.screens.launch_prompt import LaunchPrompt
 from shardtop.tui.widgets.preset_list import PresetList
 from tests.support.apps import app_for
+from tests.support.footer import footer_keys
 from tests.support.waiting import settled, wait_for
-from tests.tui.test_footer import footer_keys
 
 
 async def test_p_is_in_the_footer_and_highlights_the_preset_enter_opens(recorded_root: Path) -> None:
