@@ -3,7 +3,10 @@ process (DeepSpeed's CPU op on a first launch), its empty log; nothing it does n
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -36,9 +39,10 @@ def ranks() -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]]
     finally:
         for p in (compiling, waiting):
             for child in _children(p.pid):
-                subprocess.run(["kill", str(child)], check=False)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGTERM)
             p.kill()
-            p.wait()
+            p.communicate()  # waits, and closes the compiler's stdin
 
 
 def _children(pid: int) -> list[int]:
