@@ -32,6 +32,7 @@ never comes: the compiler runs until the test ends it)."""
 @pytest.fixture
 def ranks() -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
     """Two rank processes: rank 0 compiling a torch extension, rank 1 waiting."""
+    assert shutil.which("c++"), "a C++ compiler is needed here, as DeepSpeed's op builder needs one"
     compiling = subprocess.Popen([sys.executable, "-c", COMPILING], stdin=subprocess.PIPE)
     waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
@@ -54,7 +55,6 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler, as DeepSpeed's op builder does")
 async def test_a_starting_rank_says_what_it_builds(
     in_tmp: Path, ranks: tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]
 ) -> None:
