@@ -56,6 +56,8 @@ class SavedActivations:
         """The sequence number when the model's last outermost call returned."""
         self.saved = 0
         """Saved tensors seen by the last read (a count, for the cost figures)."""
+        self.last: list[tuple[Any, int]] = []
+        """What the last read found (``live_storages``)."""
         self.failed: str | None = readable()
         """Why saved tensors cannot be read on this torch (None: they can)."""
 
@@ -119,7 +121,7 @@ class SavedActivations:
         if not roots and not self._looked and self._made_after_model():
             self._looked = True
             outputs = self._graphs_in_process()
-            self._outputs = [weakref.ref(t) for t in outputs[-MAX_OUTPUTS:]]
+            self._outputs = [weakref.ref(t) for t in outputs]
         return roots + outputs
 
     def _made_after_model(self) -> bool:
@@ -127,18 +129,20 @@ class SavedActivations:
         return done is not None and sequence_number is not None and sequence_number() > done
 
     def _graphs_in_process(self) -> list[torch.Tensor]:
-        """Tensors anywhere in the process whose graph was made since ``start``."""
+        """Tensors anywhere in the process whose graph was made since ``start``, the latest made first (a
+        loss before the tensors it was computed from), at most ``MAX_OUTPUTS``."""
         first = self.spans.first
         if first is None:
             return []
-        found = []
+        found: list[tuple[int, torch.Tensor]] = []
         tensor = torch.Tensor
         for obj in gc.get_objects():
             if issubclass(type(obj), tensor):  # by its type: ``isinstance`` reads ``__class__``, which some
                 node = obj.grad_fn             # module-level proxies answer with a warning
-                if node is not None and node._sequence_nr() >= first:
-                    found.append(obj)
-        return found
+                if node is not None and (number := node._sequence_nr()) >= first:
+                    found.append((number, obj))
+        found.sort(key=lambda pair: -pair[0])
+        return [t for _, t in found[:MAX_OUTPUTS]]
 
     def live_storages(self) -> list[tuple[Any, int]]:
         """(storage, module id) of every storage the graph holds for backward now (0: no module)."""
@@ -160,14 +164,18 @@ class SavedActivations:
                 if key != 0 and key not in found:
                     found[key] = (storage, owner(sequence))
         self.saved = saved
-        return list(found.values())
+        self.last = list(found.values())
+        return self.last
 
-    def by_module(self, device: torch.device, skip: Iterable[int] = ()) -> dict[int, int]:
-        """Bytes saved and alive now per module id (on ``device``), storages in ``skip`` excluded."""
+    def by_module(
+        self, device: torch.device, skip: Iterable[int] = (), found: list[tuple[Any, int]] | None = None
+    ) -> dict[int, int]:
+        """Bytes saved and alive per module id (on ``device``), storages in ``skip`` excluded: now, or in
+        ``found`` (a read just made)."""
         skipped = set(skip)
         out: dict[int, int] = {}
         cuda = device.type == "cuda"
-        for storage, module in self.live_storages():
+        for storage, module in self.live_storages() if found is None else found:
             if storage.device != device:
                 continue
             key = storage.data_ptr()

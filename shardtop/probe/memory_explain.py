@@ -209,7 +209,8 @@ class MemoryExplainer:
             return None
         count = self.census.count(self.activations)
         skip = [a for a, kind in count.addresses.items() if kind != "activations"] if count is not None else []
-        self.act_by_module = self.activations.by_module(self.census.device, skip)
+        found = self.activations.last if count is not None else None  # what that census read
+        self.act_by_module = self.activations.by_module(self.census.device, skip, found)
         return count
 
     def _mark(self, phase: str, step: int, count: KindCount | None = None) -> None:

@@ -129,6 +129,8 @@ GPU_ONLY = {
     "absent from every run here",
     "plan-missed": "needs an allocator's peak (CPU processes have none): shown on the H200 recording of "
     "manual-placement, with its plan, in tests/engines/test_plan_after_run.py",
+    "engine-not-as-asked": "needs accelerate's launcher: its FSDP2 plugin on CPU trains with DDP in "
+    "tests/engines/test_rehearse_clients.py, whose ZeRO-3 plugin's run does not show it",
 }
 """Rules whose run that shows them lives elsewhere: GPU recordings, or a fault test."""
 
