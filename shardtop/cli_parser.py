@@ -16,6 +16,8 @@ a running FSDP or DeepSpeed engine, and why a rank ran out of memory.
   shardtop attach [RUN]                     watch a run (the newest by default)
   shardtop runs                             list runs and their status
   shardtop report RUN --format markdown     the post-mortem, for a bug report
+  shardtop report RUN --format perfetto > trace.json
+                                            the timeline, to open in ui.perfetto.dev
   shardtop plan zero3-linear devices=6 gpu=16GiB   will it fit? memory per rank, before launching
   shardtop plan gpu=A100-80GB -- torchrun --nproc_per_node 8 train.py
                                             plan your own script: it stops before training
@@ -135,9 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("runs", parents=[common], help="list runs and their status")
     p.add_argument("--limit", type=int, default=20, metavar="N", help="show the N newest (0: all)")
 
-    p = sub.add_parser("report", parents=[common], help="print a run's post-mortem")
+    p = sub.add_parser("report", parents=[common], help="print a run's post-mortem",
+                       description="Print a run's post-mortem: text, Markdown (for an issue), JSON (for scripts), "
+                                   "or perfetto: its timeline as a trace (one track per rank: phases, steps, memory "
+                                   "by kind, the OOM) to open in ui.perfetto.dev or chrome://tracing.")
     p.add_argument("run", nargs="?", help="run id, a unique part of it, or a run directory (default: newest)")
-    p.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    p.add_argument("--format", choices=("text", "markdown", "json", "perfetto"), default="text",
+                   help="text, markdown, json, or perfetto (a trace: shardtop report RUN --format perfetto > run.json)")
 
     p = sub.add_parser("stop", parents=[common], help="stop a run: SIGTERM, then SIGKILL after a grace period")
     p.add_argument("run", help="run id, a unique part of it, or a run directory")

@@ -10,6 +10,7 @@ pure Python.
 - ``tree_summary.py``: which tree lines a report shows
 - ``blocks.py`` + ``document.py``: the text and Markdown layouts
 - ``json_report.py``: the JSON (schema in ``docs/report-json.md``)
+- ``perfetto.py``: the timeline as a trace for Perfetto (``docs/perfetto.md``)
 """
 
 from __future__ import annotations
@@ -18,15 +19,18 @@ from shardtop.report.blocks import report_blocks
 from shardtop.report.document import to_markdown, to_text
 from shardtop.report.gather import ReportData, gather
 from shardtop.report.json_report import REPORT_SCHEMA_VERSION, report_dict, to_json
+from shardtop.report.perfetto import render_trace
 from shardtop.rundir.run_directory import RunDirectory
 
-FORMATS = ("text", "markdown", "json")
+FORMATS = ("text", "markdown", "json", "perfetto")
 
 
 def render_report(run: RunDirectory, fmt: str = "text") -> str:
-    """The report of ``run`` in ``fmt``: ``text``, ``markdown`` or ``json``."""
+    """The report of ``run`` in ``fmt``: ``text``, ``markdown``, ``json`` or ``perfetto`` (a trace)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown report format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if fmt == "perfetto":
+        return render_trace(run)
     data = gather(run)
     if fmt == "json":
         return to_json(data)
