@@ -249,6 +249,21 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from shardtop.export.command import DEFAULT_INTERVAL_S, ExportRequest, export_prometheus
+    from shardtop.export.outputs import OutputError
+
+    if args.textfile is None and args.listen is None:
+        raise UsageError("say where the figures go: --textfile PATH.prom (node_exporter's textfile collector) or "
+                         "--listen [HOST:]PORT (a /metrics to scrape); e.g. shardtop export prometheus --listen 9400")
+    request = ExportRequest(root=_root(args), runs=tuple(args.runs), textfile=args.textfile, listen=args.listen,
+                            once=args.once, interval=args.interval or DEFAULT_INTERVAL_S)
+    try:
+        return export_prometheus(request, sys.stderr)
+    except OutputError as e:
+        raise UsageError(str(e)) from None
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from shardtop.plan.command import leave_now, run_plan
 
@@ -271,6 +286,7 @@ COMMANDS = {
     "runs": cmd_runs,
     "stop": cmd_stop,
     "report": cmd_report,
+    "export": cmd_export,
     "plan": cmd_plan,
     "rehearse": cmd_rehearse,
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 DESCRIPTION = """\
 nvtop for sharded training: live GPU memory, the module -> device shard tree of
@@ -24,6 +25,7 @@ a running FSDP or DeepSpeed engine, and why a rank ran out of memory.
   shardtop rehearse zero3-linear devices=6  rank 0 of a 6-GPU job, for real, on the one GPU (or CPU) here
   shardtop rehearse devices=8 rank=0,last -- torchrun --nproc_per_node 8 train.py
                                             ranks of your own N-GPU job, one after another, unchanged
+  shardtop export prometheus --listen 9400  live figures of the running runs and GPUs, for Prometheus
   shardtop stop RUN                         stop a run's processes
   shardtop presets                          the presets, one line each
 
@@ -145,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("text", "markdown", "json", "perfetto"), default="text",
                    help="text, markdown, json, or perfetto (a trace: shardtop report RUN --format perfetto > run.json)")
 
+    _export_parser(sub, common)
+
     p = sub.add_parser("stop", parents=[common], help="stop a run: SIGTERM, then SIGKILL after a grace period")
     p.add_argument("run", help="run id, a unique part of it, or a run directory")
     p.add_argument("--grace", type=float, default=10.0, metavar="SECONDS")
@@ -161,3 +165,36 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the preset and overrides, plus devices=N and gpu=SIZE|CARD (e.g. gpu=16GiB, gpu=A100-80GB)")
     p.add_argument("--format", choices=("text", "markdown", "json"), default="text")
     return parser
+
+
+def _listen(text: str) -> object:
+    from shardtop.export.outputs import parse_listen
+
+    try:
+        return parse_listen(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _export_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    """``shardtop export prometheus``: where the figures go is the user's to say; nothing is on by default."""
+    p = sub.add_parser("export", parents=[common], help="live figures of runs for other tools (Prometheus)",
+                       description="Export the live figures of the runs being followed for the tools a fleet "
+                                   "already runs.")
+    formats = p.add_subparsers(dest="export_format", metavar="prometheus", required=True)
+    p = formats.add_parser(
+        "prometheus", parents=[common], help="the Prometheus text format, to a textfile or /metrics",
+        description="Write the live figures of the runs being followed (the running runs of the runs directory, "
+        "or the runs named) and of this host's GPUs in Prometheus's text format: per rank memory by kind, peak, "
+        "limit, step, phase and state; per run findings by severity; per GPU what NVML reads. Say where they "
+        "go: --textfile for node_exporter's textfile collector, --listen to be scraped, or both. "
+        "--interval SECONDS sets how often they are read again (default 5).",
+    )
+    p.add_argument("runs", nargs="*", metavar="RUN",
+                   help="run ids, unique parts of them, or run directories (default: every running run)")
+    p.add_argument("--textfile", type=Path, metavar="PATH.prom",
+                   help="write to this file for node_exporter's textfile collector, replaced whole each interval")
+    p.add_argument("--listen", type=_listen, metavar="[HOST:]PORT",
+                   help="serve /metrics on PORT (on 127.0.0.1 unless HOST is given, e.g. 0.0.0.0:9400)")
+    p.add_argument("--once", action="store_true",
+                   help="one scrape, then exit: the textfile written once, or /metrics served to one request")

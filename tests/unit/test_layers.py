@@ -11,7 +11,9 @@ one.  The rules, each checked below:
 - ``read/``, ``diagnose/``, ``report/`` and ``tui/`` never import the plan's
   engine code (the modules of ``plan/`` that import torch, an engine,
   ``runner/`` or ``inject/``);
-- nothing imports ``tui/`` but ``cli``.
+- nothing imports ``tui/`` but ``cli``;
+- ``export/`` reads runs as the report does: ``rundir/``, ``read/``, ``diagnose/``, the GPUs' sampler and
+  the helpers, and no training library.
 """
 
 from __future__ import annotations
@@ -131,6 +133,17 @@ def test_the_views_never_import_the_plans_engine_code(side: str) -> None:
 def test_nothing_imports_the_tui_but_the_cli() -> None:
     others = [m for m in modules() if layer(m) != "tui" and m != "shardtop.cli"]
     assert broken(others, lambda m, i: layer(i) != "tui") == []
+
+
+EXPORT_MAY_IMPORT = frozenset({"rundir", "read", "diagnose", "export"})
+
+
+def test_the_exporter_reads_runs_as_the_report_does_and_imports_no_training_library() -> None:
+    exporter = in_layer("export")
+    assert exporter, "the exporter is there"
+    allowed = HELPERS | {"shardtop.gpus"}
+    assert broken(exporter, lambda m, i: layer(i) in EXPORT_MAY_IMPORT or i in allowed) == []
+    assert [m for m in exporter if imports_outside(m) & set(ENGINES)] == []
 
 
 def test_no_import_circle() -> None:
