@@ -9,6 +9,8 @@ evidence, ``explain`` words a ``Finding`` from that evidence alone.  Stable code
 - ``fsdp.py``: ``fsdp-single-unit``, ``fsdp-manual-wrap-ignored``, ``fsdp2-no-data-parallel``
 - ``fsdp_settings.py``: ``precision-mismatch``, ``cpu-offload-not-applied``
 - ``placement.py``: ``placement-imbalance``, ``cuda-context-on-wrong-gpu``
+- ``setup_transient.py``: ``sharding-transient-at-setup`` (out of memory while the engine held the
+  parameters it was sharding twice, whole and sharded)
 - ``memory.py``: ``optimizer-state-dominates``; ``oom``, which names the culprit
   when no other finding explains an OOM; ``nothing-recorded``
 - ``reshard.py``: ``fsdp2-not-resharded`` (units kept gathered from forward to backward)
@@ -49,6 +51,7 @@ from shardtop.diagnose import (
     plan_missed,
     probe_faults,
     reshard,
+    setup_transient,
     stall,
     zero3,
     zero12,
@@ -58,6 +61,7 @@ from shardtop.read.run_model import RunModel
 
 RULES: tuple[Rule[Any], ...] = (
     zero3.BUILT_WHOLE,
+    setup_transient.SETUP_TRANSIENT,
     fsdp.STRAY_LAYERS,
     fsdp.SINGLE_UNIT,
     fsdp.NO_DATA_PARALLEL,

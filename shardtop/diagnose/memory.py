@@ -227,14 +227,16 @@ def explain_out_of_memory(e: OutOfMemory) -> Finding:
     detail += "."
     if o.engine_step:
         detail += f" The engine was in {o.engine_step}."
-    held = [
+    held = ", ".join(h for h in (
         f"asked for {fmt(o.requested_bytes)}" if o.requested_bytes else "",
-        f"{fmt(o.allocated)} already allocated" if o.allocated else "",
+        f"had {fmt(o.allocated)} already allocated" if o.allocated else "",
         f"{fmt(o.reserved)} reserved" if o.reserved else "",
-        f"a limit of {fmt(o.limit)}" if o.limit else "",
-    ]
-    if any(held):
-        detail += " It " + ", ".join(h for h in held if h) + "."
+    ) if h)
+    limit = f"a limit of {fmt(o.limit)}" if o.limit else ""
+    if held:
+        detail += f" It {held}" + (f", under {limit}" if limit else "") + "."
+    elif limit:
+        detail += f" It ran under {limit}."
     if e.peak is not None:
         detail += f" At the rank's peak{e.peak.when}: {e.peak.sentence()}."
     if e.others:

@@ -7,6 +7,13 @@ teardown, never after a rank left, never in a rehearsal (its ranks ran one after
 one device).  A rehearsal's ranks are compared on what they hold (parameter bytes), which does
 not depend on when they ran; and no GPU's process list says anything about the GPUs the job's
 ranks would use, since every rehearsed rank runs alone on the one device there is.
+
+Parameter bytes are compared only between snapshots of one moment (``_same_moment``): the same
+stage read from the same engine, no rank stopped part-way through set-up while the others went
+on, and without what an engine holds whole for a moment only (parameters gathered for compute).
+A rank that ran out of memory inside ``fully_shard`` held the model as it was before sharding,
+while its peers, past that call, held their shards: that is a moment of set-up
+(``setup_transient.py`` tells it), not two ranks given unequal shares.
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ from shardtop.diagnose.facts import OomEvidence, fmt
 from shardtop.diagnose.finding import Evidence, Finding, Rule
 from shardtop.read.rank_facts import RankFacts
 from shardtop.read.run_model import RunModel
+from shardtop.read.run_state import STORED_NOWHERE
 from shardtop.read.tree_facts import covering_rows
+from shardtop.rundir.events import Shards
 from shardtop.units import times
 from shardtop.words import list_names, module_label
 
@@ -32,6 +41,9 @@ SHARD_IMBALANCE_MIN_BYTES = 8 << 20
 MEMORY_IMBALANCE_MIN_BYTES = 1 << 30
 """Allocator and NVML readings include CUDA contexts, caches and workspaces (hundreds of
 MiB each): only a gap of 1 GiB or more says something about where the model went."""
+
+TRANSIENT_STATES = frozenset({"gathered"})
+"""Held whole only for a moment (gathered for compute, released to a shard later): not a rank's share."""
 
 NO_STORAGE_DEVICES = ("cpu", "meta", "nvme", "disk")
 """Not accelerators: a model split between a GPU and the CPU is offload, not placement."""
@@ -96,13 +108,37 @@ def _device_comparisons(m: RunModel) -> list[Comparison]:
     return out
 
 
+def settled_bytes(s: Shards) -> list[int]:
+    """Each row's stored parameter bytes, less what the engine held whole for a moment only
+    (``TRANSIENT_STATES``)."""
+    transient = {i for i, name in enumerate(s.states) if name in TRANSIENT_STATES}
+    nowhere = {i for i, name in enumerate(s.devices) if name in STORED_NOWHERE}
+    return [
+        0 if state in transient or device in nowhere else size
+        for size, state, device in zip(s.bytes, s.state, s.device, strict=True)
+    ]
+
+
+def _stopped_in_setup(r: RankFacts) -> bool:
+    return r.oom is not None and r.oom.phase == "setup"
+
+
+def _same_moment(pool: list[RankFacts]) -> bool:
+    """The ranks' holdings were read at one moment: the same stage, from the same engine, and either every
+    rank or none stopped in set-up (a rank cut short there holds the model as it was before the engine
+    finished with it, while its peers went on)."""
+    moments = {(r.holdings.stage, r.holdings.engine) if r.holdings else ("", "") for r in pool}
+    stopped = sum(map(_stopped_in_setup, pool))
+    return len(moments) == 1 and stopped in (0, len(pool))
+
+
 def _rank_comparison(m: RunModel) -> Comparison | None:
     # like with like: one rank's set-up snapshot (whole) must not be weighed against another's engine one
     pool = [r for r in m.ranks if r.shards is not None] or [r for r in m.ranks if r.setup is not None]
-    stages = {(r.holdings.stage if r.holdings else "") for r in pool}
-    if len(stages) != 1 or len(pool) < max(len(m.expected_ranks), 2):
+    if not _same_moment(pool) or len(pool) < max(len(m.expected_ranks), 2):
         return None  # a rehearsal's ranks are all it has: each holds what it would in the job
-    found = _uneven({f"rank {r.rank}": r.param_bytes for r in pool}, SHARD_IMBALANCE_MIN_BYTES)
+    held = {f"rank {r.rank}": sum(settled_bytes(r.holdings)) if r.holdings else 0 for r in pool}
+    found = _uneven(held, SHARD_IMBALANCE_MIN_BYTES)
     if not found:
         return None
     heavy, hi, light, lo, mean = found
@@ -171,7 +207,7 @@ def _modules_on(m: RunModel, c: Comparison) -> tuple[str, ...]:
         light = _rank(m, int(c.light.split()[1])).holdings
         if light is None or not m.aligned(light):
             return ()
-        selected = [a > b for a, b in zip(heavy.bytes, light.bytes, strict=True)]
+        selected = [a > b for a, b in zip(settled_bytes(heavy), settled_bytes(light), strict=True)]
     else:
         return ()
     return tuple(m.path(row) for row in covering_rows(selected, [b > 0 for b in tree.bytes], tree.parents))

@@ -65,6 +65,19 @@ class RankCheck:
     complete: bool
     """The rank met every phase it reached in full (it finished, or went through two steps), so its peak
     can prove the plan high as well as low; otherwise its peak so far is only the least it will need."""
+    planned_oom_at: str | None = None
+    """Where the plan said every rank runs out of memory (a phase of ``TIMELINE``); None where it fits or
+    was not judged."""
+
+    @property
+    def oom_as_planned(self) -> bool | None:
+        """The rank ran out of memory in the phase the plan said it would; None when it did not run out.
+
+        Like with like: a rank that ran out at set-up did not run out "as planned" by a plan that
+        foresaw the first backward pass."""
+        if not self.out_of_memory:
+            return None
+        return self.planned_oom_at is not None and self.reached == self.planned_oom_at
 
     @property
     def errors(self) -> dict[str, float | None]:
@@ -186,6 +199,7 @@ def check_plan(plan: Planned, ranks: Sequence[RankFacts], engine: str) -> PlanCh
                 measured=measured(r, engine or plan.engine, manual),
                 out_of_memory=r.oom is not None,
                 complete=r.status.state == "finished" or _two_steps(r),
+                planned_oom_at=plan.runs_out_at if plan.fits is False else None,
             )
         )
     return PlanCheck(plan=plan, ranks=tuple(checks))

@@ -165,6 +165,8 @@ def _rank_check(c: RankCheck) -> dict[str, Any]:
         },
         "error": c.errors,
         "missed": c.missed,
+        "out_of_memory": c.out_of_memory,
+        "oom_as_planned": c.oom_as_planned,
     }
 
 

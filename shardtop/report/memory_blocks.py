@@ -70,8 +70,12 @@ def plan_section(data: ReportData) -> list[Block]:
         error = c.peak_error
         if error is not None:
             judged = f"{error * 100:+.0f} %" + (" ✗ missed" if c.missed else "")
+        elif c.oom_as_planned:
+            judged = "out of memory, as planned"
+        elif c.out_of_memory and c.planned_oom_at is not None:
+            judged = f"out of memory {when(c.reached)}; planned {when(c.planned_oom_at)}"
         elif c.out_of_memory:
-            judged = "out of memory, as planned" if plan.fits is False else "out of memory"
+            judged = "out of memory"
         else:
             judged = "-"
         rows.append(

@@ -21,12 +21,16 @@ def _pair(planned: int | None, measured: int | None) -> str:
     return f"{short_bytes(planned)}/{short_bytes(measured)}"
 
 
-def _judged(c: RankCheck, plan_fits: bool | None) -> str:
+def _judged(c: RankCheck) -> str:
     error = c.peak_error
     if error is not None:
         return f"{error * 100:+.0f} %" + (" ✗ missed" if c.missed else "")
+    if c.oom_as_planned:
+        return "OOM, as planned"
+    if c.out_of_memory and c.planned_oom_at is not None:
+        return f"OOM at {c.reached}, plan: {c.planned_oom_at}"
     if c.out_of_memory:
-        return "OOM, as planned" if plan_fits is False else "OOM"
+        return "OOM"
     return "-"
 
 
@@ -50,7 +54,7 @@ def plan_text(check: PlanCheck) -> Text:
     for c in check.ranks:
         text.append(f"r{c.rank:<3}", "bold")
         text.append(f"peak {_pair(c.predicted_peak, c.measured.peak)}  ")
-        text.append(_judged(c, plan.fits) + "\n", "bold" if c.missed else "")
+        text.append(_judged(c) + "\n", "bold" if c.missed else "")
         text.append(
             f"    params {_pair(c.predicted.params, c.measured.params)}  "
             f"grads {_pair(c.predicted.grads, c.measured.grads)}  "
