@@ -232,3 +232,19 @@ def test_a_port_in_use_exits_2_and_names_another(tmp_path: Path) -> None:
 def test_a_missing_or_mistyped_format_names_prometheus(tmp_path: Path, args: tuple[str, ...], words: str) -> None:
     done = shardtop(*args, runs_dir=tmp_path / "runs")
     assert done.returncode == 2 and words in done.stderr, done.stderr
+
+
+def test_an_export_imports_no_training_library_and_no_textual(tmp_path: Path) -> None:
+    name = "h200-over-time/kept-logits"
+    run = copy_runs(tmp_path / "runs", name)[name]
+    args = ["export", "prometheus", str(run), "--textfile", str(tmp_path / "a.prom"), "--once"]
+    script = (
+        "import json, sys\n"
+        "from shardtop.cli import main\n"
+        f"assert main({args!r}) == 0\n"
+        "print(json.dumps(sorted(n for n in ('torch', 'lightning', 'deepspeed', 'textual') if n in sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == []
+    assert "shardtop_rank_step" in (tmp_path / "a.prom").read_text()
