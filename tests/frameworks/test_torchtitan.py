@@ -56,13 +56,15 @@ def finish(output: str) -> Finish | None:
     return Finish(int(found[-1][0]), found[-1][1]) if found else None
 
 
-def torchrun(space: Workspace, processes: int, tag: str) -> list[str]:
+def torchrun(space: Workspace, processes: int, tag: str, micro_steps: int = 1) -> list[str]:
+    """torchtitan's debug config with a small batch; ``micro_steps`` batches accumulated into each step."""
     inputs = space.workdir / "inputs"
     return [
         "torchrun", "--nproc_per_node", str(processes), "--master_port", str(free_port()), str(TRAINER),
         "--module", "llama3", "--config", "llama3_debugmodel",
         "--hf-assets-path", str(inputs / "tokenizer"), "--dataloader.dataset-path", str(inputs / "data"),
         "--training.steps", str(STEPS), "--training.local-batch-size", str(BATCH), "--training.seq-len", "64",
+        "--training.global-batch-size", str(BATCH * processes * micro_steps),
         "--parallelism.spmd-backend", "partial_dtensor", "--checkpoint.no-enable", "--validator.no-enable",
         "--debug.seed", "0", "--metrics.disable-color-printing", "--dump-folder", str(space.workdir / f"out-{tag}"),
     ]
@@ -89,6 +91,11 @@ def trained(space: Workspace) -> Ended:
 @pytest.fixture(scope="module")
 def probed(space: Workspace) -> ShardtopRun:
     return under_run(space, torchrun(space, 2, "run"), "run")
+
+
+@pytest.fixture(scope="module")
+def accumulated(space: Workspace) -> ShardtopRun:
+    return under_run(space, torchrun(space, 2, "accumulated", micro_steps=2), "accumulated")
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +138,20 @@ def test_every_fully_shard_call_is_a_unit(probed: ShardtopRun) -> None:
     expected = {"tok_embeddings", "norm", "lm_head", *(f"layers.{i}" for i in range(BLOCKS))}
     assert units(report) == dict.fromkeys(expected, "fsdp2"), f"info: {report['info']}"
     assert report["info"].get("root_wrapped") is True, f"info: {report['info']}"
+
+
+def test_with_gradient_accumulation_each_rank_holds_half_of_the_gradients(
+    accumulated: ShardtopRun, model: Inventory
+) -> None:
+    """torchtitan reduce-scatters every micro-batch's gradients: after a step each rank holds its half."""
+    assert accumulated.ended.code == 0 or torn_down_by_gloo(accumulated.ended, accumulated.command_log()), (
+        accumulated.describe())
+    assert "gradient accumulation steps 2" in accumulated.command_log(), accumulated.describe()
+    report = accumulated.report
+    assert report["step"] == STEPS
+    for rank in (0, 1):
+        entry = rank_entry(report, rank)
+        assert (entry["param_bytes"], entry["grad_bytes"]) == (model.bytes // 2, model.bytes // 2), f"rank {rank}"
 
 
 def test_rehearsal_of_the_first_and_last_of_eight_ranks(rehearsal: ShardtopRun, model: Inventory) -> None:
