@@ -24,6 +24,7 @@ from tests.frameworks.figures import (
     read_inventory,
     report_params,
     units,
+    whole_bytes,
 )
 from tests.frameworks.runs import (
     Ended,
@@ -121,8 +122,7 @@ def test_each_rank_holds_half_of_each_units_flat_parameter(probed: ShardtopRun, 
     for rank in (0, 1):
         assert rank_entry(report, rank)["param_bytes"] == fsdp1_rank_bytes(model, list(BLOCKS), 2, rank)
     held = [held_by(report, rank) for rank in (0, 1)]
-    assert {path: held[0][path] + held[1][path] for path in held[0]} == {
-        path: count * 4 for path, count in model.params_by_module.items()}
+    assert {path: held[0][path] + held[1][path] for path in held[0]} == whole_bytes(model)
 
 
 def test_rehearsal_of_the_first_and_last_of_eight_ranks(rehearsal: ShardtopRun, model: Inventory) -> None:
