@@ -8,8 +8,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import socket
 import stat
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -29,6 +31,7 @@ from shardtop.report import render_report
 from shardtop.rundir.run_directory import RunDirectory
 from tests.support.prometheus_text import Series, parse, value, values
 from tests.support.recorded import copy_runs, live_copy, nvml_samples, recorded_h200
+from tests.support.waiting import wait_until
 
 KEPT_LOGITS = "h200-over-time/kept-logits"
 """One H200 rank, memory split by kind every step, out of memory at step 90."""
@@ -240,3 +243,26 @@ def test_once_writes_one_scrape_of_the_runs_and_gpus_and_nothing_else(
     assert err.getvalue() == "shardtop: no GPU series: no NVIDIA driver: NVML Shared Library Not Found\n"
     assert "shardtop_gpu" not in scrape(FollowedRuns(root), feed)
     assert err.getvalue().count("\n") == 1, "said once"
+
+
+def test_once_while_listening_serves_one_scrape_then_returns(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    live_copy(root, CPU_REHEARSAL)
+    err = io.StringIO()
+    request = ExportRequest(root=root, runs=(), textfile=None, listen=ListenAddress("127.0.0.1", 0), once=True,
+                            interval=0.1)
+    returned: list[int] = []
+    exporter = threading.Thread(target=lambda: returned.append(export_prometheus(request, err, recorded_h200())))
+    exporter.start()
+    try:
+        wait_until(lambda: "serving" in err.getvalue(), 30, "the server to say its address")
+        found = re.search(r"serving http://(127\.0\.0\.1:\d+)/metrics", err.getvalue())
+        assert found is not None, err.getvalue()
+        assert _get(f"http://{found.group(1)}/")[0] == 404, "a request elsewhere is not the scrape"
+        status, _, text = _get(f"http://{found.group(1)}/metrics")
+        assert status == 200 and value(parse(text), "shardtop_rank_step", rank=3) == 3
+    finally:
+        exporter.join(timeout=30)
+    assert returned == [0] and not exporter.is_alive()
+    with pytest.raises(OSError):
+        _get(f"http://{found.group(1)}/metrics")
