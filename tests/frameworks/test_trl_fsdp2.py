@@ -25,14 +25,11 @@ from tests.frameworks.runs import (
     torn_down_by_gloo,
     under_run,
 )
-from tests.frameworks.test_trl_zero3 import BATCH, FINAL, SCRIPT, STEPS, finish
-from tests.support.distributed import free_port
+from tests.frameworks.trl_commands import BATCH, SCRIPT, STEPS, accelerate_launch, distributed_type, finish
 
 
 def fsdp2(env: Environment, processes: int) -> list[str]:
-    config = env.site_packages / "trl" / "accelerate_configs" / "fsdp2.yaml"
-    return ["accelerate", "launch", "--config_file", str(config), "--num_processes", str(processes),
-            "--main_process_port", str(free_port()), str(SCRIPT)]
+    return accelerate_launch(env, "fsdp2.yaml", processes)
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +63,10 @@ def plan(space: Workspace) -> Plan:
 
 
 def test_accelerate_trains_ddp_on_cpu_with_the_fsdp2_config(trained: Ended) -> None:
-    found = FINAL.findall(trained.output)
     assert trained.code == 0 or torn_down_by_gloo(trained, ""), trained.output[-6000:]
-    assert found and found[-1][0] == str(STEPS) and found[-1][2] == "MULTI_CPU", trained.output[-6000:]
+    ended = finish(trained.output)
+    assert ended is not None and ended.steps == STEPS, trained.output[-6000:]
+    assert distributed_type(trained.output) == "MULTI_CPU"
 
 
 def test_under_shardtop_run_it_ends_as_it_does_alone(trained: Ended, probed: ShardtopRun) -> None:

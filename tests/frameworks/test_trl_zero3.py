@@ -4,16 +4,13 @@ The config file is the one TRL ships; on CPU a user overrides its bf16 with
 ``--mixed_precision no`` and sets ``DS_ACCELERATOR=cpu``.  The script
 (``trl_sft.py``) builds a two-layer Llama from its config after the
 ``SFTConfig``, so ZeRO-3 builds it partitioned; its MLP matrices are over
-DeepSpeed's default persistence threshold and split, everything else is kept
-whole on every rank.  Each command runs once (module fixtures) and the tests
+DeepSpeed's default persistence threshold, and every other parameter is also
+kept whole on every rank, beside its part.  Each command runs once (module fixtures) and the tests
 read what it left, as a user would: the command's output, ``shardtop report
 --format json`` and ``shardtop plan --format json``.
 """
 
 from __future__ import annotations
-
-import re
-from pathlib import Path
 
 import pytest
 
@@ -21,7 +18,6 @@ from tests.frameworks.environments import Environment
 from tests.frameworks.figures import Inventory, held_by, rank_entry, read_inventory, report_params, zero3_bytes
 from tests.frameworks.runs import (
     Ended,
-    Finish,
     Plan,
     ShardtopRun,
     Workspace,
@@ -32,23 +28,11 @@ from tests.frameworks.runs import (
     torn_down_by_gloo,
     under_run,
 )
-from tests.support.distributed import free_port
-
-SCRIPT = Path(__file__).with_name("trl_sft.py")
-STEPS = 3
-BATCH = 2
-FINAL = re.compile(r"^final steps=(\d+) loss=(\S+) distributed_type=(\w+)$", re.MULTILINE)
-
-
-def finish(output: str) -> Finish | None:
-    found = FINAL.findall(output)
-    return Finish(int(found[-1][0]), found[-1][1]) if found else None
+from tests.frameworks.trl_commands import BATCH, SCRIPT, STEPS, accelerate_launch, distributed_type, finish
 
 
 def zero3(env: Environment, processes: int) -> list[str]:
-    config = env.site_packages / "trl" / "accelerate_configs" / "zero3.yaml"
-    return ["accelerate", "launch", "--config_file", str(config), "--num_processes", str(processes),
-            "--mixed_precision", "no", "--main_process_port", str(free_port()), str(SCRIPT)]
+    return accelerate_launch(env, "zero3.yaml", processes, "--mixed_precision", "no")
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +71,10 @@ def plan(space: Workspace) -> Plan:
 
 
 def test_trl_trains_with_zero3_on_two_cpu_processes(trained: Ended) -> None:
-    found = FINAL.findall(trained.output)
     assert trained.code == 0 or torn_down_by_gloo(trained, ""), trained.output[-6000:]
-    assert found and found[-1][0] == str(STEPS) and found[-1][2] == "DEEPSPEED", trained.output[-6000:]
+    ended = finish(trained.output)
+    assert ended is not None and ended.steps == STEPS, trained.output[-6000:]
+    assert distributed_type(trained.output) == "DEEPSPEED"
 
 
 def test_under_shardtop_run_it_ends_as_it_does_alone(trained: Ended, probed: ShardtopRun) -> None:
