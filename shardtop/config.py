@@ -28,6 +28,8 @@ FIXED_KEYS = ("description", "program", "engine", "single_process", "on_cpu")
 for keys the user did not set."""
 
 ACCELERATORS = ("auto", "cpu", "cuda")
+CPU_DEFAULT_DEVICES = 2
+"""Processes a preset runs on a machine without GPUs when ``devices=auto``."""
 SIZE_KEYS = ("gpu_mem_limit",)
 """Keys whose value is a byte size (``15GiB``, ``512MB``, ``1073741824``) or null."""
 
@@ -321,3 +323,27 @@ def apply_cpu_defaults(config: dict[str, Any]) -> dict[str, Any]:
         if key not in overridden:
             _set(config, key, value)
     return config
+
+
+def on_machine(config: Mapping[str, Any], gpus: int) -> dict[str, Any]:
+    """The config as a machine with ``gpus`` GPUs runs it: ``accelerator`` fixed to cpu or cuda and
+    ``devices`` and ``world_size`` to numbers.
+
+    ``accelerator=auto`` is cuda where there is a GPU, else cpu.  On CPU the preset's ``on_cpu`` values
+    apply to the keys the user did not set, and ``devices=auto`` is ``CPU_DEFAULT_DEVICES`` processes; on
+    GPUs it is every GPU (at least one).  Nothing is checked against the machine: ``shardtop launch``
+    refuses what is not here, a plan does not need it to be.
+    """
+    out = dict(config)
+    accelerator = out.get("accelerator", "auto")
+    if accelerator == "auto":
+        accelerator = "cuda" if gpus > 0 else "cpu"
+    if accelerator == "cpu":
+        out = apply_cpu_defaults(out)
+    devices = out.get("devices", "auto")
+    if devices == "auto":
+        devices = CPU_DEFAULT_DEVICES if accelerator == "cpu" else max(1, gpus)
+    out["accelerator"] = accelerator
+    out["devices"] = devices
+    out["world_size"] = 1 if out.get("single_process") else devices
+    return out

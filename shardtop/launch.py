@@ -21,14 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardtop.config import ConfigError, apply_cpu_defaults
+from shardtop.config import ConfigError, on_machine
 from shardtop.rundir.cluster import host_name
 from shardtop.rundir.liveness import is_running, process_start_time
 from shardtop.rundir.run_directory import RunDirectory, RunError
 from shardtop.units import format_bytes
 
-CPU_DEFAULT_DEVICES = 2
-"""Processes a preset runs on a machine without GPUs when ``devices=auto``."""
 CPU_RANKS_PER_CORE = 4
 """CPU ranks a core may carry: gloo ranks mostly wait on each other, more only thrash."""
 CPU_RANK_MEMORY = 3 * 2**29
@@ -138,7 +136,8 @@ def rehearsal_command(settings: Sequence[str]) -> str:
 def resolve_devices(
     config: dict[str, Any], gpu_count: Callable[[], int], cpu: Callable[[], CpuRoom] = cpu_room
 ) -> dict[str, Any]:
-    """Fix ``accelerator`` to cpu/cuda and ``world_size`` to a number, or say why not."""
+    """Fix ``accelerator`` to cpu/cuda and ``world_size`` to a number as this machine runs the preset
+    (``config.on_machine``, which ``shardtop plan`` shares), or say why it cannot run here."""
     missing = missing_engines(str(config.get("engine", "")))
     if missing:
         raise ConfigError(
@@ -146,38 +145,27 @@ def resolve_devices(
             "Install them with: pip install 'shardtop[engines]' (keep the CUDA torch you have on a GPU box). "
             "Your own scripts need no preset: shardtop run -- python train.py"
         )
-    config = dict(config)
-    accelerator = config.get("accelerator", "auto")
-    devices = config.get("devices", "auto")
     gpus = gpu_count()
-    if accelerator == "auto":
-        accelerator = "cuda" if gpus > 0 else "cpu"
-    if accelerator == "cuda":
-        if gpus == 0:
-            raise ConfigError(
-                "accelerator=cuda, but no NVIDIA GPU is visible (no driver, or CUDA_VISIBLE_DEVICES hides them).\n"
-                "Use accelerator=cpu (or auto) to run on CPU processes."
-            )
-        if devices == "auto":
-            devices = gpus
+    if config.get("accelerator") == "cuda" and gpus == 0:
+        raise ConfigError(
+            "accelerator=cuda, but no NVIDIA GPU is visible (no driver, or CUDA_VISIBLE_DEVICES hides them).\n"
+            "Use accelerator=cpu (or auto) to run on CPU processes."
+        )
+    config = on_machine(config, gpus)
+    devices = config["devices"]
+    if config["accelerator"] == "cuda":
         if devices > gpus:
             raise TooManyDevices(
                 f"devices={devices}, but this machine has {gpus} GPU(s). Use devices={gpus} or fewer.",
                 devices, "cuda", rehearsable=not config.get("single_process"),
             )
     else:
-        config = apply_cpu_defaults(config)
-        if devices == "auto":
-            devices = CPU_DEFAULT_DEVICES
         room = cpu()
         if devices > room.ranks and not config.get("single_process"):
             raise TooManyDevices(
                 f"devices={devices} on CPU: {room.describe()}. Use devices={room.ranks} or fewer.",
                 devices, "cpu", rehearsable=True,
             )
-    config["accelerator"] = accelerator
-    config["devices"] = devices
-    config["world_size"] = 1 if config.get("single_process") else devices
     return config
 
 

@@ -3,8 +3,11 @@
 The settings are read like ``shardtop launch``'s (a preset and overrides,
 checked by ``shardtop.config``), with two of the plan's own: ``gpu=`` (the
 card to fit, a size or a known name) and ``devices=`` (any number: a plan
-is not limited to the GPUs here).  The plan is for GPUs unless
-``accelerator=cpu`` asks for CPU processes (then the preset's CPU sizes).
+is not limited to the devices here).  Unless told otherwise the plan is of
+what ``shardtop launch`` would run on this machine, resolved the same way
+(``config.on_machine``): its GPUs, or without one CPU processes and the
+preset's CPU sizes.  ``gpu=`` or ``accelerator=cuda`` plan GPUs anywhere,
+``accelerator=cpu`` CPU processes; the plan says which it planned for.
 """
 
 from __future__ import annotations
@@ -14,20 +17,18 @@ import shlex
 import shutil
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from shardtop.config import (
     ConfigError,
-    apply_cpu_defaults,
+    on_machine,
     preset_names,
     resolve,
     split_overrides,
 )
 from shardtop.plan.cards import Gpu, UnknownGpu, judged_against, local_gpu, parse_gpu
-
-CPU_DEFAULT_DEVICES = 2
-"""As ``shardtop launch`` runs a preset on a machine without GPUs."""
+from shardtop.words import plural
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class PlanRequest:
     devices: int
     accelerator: str
     gpu: Gpu | None
+    planned_for: str = ""
+    """Which machine the plan is for, and why, in words."""
 
 
 def devices_setting(raw: str) -> int | None:
@@ -75,30 +78,41 @@ def read_request(settings: Sequence[str], *, detect_gpu: bool = True) -> PlanReq
         else:
             rest.append((key, raw))
     config = resolve(preset, rest)
-    accelerator = "cpu" if config.get("accelerator") == "cpu" else "cuda"
-    if accelerator == "cpu":
-        config = apply_cpu_defaults(config)
+    told = config.get("accelerator", "auto")
+    if told == "auto" and gpu_text is not None:
+        config["accelerator"] = "cuda"  # a card to fit is a plan for GPUs, on this machine or not
+    if devices is not None:
+        config["devices"] = devices
+    gpus = _local_gpus() if detect_gpu and config.get("accelerator") != "cpu" else 0
+    config = on_machine(config, gpus)
+    accelerator = str(config["accelerator"])
     try:
-        chosen = parse_gpu(gpu_text) if gpu_text is not None else None
+        card = parse_gpu(gpu_text) if gpu_text is not None else None
     except UnknownGpu as e:
         raise ConfigError(str(e)) from None
-    chosen = judged_against(chosen, config.get("gpu_mem_limit"))
-    needs_local = chosen is None or devices is None
-    here = local_gpu() if detect_gpu and accelerator == "cuda" and needs_local else None
-    if chosen is None and accelerator == "cuda":
-        chosen = here
-    if devices is None:
-        devices = _local_count() if accelerator == "cuda" and here is not None else (
-            CPU_DEFAULT_DEVICES if accelerator == "cpu" else 1)
-    if config.get("single_process") and accelerator == "cpu":
-        devices = 1
-    return PlanRequest(config=config, devices=devices, accelerator=accelerator, gpu=chosen)
+    if card is None and accelerator == "cuda" and detect_gpu:
+        card = local_gpu()
+    chosen = judged_against(card, config.get("gpu_mem_limit"))
+    count = 1 if config.get("single_process") and accelerator == "cpu" else int(config["devices"])
+    why = _planned_for(str(config.get("preset", "")), accelerator, gpus, told, gpu_text, "on_cpu" in config)
+    return PlanRequest(config=config, devices=count, accelerator=accelerator, gpu=chosen, planned_for=why)
 
 
-def _local_count() -> int:
+def _planned_for(preset: str, accelerator: str, gpus: int, told: str, gpu_text: str | None, cpu_sizes: bool) -> str:
+    """Which machine the plan is for, in words: this one as ``shardtop launch`` runs the preset, or the one asked."""
+    what = "GPUs" if accelerator == "cuda" else "CPU processes" + (" with the preset's CPU sizes" if cpu_sizes else "")
+    if told != "auto" or gpu_text is not None:
+        return f"{what}, as asked ({f'accelerator={told}' if told != 'auto' else f'gpu={gpu_text}'})"
+    launch = f"as `shardtop launch {preset}` runs it here" if preset else "as `shardtop launch` runs it here"
+    if accelerator == "cuda":
+        return f"this machine's {plural(gpus, 'GPU')}, {launch}"
+    return f"this machine, which has no GPU: {what}, {launch} (gpu=SIZE or accelerator=cuda plans GPUs)"
+
+
+def _local_gpus() -> int:
     from shardtop.gpus import gpu_count
 
-    return max(1, gpu_count())
+    return gpu_count()
 
 
 def _looks_like_command(word: str) -> bool:
@@ -110,7 +124,10 @@ def run_plan(settings: Sequence[str], output_format: str) -> str:
     from shardtop.plan.presets import plan_config
 
     request = read_request(settings)
-    plan = plan_config(request.config, devices=request.devices, accelerator=request.accelerator, gpu=request.gpu)
+    plan = replace(
+        plan_config(request.config, devices=request.devices, accelerator=request.accelerator, gpu=request.gpu),
+        planned_for=request.planned_for,
+    )
     if output_format == "json":
         from shardtop.plan.json_plan import render_json
 

@@ -39,6 +39,8 @@ class Plan:
     """The user's command planned (``shardtop plan -- CMD``), instead of a preset."""
     notes: tuple[str, ...] = ()
     """What the plan could not see, in words, shown after the verdict."""
+    planned_for: str = ""
+    """Which machine the plan is for, and why, in words (``plan.command.PlanRequest``); "" when not said."""
 
     @property
     def title(self) -> str:
@@ -63,7 +65,9 @@ def make_plan(
 ) -> Plan:
     """Plan ``asked`` and the alternatives that matter for ``desc`` on ``devices`` ranks."""
     on_gpu = accelerator == "cuda"
-    options = tuple(option(s, per_rank(desc, s, devices, gpu=on_gpu), gpu) for s in alternatives(asked, devices))
+    options = tuple(
+        option(s, per_rank(desc, s, devices, gpu=on_gpu), gpu) for s in alternatives(asked, devices, accelerator)
+    )
 
     def replan(n: int, batch_scale: float) -> PerRank:
         return per_rank(desc, asked, n, gpu=on_gpu, batch_scale=batch_scale)

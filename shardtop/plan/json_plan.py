@@ -54,6 +54,7 @@ def plan_document(plan: Plan) -> dict[str, Any]:
         "model": {"name": plan.model, "params": plan.params, "bytes": plan.param_bytes, "batch_size": plan.batch_size},
         "devices": plan.devices,
         "accelerator": plan.accelerator,
+        "planned_for": plan.planned_for or None,
         "gpu_bytes": plan.gpu.total if plan.gpu else None,
         "gpu": (
             {"name": plan.gpu.name, "source": plan.gpu.source, "usable_bytes": plan.gpu.usable} if plan.gpu else None

@@ -4,7 +4,9 @@ The alternatives that matter for memory: the asked strategy with the model
 built where the engine can split it as it is made, at the other precision,
 and every engine's usual settings (DDP; ZeRO-1/2/3, with optimizer and
 parameter offload; FSDP FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, CPU offload;
-FSDP2) with the same optimizer, precision and loop.  Torch-free.
+FSDP2) with the same optimizer, precision and loop.  Only those that apply to
+the device the run uses: on CPU processes nothing is offloaded, since the
+memory an offload would free is the same memory it moves to.  Torch-free.
 """
 
 from __future__ import annotations
@@ -12,8 +14,13 @@ from __future__ import annotations
 from shardtop.plan.strategies import LIGHTNING_ZERO, Strategy, ZeroSettings
 
 
-def alternatives(asked: Strategy, devices: int) -> list[Strategy]:
-    """The asked strategy first, then the alternatives, each label once."""
+def offloads(s: Strategy) -> bool:
+    """Moves parameters or optimizer state to host memory (or NVMe)."""
+    return s.offload_params or s.offload_optimizer
+
+
+def alternatives(asked: Strategy, devices: int, accelerator: str = "cuda") -> list[Strategy]:
+    """The asked strategy first, then the alternatives that apply on ``accelerator``, each label once."""
     precision = asked.precision
     zero = asked.zero if asked.engine.startswith("zero") else (
         LIGHTNING_ZERO if asked.driver == "lightning" else ZeroSettings())
@@ -41,6 +48,8 @@ def alternatives(asked: Strategy, devices: int) -> list[Strategy]:
     ]
     if devices > asked.node_size:
         out.append(common.with_(engine="fsdp1", sharding="HYBRID_SHARD", **fsdp))
+    if accelerator != "cuda":
+        out = [asked, *(s for s in out[1:] if not offloads(s))]
     seen: set[str] = set()
     unique = []
     for s in out:

@@ -71,7 +71,8 @@ def verdict_lines(plan: Plan) -> list[str]:
             lines.append(f"Cheapest change that fits: {v.change.strategy.label} "
                          f"(peak {format_bytes(v.change.per_rank.peak)} per rank).")
         else:
-            lines.append("None of the strategies above fits on this GPU.")
+            lines.append("None of the strategies above fits on this GPU." if plan.accelerator == "cuda"
+                         else "None of the strategies above fits in this memory limit.")
         if v.batch_size is not None:
             lines.append(f"Or, as run, a batch of {v.batch_size} per rank (batch_size={v.batch_size}) fits.")
         if v.devices is not None:
@@ -85,6 +86,8 @@ def render_text(plan: Plan) -> str:
         (f"  {count_words(plan.params)} parameters, {format_bytes(plan.param_bytes)} as built; "
          f"batch {plan.batch_size} per rank"),
         f"  {_where(plan)}",
+        *textwrap.wrap(f"Planned for {plan.planned_for}.", width=TEXT_WIDTH, initial_indent="  ",
+                       subsequent_indent="    ", break_on_hyphens=False) * bool(plan.planned_for),
         "",
         "  " + "".join(f"{c:>8}" for c in COLUMNS) + "  fits  strategy (per rank)",
     ]
@@ -108,6 +111,7 @@ def render_markdown(plan: Plan) -> str:
         (f"- Model: `{plan.model}`: {plan.params:,} parameters, {format_bytes(plan.param_bytes)} as built; "
          f"batch {plan.batch_size} per rank"),
         f"- {_where(plan)}",
+        *[f"- Planned for {plan.planned_for}."] * bool(plan.planned_for),
         "",
         "| strategy | params | grads | optimizer | activations | gathered | buffers | peak | phase | fits | note |",
         "|---|--:|--:|--:|--:|--:|--:|--:|---|---|---|",

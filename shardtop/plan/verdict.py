@@ -9,6 +9,7 @@ from shardtop.plan.cards import Gpu
 from shardtop.plan.memory import PerRank
 from shardtop.plan.options import change_cost
 from shardtop.plan.strategies import Strategy
+from shardtop.plan.zero import WHOLE
 from shardtop.rundir.events import TIMELINE, when
 from shardtop.units import format_bytes
 
@@ -61,11 +62,13 @@ def dominant(s: Strategy, p: PerRank, phase: str, gpu: Gpu | None = None) -> tup
     """The largest part of a phase's peak, named for the user; at set-up, the request that does not fit
     ``gpu`` where the engine's own buffers decide it."""
     if phase == "set-up":
-        if s.built_whole:
-            return "the whole model as built, on every rank before the engine splits it", p.setup
         request = p.setup_request(gpu.usable if gpu is not None else None)
+        if s.built_whole and request is not None and request[0] == WHOLE:  # the first request: the model itself
+            return "the whole model as built, on every rank before the engine splits it", request[1]
         if request is not None:
             return f"the engine's set-up, up to {request[0]}", request[1]
+        if s.built_whole:
+            return "building the whole model on every rank and handing it to the engine", p.setup
         return "building the model and handing it to the engine", p.setup
     parts = {
         "parameters": p.params,

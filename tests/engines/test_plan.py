@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from shardtop.plan.cards import CARDS, parse_gpu
+from shardtop.plan.cards import CARDS, judged_against, parse_gpu
 from shardtop.plan.command import read_request
 from shardtop.plan.describe import describe_model
 from shardtop.plan.memory import CUDA_WORKSPACES, per_rank
@@ -137,12 +137,14 @@ def test_gpu_takes_a_size_or_a_known_card() -> None:
 
 
 def test_gpu_mem_limit_acts_as_the_card_and_devices_is_not_limited_by_this_machine() -> None:
-    request = read_request(["zero3-linear", "gpu_mem_limit=15GiB", "devices=64"], detect_gpu=False)
+    request = read_request(["zero3-linear", "accelerator=cuda", "gpu_mem_limit=15GiB", "devices=64"],
+                           detect_gpu=False)
     assert request.devices == 64 and request.accelerator == "cuda"
     assert request.gpu is not None and request.gpu.total == 15 * GiB and request.gpu.source == "gpu_mem_limit"
     assert request.config["model"]["n_layers"] == 18000
     on_cpu = read_request(["zero3-linear", "accelerator=cpu"], detect_gpu=False)
-    assert on_cpu.accelerator == "cpu" and on_cpu.config["model"]["n_layers"] == 96 and on_cpu.gpu is None
+    assert on_cpu.accelerator == "cpu" and on_cpu.config["model"]["n_layers"] == 96
+    assert on_cpu.gpu == judged_against(None, on_cpu.config["gpu_mem_limit"])  # the preset's CPU cap, if any
 
 
 def test_no_gpu_given_or_found_means_fits_is_not_judged() -> None:
@@ -260,7 +262,7 @@ def test_the_plan_of_story_2_at_4000_layers_needs_what_two_h200s_measured() -> N
 
 
 def _planned(*args: str) -> Any:
-    request = read_request(list(args), detect_gpu=False)
+    request = read_request([*args, "accelerator=cuda"], detect_gpu=False)
     return plan_config(request.config, devices=request.devices, accelerator="cuda", gpu=request.gpu).asked
 
 
