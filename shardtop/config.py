@@ -321,7 +321,7 @@ def apply_cpu_defaults(config: dict[str, Any]) -> dict[str, Any]:
     overridden = set(config.get("overrides", ()))
     for key, value in flatten(config.get("on_cpu") or {}).items():
         if key not in overridden:
-            _set(config, key, value)
+            _set(config, key, _check_size(f"on_cpu: {key}={value}", value) if key in SIZE_KEYS else value)
     return config
 
 

@@ -72,11 +72,19 @@ class BuiltWhole(Evidence):
     """Ranks rehearsed, for a rehearsal (0: a real run of every rank)."""
     precision: str = ""
     """``fp16`` or ``bf16`` (the engine casts the model), ``fp32`` (it does not), "" where the run did not say."""
+    built_bytes: int = 0
+    """Parameter bytes the fullest rank had allocated at all by then (less than the model while it was still
+    being built: the rest not yet allocated); 0 where not known."""
+
+    @property
+    def building(self) -> bool:
+        """The OOM struck while the model itself was being built, before any engine had it."""
+        return self.oom is not None and self.oom.engine_step is None
 
     @property
     def part(self) -> bool:
-        """Only part of the model was built outside zero.Init."""
-        return 0 < self.whole_bytes < 0.9 * self.model_bytes
+        """Only part of the model was built outside zero.Init (of what had been built by then)."""
+        return 0 < self.whole_bytes < 0.9 * (self.built_bytes or self.model_bytes)
 
 
 def _whole_rows(m: RunModel, setup: Shards | None) -> list[bool]:
@@ -120,7 +128,7 @@ def find_built_whole(m: RunModel) -> BuiltWhole | None:
         if held >= OUTSIDE_MIN_SHARE * m.full_bytes:
             whole[r.rank], rows_of[r.rank] = held, rows
     moving = first_oom_evidence(m, ("setup",))
-    if moving is not None and not (moving.engine_step or "").endswith("_configure_distributed_model"):
+    if moving is not None and not _moving_or_building(moving):
         moving = None
     if not whole and moving is None:
         return None
@@ -147,7 +155,24 @@ def find_built_whole(m: RunModel) -> BuiltWhole | None:
         oom=moving,
         rehearsed=len(m.rehearsal.ranks) if m.rehearsal is not None else 0,
         precision=run_precision(m.info),
+        built_bytes=_built_bytes(m, next((r.setup for r in m.ranks if r.rank == fullest), None)),
     )
+
+
+def _moving_or_building(oom: OomEvidence) -> bool:
+    """An OOM while the engine moved or cast the whole model, or while the model was built layer by layer
+    outside zero.Init (named by the layer being allocated, no engine step on the stack)."""
+    if (oom.engine_step or "").endswith("_configure_distributed_model"):
+        return True
+    return oom.engine_step is None and oom.module is not None and oom.attributed_by in ("apply-frame", "build-frame")
+
+
+def _built_bytes(m: RunModel, setup: Shards | None) -> int:
+    """Parameter bytes a set-up snapshot shows allocated at all (the rows not on the meta device)."""
+    if setup is None or m.tree is None or not m.aligned(setup):
+        return 0
+    meta = setup.devices.index("meta") if "meta" in setup.devices else -2
+    return sum(full for full, d in zip(m.tree.bytes, setup.device, strict=True) if d != meta)
 
 
 LIGHTNING_INIT = "Lightning calls it inside deepspeed.zero.Init, so each rank only ever allocates its 1/N."
@@ -171,7 +196,7 @@ def explain_built_whole(e: BuiltWhole) -> Finding:
         _what_zero3_splits(e.world_size),
         NOT_PIPELINING if e.placed_by_hand else "",
     ]
-    held = e.whole_bytes or e.model_bytes
+    held = e.model_bytes if e.building else e.whole_bytes or e.model_bytes
     ranks = max(e.world_size, 2)  # on one GPU: what a second would save
     return Finding(
         code="zero3-not-partitioned-at-init",
@@ -208,6 +233,13 @@ def _what_was_held(e: BuiltWhole) -> str:
     """What the set-up snapshots held whole, and where; empty where no snapshot shows it."""
     if not e.whole_bytes:
         return ""
+    if e.building and not e.part:
+        where = f" on {', '.join(e.devices)}" if e.devices else ""
+        return (
+            f"{_holders(e).capitalize()} built the model whole{where}: each had allocated "
+            f"{fmt(e.whole_bytes)} of its {fmt(e.model_bytes)} of parameters, layer after layer, when the "
+            "next layer no longer fitted."
+        )
     what = "part of the model" if e.part else "the whole model"
     share = (
         f"{e.whole_bytes / e.model_bytes:.0%} of {fmt(e.model_bytes)}" if e.part else f"{e.model_params:,} values"
@@ -223,7 +255,7 @@ def _what_was_held(e: BuiltWhole) -> str:
 def _why_whole(e: BuiltWhole) -> str:
     """Why they were whole: built outside zero.Init, then moved or cast whole by the engine."""
     n = e.world_size
-    held = e.whole_bytes or e.model_bytes
+    held = e.model_bytes if e.building else e.whole_bytes or e.model_bytes
     built = (
         "Parameters created outside deepspeed.zero.Init exist"
         if e.part
@@ -261,9 +293,14 @@ def _engine_keeps_it_whole(e: BuiltWhole) -> str:
 
 
 def _oom_there(oom: OomEvidence | None) -> str:
-    """The OOM that struck while the engine moved the model; empty where none did."""
+    """The OOM that struck while the engine moved the model, or while the model was built; empty where none
+    did."""
     if oom is None:
         return ""
+    if oom.engine_step is None:
+        others = f" ({oom.ranks_out_of_memory} ranks did)" if oom.ranks_out_of_memory > 1 else ""
+        return (f"Rank {oom.rank} ran out of memory allocating `{oom.module}` ({oom.module_type or 'module'})"
+                f"{oom.held_words()}{others}, before DeepSpeed had the model at all.")
     what = f", converting `{oom.module}` ({oom.module_type or 'module'})" if oom.module else ""
     others = f" ({oom.ranks_out_of_memory} ranks did)" if oom.ranks_out_of_memory > 1 else ""
     held = oom.held_words()

@@ -128,8 +128,12 @@ def prepare(
     device: str = "cpu",
     program: str = "",
     memory_interval: float = 0.5,
+    engine: str = "",
 ) -> Probe:
     """This process's probe, made before training starts; the callback and ``watch()`` pick it up.
+
+    ``engine``: the engine the program will hand its model to, said in the rank's hello even where the
+    rank fails before it does (an OOM while the model is built).
 
     A preset's rank makes it before its memory cap applies, so that the event
     file (with the room it keeps for the last records), the memory thread and
@@ -145,6 +149,8 @@ def prepare(
         p = unavailable(rank, world_size, describe(e), local_rank)
     p.program = program
     p.device = device
+    if engine:
+        p.pending_hello = {"strategy": "", "program": program, "engine": engine}
     set_current(p)
     p.register()
     p.start_memory(memory_interval)

@@ -29,6 +29,7 @@ from typing import Any
 import psutil
 
 from shardtop.gpus import Nvml, nvml_or_none
+from shardtop.probe.allocator_cap import armed_cap
 from shardtop.probe.heap import heap_in_use
 from shardtop.rundir.events import Memory
 from shardtop.rundir.memory_figures import GpuMemory
@@ -195,6 +196,9 @@ class MemorySampler:
         host_rss = self._host_rss(fresh or fresh_rss)
         stats = self._allocator_stats() if self._cuda is not None else None
         allocated, reserved, peak = allocator_numbers(stats) if stats is not None else (None, None, None)
+        cap = armed_cap() if self._cuda is None else None
+        if cap is not None:  # gpu_mem_limit on CPU, kept by the allocator: what it handed out is allocated
+            allocated, peak = cap.held(), cap.peak()
         sample = Memory(
             device=self.device,
             allocated=allocated,

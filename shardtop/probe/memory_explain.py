@@ -47,6 +47,7 @@ from shardtop.probe.allocator_timeline import largest_free_block
 from shardtop.probe.allocator_trace import current_split, traced_splits
 from shardtop.probe.memory_kinds import KindCount, MemoryCensus
 from shardtop.probe.memory_options import REQUEST_FILE, MemoryOptions
+from shardtop.probe.oom import model_being_built, stack_of
 from shardtop.probe.oom_event import objects_on_stack, tensors_on_stack
 from shardtop.probe.split_figures import better_peak, split_of_moment, unexplained, with_lasting_workspaces
 from shardtop.rundir.events import Memory, Oom, Shards, Tree
@@ -371,6 +372,8 @@ class MemoryExplainer:
         """``event`` with the true peak, the allocator's stats and the split at this moment added."""
         follows = self._follows()
         self.activations.stop()
+        if not self.census.has_target and error is not None:  # out of memory while the model was being built
+            self.census.set_target(model_being_built(stack_of(error)))
         self.activations.roots = tensors_on_stack(error) if follows else []
         count = self.census.count(self.activations if follows else None, also=objects_on_stack(error))
         self.activations.roots = []

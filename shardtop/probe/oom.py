@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from shardtop.probe.allocator_cap import armed_cap
 from shardtop.probe.memory import (
     ObservedOom,
     allocator_state,
@@ -114,7 +115,10 @@ class StackFrame:
     outputs: tuple[Any, ...] = ()
     """The tensors a backward frame was differentiating (the loss)."""
     being_built: Any = None
-    """The module ``deepspeed.zero.Init`` was partitioning as it was constructed."""
+    """The module being constructed: the ``self`` of an ``nn.Module``'s ``__init__``, or the module
+    ``deepspeed.zero.Init`` was partitioning as it was constructed."""
+    zero_init: bool = False
+    """``being_built`` is zero.Init's (its wrapper or its hook), not a plain ``__init__``."""
 
 
 def _describe(frame: FrameType, lineno: int, torch: Any) -> StackFrame:
@@ -138,9 +142,10 @@ def _describe(frame: FrameType, lineno: int, torch: Any) -> StackFrame:
     builds = code.co_name in INIT_FRAMES or (
         code.co_name == INIT_WRAPPER[1] and code.co_filename.replace("\\", "/").endswith(INIT_WRAPPER[0])
     )
-    built = local_values.get("module") if builds else None
+    constructs = code.co_name == "__init__" and not _in_engine(code.co_filename)  # an engine's is no model's
+    built = local_values.get("module") if builds else module if constructs else None
     being_built = built if torch is not None and isinstance(built, torch.nn.Module) else None
-    return StackFrame(code.co_filename, lineno, code.co_name, qualname, module, params, outputs, being_built)
+    return StackFrame(code.co_filename, lineno, code.co_name, qualname, module, params, outputs, being_built, builds)
 
 
 def stack_of(exc: BaseException) -> list[StackFrame]:
@@ -287,7 +292,9 @@ def blame_from_stack(
     optimizer's parameter loop is not such a frame: its OOM is the phase's.
     """
     indices = [i for i, f in enumerate(frames) if f.module is not None and frame_kind(f.name)]
-    paths = resolve_paths([frames[i].module for i in indices], names)
+    built = model_being_built(frames)  # where the model's own construction is on the stack: its root
+    anchors = [built] if built is not None else []
+    paths = resolve_paths([*anchors, *(frames[i].module for i in indices)], names)[len(anchors):]
     culprit = pick_culprit([(f.name, f.module) for f in frames])
     if culprit is not None:
         path = paths[indices.index(culprit.index)]
@@ -303,6 +310,20 @@ def blame_from_stack(
             if path is not None:  # a cast or move like _apply's, done parameter by parameter
                 return Blame(path, user_type_name(owner), "apply-frame"), unique_paths([*paths, path])
     return None, unique_paths(paths)
+
+
+def model_being_built(frames: Sequence[StackFrame]) -> Any:
+    """The outermost module under construction on the stack (the model whose ``__init__`` was running)."""
+    return next((f.being_built for f in frames if f.being_built is not None), None)
+
+
+def built_path(frames: Sequence[StackFrame], names: dict[int, str]) -> tuple[str | None, StackFrame | None]:
+    """The path of the innermost module under construction where it is already attached to the model
+    being built (else None), and its frame."""
+    frame = next((f for f in reversed(frames) if f.being_built is not None), None)
+    if frame is None:
+        return None, None
+    return resolve_paths([model_being_built(frames), frame.being_built], names)[1], frame
 
 
 def _unique(items: Iterable[Any]) -> list[Any]:
@@ -351,9 +372,10 @@ def attribute(
     elif tracked is not None:
         module, module_type, attributed_by = tracked.path, tracked.type_name or None, "tracker"
     else:
-        built = next((f.being_built for f in reversed(frames) if f.being_built is not None), None)
-        if built is not None:  # no path yet: it is not attached to its parent until construction ends
-            module_type, attributed_by = user_type_name(built), "init-frame"
+        path, built = built_path(frames, names)
+        if built is not None:  # no path where it is not attached to its parent yet
+            module, module_type = path, user_type_name(built.being_built)
+            attributed_by = "init-frame" if built.zero_init else "build-frame"
     allocated: int | None = None
     reserved: int | None = None
     total: int | None = None
@@ -361,6 +383,8 @@ def attribute(
         state = allocator_state(index)
         if state is not None:
             allocated, reserved, total = state
+    elif (cap := armed_cap()) is not None:  # gpu_mem_limit on CPU, kept by the allocator
+        allocated = cap.held()
         if observation is not None and limit is None and total and observation.device_total < total:
             limit = observation.device_total
     return Oom(

@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from shardtop.probe.allocator_cap import armed_cap
 from shardtop.probe.cap import OOM_RESERVE, starved_of_memory
 from shardtop.probe.exits import RUN_ENDING, ExitRecord, exit_record, received_signal
 from shardtop.probe.faults import Faults, say
@@ -29,7 +30,7 @@ from shardtop.probe.hello import hello_event
 from shardtop.probe.memory_explain import MemoryExplainer
 from shardtop.probe.memory_probe import MemoryProbe
 from shardtop.probe.names import module_names
-from shardtop.probe.oom import install_cuda_oom_observer
+from shardtop.probe.oom import install_cuda_oom_observer, model_being_built, stack_of
 from shardtop.probe.oom_errors import is_out_of_memory
 from shardtop.probe.oom_event import oom_event
 from shardtop.probe.shards import read_shards
@@ -251,6 +252,9 @@ class Probe:
         except Exception:  # noqa: BLE001
             return False
         OOM_RESERVE.release()
+        cap = armed_cap()
+        if cap is not None:  # the allocator cap's room for the record, as the reserve is under RLIMIT_DATA
+            cap.widen(OOM_RESERVE.size)
         with self.faults.guard("run"):
             self._say_pending_hello()
         event = oom_event(exc, self.faults, names=self.names, phase=self.phase_name, step=self.step_index,
@@ -261,16 +265,20 @@ class Probe:
                 event = explainer.on_oom(event, exc)
         self.writer.write(event)
         self._oom_written = True
-        self._snapshot_at_oom()
+        self._snapshot_at_oom(exc)
         return True
 
-    def _snapshot_at_oom(self) -> None:
-        """How the model was held at the OOM: during a set-up move, which modules had reached the device.
+    def _snapshot_at_oom(self, exc: BaseException) -> None:
+        """How the model was held at the OOM: during a set-up move, which modules had reached the device;
+        while the model was being built (no model read yet), which of its modules it had allocated.
 
         Nothing when the model holds no parameter yet (an OOM while its modules were being built, as under
         ``deepspeed.zero.Init``): a tree of an empty root would say less than the OOM alone.
         """
         target = self._last_target
+        if target is None:
+            with self.faults.guard("oom"):
+                target = model_being_built(stack_of(exc))
         if target is not None and holds_parameters(target):
             self.snapshot(target, stage="oom")  # guarded inside: a failure is the shards' fault
 

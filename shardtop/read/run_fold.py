@@ -234,8 +234,8 @@ class RunStateBuilder:
         elif isinstance(event, Shards):
             tree = self._state.tree
             held = holdings_of(event)
-            if event.stage == "setup":
-                r.setup_shards, r.setup_holdings = event, held
+            if event.stage == "setup" or (event.stage == "oom" and not r.engine_wrapped and r.setup_shards is None):
+                r.setup_shards, r.setup_holdings = event, held  # an OOM before any set-up snapshot: the build's
             elif event.stage != "oom" or r.engine_wrapped:  # an OOM in set-up is still before the engine
                 r.engine_wrapped = True
             if tree is None or event.tree_id == tree.tree_id:

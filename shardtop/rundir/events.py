@@ -55,7 +55,7 @@ PhaseName = Literal["setup", "forward", "backward", "optimizer", "validation", "
 SnapshotStage = Literal["setup", "engine", "step", "oom"]
 """When a rank's ``Shards`` were read (``Shards.stage``)."""
 
-AttributedBy = Literal["forward-frame", "apply-frame", "init-frame", "tracker", "engine-step", "phase"]
+AttributedBy = Literal["forward-frame", "apply-frame", "init-frame", "build-frame", "tracker", "engine-step", "phase"]
 """How an OOM's culprit was found (``Oom.attributed_by``; in words: ``ATTRIBUTED_BY_WORDS``)."""
 
 ExitStatus = Literal["ok", "error", "oom", "interrupted"]
@@ -245,7 +245,9 @@ class Oom(Event, tag="oom", frozen=True):
     module_type: str | None = None
     attributed_by: str = "phase"
     """An ``AttributedBy``: forward-frame, apply-frame, tracker, engine-step or phase: how ``module`` was
-    found; init-frame: only ``module_type`` is known, a module being constructed under ``deepspeed.zero.Init``."""
+    found; init-frame: only ``module_type`` is known, a module being constructed under ``deepspeed.zero.Init``;
+    build-frame: a module being constructed (its ``__init__`` on the stack), named where it was already
+    attached to the model being built."""
     engine_step: str | None = None
     """The engine method that was running, e.g. ``DeepSpeedEngine._configure_distributed_model``."""
     module_stack: list[str] = []
@@ -274,6 +276,7 @@ ATTRIBUTED_BY_WORDS: dict[AttributedBy, str] = {
     "forward-frame": "named by the forward() frame on the stack",
     "apply-frame": "named by a conversion of its parameters (Module._apply, or an engine looping over them)",
     "init-frame": "the type of the module being built under deepspeed.zero.Init (it had no path yet)",
+    "build-frame": "the module being built, by its __init__ on the stack",
     "tracker": "named by the module tracker (the module whose tensors the failing operation was working on)",
     "engine-step": "only the engine step is known",
     "phase": "only the phase is known",

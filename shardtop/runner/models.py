@@ -37,11 +37,25 @@ class MLP(nn.Module):
 
 
 class SequentialLinear(nn.Module):
-    """Story 2's model: ``n_layers`` of ``nn.Linear(width, width)`` in one ``nn.Sequential``."""
+    """Story 2's model: ``n_layers`` of ``nn.Linear(width, width)`` in one ``nn.Sequential``.
 
-    def __init__(self, n_layers: int, width: int) -> None:
+    ``layer_by_layer``: the layers are laid out on the meta device first, then allocated on the CPU and
+    initialised one after another, still in ``__init__``.  The rank ends up holding the same whole model;
+    where it cannot, the layer that no longer fits is the one that runs out, in a tree that already
+    exists, as the layer being moved is on a GPU (where the CPU has no device to move the model to).
+    """
+
+    def __init__(self, n_layers: int, width: int, *, layer_by_layer: bool = False) -> None:
         super().__init__()
-        self.net = nn.Sequential(*(nn.Linear(width, width) for _ in range(n_layers)))
+        if not layer_by_layer:
+            self.net = nn.Sequential(*(nn.Linear(width, width) for _ in range(n_layers)))
+            return
+        with torch.device("meta"):
+            self.net = nn.Sequential(*(nn.Linear(width, width) for _ in range(n_layers)))
+        for layer in self.net:
+            layer.to_empty(device="cpu")
+            if isinstance(layer, nn.Linear):
+                layer.reset_parameters()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.net(x)

@@ -116,6 +116,11 @@ def rank_env(config: RunConfig, run: RunDirectory, rank: int, world_size: int, p
         cores = os.cpu_count() or 1
         sharing = 1 if config.rehearsal is not None else world_size  # rehearsed ranks run one at a time
         env.setdefault("OMP_NUM_THREADS", str(max(1, cores // max(1, sharing))))
+        if config.gpu_mem_limit is not None:
+            from shardtop.runner.cpu_cap import preload
+            from shardtop.runner.limits import CAP_FALLBACK_ENV
+
+            env[CAP_FALLBACK_ENV] = preload(env)  # "" once preloaded: the rank arms it (limits.py)
     return env
 
 

@@ -13,8 +13,12 @@ from shardtop.rundir.liveness import process_start_time
 FIRST_MINUTES = Path(__file__).resolve().parent.parent / "tui" / "fixtures" / "cpu-first-minutes"
 FIRST_LAUNCH = "20261206-144553-zero3-linear-0abd"
 """The first launch: DeepSpeed builds its CPU op for 38 s before the ranks say hello; two steps, torch's warnings."""
-CPU_OOM = "20261206-144755-zero3-linear-ef37"
-"""Story 2 under a 150 MiB cap on CPU: both ranks out of memory at set-up."""
+CPU_OOM = "20261206-154734-zero3-linear-718d"
+"""Story 2 as the main job runs it on CPU (its 80 MiB cap kept by the allocator): both ranks out of memory
+building the model, at ``net.73``."""
+CPU_OOM_DATA_SEGMENT = "20261206-144755-zero3-linear-ef37"
+"""Story 2 under a 150 MiB cap on the data segment (``RLIMIT_DATA``, the cap where the allocator's cannot be
+built): both ranks out of memory in DeepSpeed's set-up, no module named."""
 MIB = 1 << 20
 
 

@@ -18,7 +18,7 @@ from shardtop.tui.widgets.oom_panel import OomPanel
 from shardtop.tui.widgets.plan_bars import FREE, LIMIT, PART_MARKS
 from shardtop.tui.widgets.rank_memory import RankMemory
 from tests.support.apps import run_app, run_ready, text_of
-from tests.support.first_minutes import CPU_OOM, MIB, append_memory, copy_first_minutes, live_head
+from tests.support.first_minutes import CPU_OOM_DATA_SEGMENT, MIB, append_memory, copy_first_minutes, live_head
 from tests.support.recorded import H200_HOST, RecordedHost, copy_runs, recorded_h200
 from tests.support.waiting import settled, wait_for
 
@@ -36,7 +36,7 @@ def eighths(line: str) -> int:
 
 async def test_a_cpu_ranks_bar_moves_as_its_memory_grows(in_tmp: Path) -> None:
     """523 MiB, then 1.05 GiB resident, of the host's 23.5 GiB: the bar twice as long, the figure with it."""
-    run = live_head(in_tmp / "runs", CPU_OOM, until="oom")
+    run = live_head(in_tmp / "runs", CPU_OOM_DATA_SEGMENT, until="oom")
     app = ShardtopApp(in_tmp / "runs", run=str(run), refresh=0.1, gpu_source=recorded_h200(),  # type: ignore[arg-type]
                       host_probe=RecordedHost(H200_HOST))  # type: ignore[arg-type]
     async with app.run_test(size=(160, 48)) as pilot:
@@ -55,7 +55,7 @@ async def test_a_cpu_ranks_bar_moves_as_its_memory_grows(in_tmp: Path) -> None:
 async def test_the_cap_on_cpu_is_said_as_what_it_caps(in_tmp: Path) -> None:
     """Story 2 out of memory under gpu_mem_limit=150MiB on CPU: the bars are rss of the host's memory, and
     the cap is told as what it limits, the data segment, at 160×48 and at 80×24."""
-    run = copy_first_minutes(in_tmp / "runs", CPU_OOM)
+    run = copy_first_minutes(in_tmp / "runs", CPU_OOM_DATA_SEGMENT)
     app = run_app(in_tmp / "runs", run)
     async with app.run_test(size=(160, 48)) as pilot:
         await run_ready()(pilot)
@@ -78,9 +78,9 @@ async def test_the_help_names_every_glyph_the_bars_draw(in_tmp: Path) -> None:
     """Whatever a bar draws, the help says what it means, and the run view's unexplained memory is not drawn
     like the plan's gradients."""
     runs = copy_runs(in_tmp / "runs", "h200-split/zero3-linear-fixed", "h200-split/fsdp-auto-wrap")
-    copy_first_minutes(in_tmp / "runs", CPU_OOM)
+    copy_first_minutes(in_tmp / "runs", CPU_OOM_DATA_SEGMENT)
     drawn: set[str] = set()
-    for run in (*runs.values(), in_tmp / "runs" / CPU_OOM):
+    for run in (*runs.values(), in_tmp / "runs" / CPU_OOM_DATA_SEGMENT):
         app = run_app(in_tmp / "runs", run)
         async with app.run_test(size=(160, 48)) as pilot:
             await run_ready()(pilot)
@@ -111,7 +111,7 @@ async def test_without_the_hosts_memory_the_bars_are_against_the_highest_rss_and
 
 def test_attachs_first_frame_says_a_cpu_ranks_memory_as_the_run_view_does(in_tmp: Path) -> None:
     """The plain frame ``attach`` draws before the view: rss of the host's memory, in the same words."""
-    run = copy_first_minutes(in_tmp / "runs", CPU_OOM)
+    run = copy_first_minutes(in_tmp / "runs", CPU_OOM_DATA_SEGMENT)
     lines = memory_lines(read_run(RunDirectory(run)))
     assert [line.split("  ")[0] for line in lines] == [" r0 cpu ✗ OOM", " r1 cpu ✗ OOM"]
     assert lines[0].endswith(" rss 460 MiB / 23.5 GiB") and lines[1].endswith(" rss 420 MiB / 23.5 GiB")

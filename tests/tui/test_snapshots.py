@@ -208,8 +208,9 @@ def test_home_with_a_rehearsal(snap_compare: Any, in_tmp: Path) -> None:
 
 @pytest.mark.parametrize("size", SIZES)
 def test_run_view_of_story_2_out_of_memory_on_cpu(snap_compare: Any, in_tmp: Path, size: tuple[int, int]) -> None:
-    """Story 2 on two CPU ranks under gpu_mem_limit=150MiB: both out of memory at set-up; each bar is the rank's
-    rss of the host's 23.5 GiB, the cap said as what it caps (the data segment); the OOM tab says why."""
+    """Story 2 as the main job runs it on two CPU ranks (80 MiB each): both out of memory building the model; the
+    tree at `net.73`, marked OOM, the layers before it held on cpu, those after not allocated yet (meta); each
+    bar is what the rank's allocator handed out against its cap; the OOM tab says why."""
     run = copy_first_minutes(in_tmp / "runs", CPU_OOM)
     app = run_app(in_tmp / "runs", run)
     assert snap_compare(app, terminal_size=size, run_before=run_ready())

@@ -59,8 +59,9 @@ def add_plain(
 
 
 def read_placement(tree: ModuleTree, table: ShardTable, optimizer: Any = None) -> str:
-    """Plain or manual: one process, no engine; ``manual`` when parameters span devices."""
+    """Plain or manual: one process, no engine; ``manual`` when parameters span devices (the meta device
+    holds nothing: a model still being materialised is not placed by hand)."""
     add_plain(tree, table, range(len(tree.params)))
     add_grads(tree, table, range(len(tree.params)), {})
     add_optimizer_state(tree, table, optimizer, {})
-    return "manual" if len(set(table.devices)) > 1 else "plain"
+    return "manual" if len(set(table.devices) - {"meta"}) > 1 else "plain"

@@ -8,7 +8,10 @@ Fixed, the layers are built in ``configure_model()``, inside
 
 On GPUs this runs Lightning's ``DeepSpeedStrategy`` (stage 3) as the question
 did; on CPU, where Lightning refuses DeepSpeed, it drives
-``deepspeed.initialize`` directly the same way.
+``deepspeed.initialize`` directly the same way.  A CPU rank has no device to
+move the model to: the whole model costs it memory as it is built, so the
+layers as asked are allocated one by one in ``__init__`` (``SequentialLinear``'s
+``layer_by_layer``), and under a cap the layer that no longer fits runs out.
 """
 
 from __future__ import annotations
@@ -84,8 +87,8 @@ def run_raw(ctx: RankContext, fixed: bool) -> None:
         if fixed:
             with deepspeed.zero.Init(config_dict_or_path=config):
                 model = SequentialLinear(m["n_layers"], m["width"])
-        else:
-            model = SequentialLinear(m["n_layers"], m["width"])
+        else:  # the whole model on every rank, one layer after another: the one that no longer fits runs out
+            model = SequentialLinear(m["n_layers"], m["width"], layer_by_layer=True)
         st.attach(model, stage="setup", strategy="deepspeed_stage_3", engine="zero3")
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
