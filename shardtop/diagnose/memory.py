@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardtop.diagnose.facts import ENGINE_WORDS, OPTIMIZER_SHARDING_ENGINES, KindsEvidence, OomEvidence, fmt
+from shardtop.diagnose.facts import (
+    ENGINE_WORDS,
+    FSDP_ENGINES,
+    OPTIMIZER_SHARDING_ENGINES,
+    KindsEvidence,
+    OomEvidence,
+    fmt,
+)
 from shardtop.diagnose.finding import Evidence, Finding, Rule, Severity
 from shardtop.read.run_model import RunModel
 from shardtop.words import module_label
@@ -210,9 +217,16 @@ def _oom_fix(e: OutOfMemory) -> str:
                 "The model or DeepSpeed's buffers did not fit at set-up: build the layers under deepspeed.zero.Init "
                 "(Lightning: in configure_model()), offload parameters or the optimizer to CPU, or use more GPUs."
             )
+        offload = o.device.startswith("cuda")  # a CPU process has nowhere to offload to
+        if e.engine in FSDP_ENGINES:
+            return (
+                f"The model did not fit while {engine} set it up: build it on the meta device "
+                '(`torch.device("meta")`) and let the engine allocate each rank\'s shards, '
+                + ("offload, or run on more ranks." if offload else "or run on more ranks.")
+            )
         return (
             "The model or the engine's buffers did not fit at set-up: shard the model (FSDP with an auto-wrap "
-            "policy; ZeRO-3 with the layers built under deepspeed.zero.Init), or offload."
+            "policy; ZeRO-3 with the layers built under deepspeed.zero.Init)" + (", or offload." if offload else ".")
         )
     return "Reduce what this phase allocates (batch size, buffers), or shard or offload more of the model."
 

@@ -132,3 +132,19 @@ def test_the_recorded_run_rank_0_caught_in_fully_shard_beside_rank_1_past_it(tmp
     assert "Rank 0 ran out of memory on cpu during setup in fully_shard, asking for 4 MiB" in said
     assert "why: Rank 0 ran out of memory in fully_shard at set-up" in said and "[sharding-transient-at-setup]" in said
     assert "placement-imbalance" not in said
+
+
+def test_without_the_snapshot_at_the_oom_nothing_is_claimed_and_no_fsdp2_user_is_told_to_shard(tmp_path: Path) -> None:
+    """The same recording with rank 0's shards snapshot at the OOM taken out (a probe that could not read
+    the model then): the transient is not claimed, the ranks are still not compared, and the OOM's own
+    finding does not ask an FSDP2 user to shard the model or a CPU run to offload."""
+    (source,) = RECORDED.iterdir()
+    run = Path(shutil.copytree(source, tmp_path / source.name))
+    events = run / "events" / "rank-0.jsonl"
+    kept = [line for line in events.read_text().splitlines(keepends=True)
+            if not ('"kind":"shards"' in line and '"stage":"oom"' in line)]
+    events.write_text("".join(kept))
+    data = json_report(run)
+    assert codes(data) == ["oom"], [(f["code"], f["title"]) for f in data["findings"]]
+    fix = _finding(data, "oom")["fix"]
+    assert 'torch.device("meta")' in fix and "auto-wrap" not in fix and "offload" not in fix
