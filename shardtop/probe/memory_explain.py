@@ -151,7 +151,7 @@ class MemoryExplainer:
             elif self._explaining or self.activations.active:
                 self._boundary(phase, step)
             if self._pending is None:
-                self._census_when_due(phase, step)
+                self._census_when_due(phase, step, force=phase == "teardown")
         finally:
             self.activations.roots = []
 
@@ -323,12 +323,12 @@ class MemoryExplainer:
         self._pending = split
         self._offer_peak(split)
 
-    def _census_when_due(self, phase: str, step: int) -> None:
-        """A census on the training thread, as often as ``CENSUS_BUDGET`` allows."""
+    def _census_when_due(self, phase: str, step: int, force: bool = False) -> None:
+        """A census on the training thread, as often as ``CENSUS_BUDGET`` allows (``force``: now, the last)."""
         if not self.options.census or not self.census.has_target:
             return
         now = time.monotonic()
-        if now < self._census_due:
+        if now < self._census_due and not force:
             return
         count: KindCount | None = self.census.count(self.activations if self._follows() else None)
         if count is None:
