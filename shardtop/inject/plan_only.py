@@ -9,7 +9,9 @@ The bootstrap installs ``PATCHES`` in place of ``engines.PATCHES`` when
   ``DistributedDataParallel(...)`` return the module itself, ``fully_shard``
   returns its module unsharded.  No engine partitions, moves or allocates
   anything: story 2's model, built whole, is never copied to a GPU;
-- the optimizers are noted as they are made (their state per parameter);
+- the optimizers are noted as they are made (their state per parameter); Fabric's
+  check that no optimizer holds meta-device parameters passes (FSDP would have
+  materialised a model built on the meta device; the stand-in does not);
 - at the first call of the model, or of a module inside it (Lightning's
   ``training_step`` calls its submodules), the model on the meta
   device is traced at the shapes and dtypes of the batch just passed: the
@@ -245,6 +247,17 @@ def patch_trainer(module: ModuleType) -> None:
     trainer.__init__ = __init__
 
 
+def patch_fabric(module: ModuleType) -> None:
+    """Fabric refuses an optimizer over meta-device parameters: FSDP would have materialised them, and the plan's
+    stand-in hands the model back as it was given.  While planning, such a model is what the plan traces."""
+
+    def no_meta_check(*args: Any, **kwargs: Any) -> bool:
+        return False
+
+    if hasattr(module, "_has_meta_device_parameters_or_buffers"):
+        module._has_meta_device_parameters_or_buffers = no_meta_check  # type: ignore[attr-defined]
+
+
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "torch": patch_torch,
     "torch.nn.parallel.distributed": patch_ddp,
@@ -253,5 +266,6 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "torch.distributed._composable.fsdp": patch_fully_shard,
     "deepspeed": patch_deepspeed,
     "lightning.pytorch.trainer.trainer": patch_trainer,
+    "lightning.fabric.fabric": patch_fabric,
 }
 """Module name -> what to do once it loaded, while planning."""
