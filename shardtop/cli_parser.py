@@ -157,7 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", parents=[common], help="will it fit? memory per rank, planned before launching",
                        description="Plan a preset's memory per rank before launching it: the model is built on the "
-                                   "meta device, so nothing is allocated and no GPU is needed. "
+                                   "meta device, so nothing is allocated and no GPU is needed. It plans what "
+                                   "`shardtop launch PRESET` would run on this machine (without a GPU: CPU "
+                                   "processes, the preset's CPU sizes) unless gpu= or accelerator= says otherwise. "
                                    "`shardtop plan [devices=N] [gpu=SIZE|CARD] -- CMD ARGS` plans your own command: "
                                    "it runs until the model reaches its engine and its first forward (traced on the "
                                    "meta device), then stops before training.")
