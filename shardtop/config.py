@@ -314,12 +314,19 @@ def resolve(preset_name: str | None, overrides: Iterable[tuple[str, str]] = ()) 
 
 
 def apply_cpu_defaults(config: dict[str, Any]) -> dict[str, Any]:
-    """The preset's ``on_cpu`` values, for every key the user did not set."""
+    """The preset's ``on_cpu`` values, for every key the user did not set.
+
+    A cap (``gpu_mem_limit``) in ``on_cpu`` stands for the question's card at the preset's CPU size: where
+    the user sets a model size of their own, it does not apply (they give a cap of their own, or none).
+    """
     import copy
 
     config = copy.deepcopy(config)
     overridden = set(config.get("overrides", ()))
+    resized = any(key.startswith("model.") for key in overridden)
     for key, value in flatten(config.get("on_cpu") or {}).items():
+        if key == "gpu_mem_limit" and resized:
+            continue
         if key not in overridden:
             _set(config, key, _check_size(f"on_cpu: {key}={value}", value) if key in SIZE_KEYS else value)
     return config
