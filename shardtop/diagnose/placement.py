@@ -10,10 +10,11 @@ ranks would use, since every rehearsed rank runs alone on the one device there i
 
 Parameter bytes are compared only between snapshots of one moment (``_same_moment``): the same
 stage read from the same engine, no rank stopped part-way through set-up while the others went
-on, and without what an engine holds whole for a moment only (parameters gathered for compute).
-A rank that ran out of memory inside ``fully_shard`` held the model as it was before sharding,
-while its peers, past that call, held their shards: that is a moment of set-up
-(``setup_transient.py`` tells it), not two ranks given unequal shares.
+on, and none holding what an engine holds whole for a moment only (parameters gathered for
+compute), which hides the share the rank keeps.  A rank that ran out of memory inside
+``fully_shard`` held the model as it was before sharding, while its peers, past that call, held
+their shards: that is a moment of set-up (``setup_transient.py`` tells it), not two ranks given
+unequal shares.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from shardtop.diagnose.facts import OomEvidence, fmt
 from shardtop.diagnose.finding import Evidence, Finding, Rule
 from shardtop.read.rank_facts import RankFacts
 from shardtop.read.run_model import RunModel
-from shardtop.read.run_state import STORED_NOWHERE
 from shardtop.read.tree_facts import covering_rows
 from shardtop.rundir.events import Shards
 from shardtop.units import times
@@ -108,15 +108,10 @@ def _device_comparisons(m: RunModel) -> list[Comparison]:
     return out
 
 
-def settled_bytes(s: Shards) -> list[int]:
-    """Each row's stored parameter bytes, less what the engine held whole for a moment only
-    (``TRANSIENT_STATES``)."""
+def holds_transient(s: Shards) -> bool:
+    """Some of the snapshot's bytes are held whole for a moment only (``TRANSIENT_STATES``)."""
     transient = {i for i, name in enumerate(s.states) if name in TRANSIENT_STATES}
-    nowhere = {i for i, name in enumerate(s.devices) if name in STORED_NOWHERE}
-    return [
-        0 if state in transient or device in nowhere else size
-        for size, state, device in zip(s.bytes, s.state, s.device, strict=True)
-    ]
+    return any(state in transient and size for size, state in zip(s.bytes, s.state, strict=True))
 
 
 def _stopped_in_setup(r: RankFacts) -> bool:
@@ -132,13 +127,18 @@ def _same_moment(pool: list[RankFacts]) -> bool:
     return len(moments) == 1 and stopped in (0, len(pool))
 
 
+def _settled(pool: list[RankFacts]) -> bool:
+    """No rank's holdings include parameters gathered for a moment: a rank's share is not known from
+    them (the gathered whole hides the shard it keeps)."""
+    return not any(r.holdings is not None and holds_transient(r.holdings) for r in pool)
+
+
 def _rank_comparison(m: RunModel) -> Comparison | None:
     # like with like: one rank's set-up snapshot (whole) must not be weighed against another's engine one
     pool = [r for r in m.ranks if r.shards is not None] or [r for r in m.ranks if r.setup is not None]
-    if not _same_moment(pool) or len(pool) < max(len(m.expected_ranks), 2):
+    if not _same_moment(pool) or not _settled(pool) or len(pool) < max(len(m.expected_ranks), 2):
         return None  # a rehearsal's ranks are all it has: each holds what it would in the job
-    held = {f"rank {r.rank}": sum(settled_bytes(r.holdings)) if r.holdings else 0 for r in pool}
-    found = _uneven(held, SHARD_IMBALANCE_MIN_BYTES)
+    found = _uneven({f"rank {r.rank}": r.param_bytes for r in pool}, SHARD_IMBALANCE_MIN_BYTES)
     if not found:
         return None
     heavy, hi, light, lo, mean = found
@@ -207,7 +207,7 @@ def _modules_on(m: RunModel, c: Comparison) -> tuple[str, ...]:
         light = _rank(m, int(c.light.split()[1])).holdings
         if light is None or not m.aligned(light):
             return ()
-        selected = [a > b for a, b in zip(settled_bytes(heavy), settled_bytes(light), strict=True)]
+        selected = [a > b for a, b in zip(heavy.bytes, light.bytes, strict=True)]
     else:
         return ()
     return tuple(m.path(row) for row in covering_rows(selected, [b > 0 for b in tree.bytes], tree.parents))

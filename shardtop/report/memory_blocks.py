@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from shardtop.read.memory_kinds import KINDS, bytes_by_kind, explained_share, sites_lines
+from shardtop.read.plan_check import RankCheck
 from shardtop.report.document import Block, Heading, Para, Table
 from shardtop.report.gather import ReportData
 from shardtop.rundir.events import when
@@ -47,6 +48,15 @@ def ranks_section(data: ReportData) -> list[Block]:
     return [Heading("Per rank"), Table(headers, tuple(rows), right=frozenset({4, 5, 6, 7, 8, 9}))]
 
 
+def _out_of_memory(c: RankCheck) -> str:
+    """Whether the rank ran out of memory where the plan said, phase for phase; "" if it did not run out."""
+    if c.oom_as_planned:
+        return "out of memory, as planned"
+    if c.out_of_memory and c.planned_oom_at is not None:
+        return f"out of memory {when(c.reached)}, planned {when(c.planned_oom_at)}"
+    return "out of memory" if c.out_of_memory else ""
+
+
 def plan_section(data: ReportData) -> list[Block]:
     """The plan the run wrote at set-up against what each rank measured (``RunModel.plan_check``)."""
     check = data.model.plan_check
@@ -68,16 +78,10 @@ def plan_section(data: ReportData) -> list[Block]:
     for c in check.ranks:
         p, m = c.predicted, c.measured
         error = c.peak_error
-        if error is not None:
-            judged = f"{error * 100:+.0f} %" + (" ✗ missed" if c.missed else "")
-        elif c.oom_as_planned:
-            judged = "out of memory, as planned"
-        elif c.out_of_memory and c.planned_oom_at is not None:
-            judged = f"out of memory {when(c.reached)}; planned {when(c.planned_oom_at)}"
-        elif c.out_of_memory:
-            judged = "out of memory"
-        else:
-            judged = "-"
+        judged = "; ".join(filter(None, (
+            f"{error * 100:+.0f} %" + (" ✗ missed" if c.missed else "") if error is not None else "",
+            _out_of_memory(c),
+        ))) or "-"
         rows.append(
             (
                 str(c.rank),

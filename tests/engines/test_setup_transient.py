@@ -27,9 +27,14 @@ from typing import Any
 
 import pytest
 
+from shardtop.diagnose import diagnose
 from shardtop.headless import follow
+from shardtop.read.run_fold import fold
+from shardtop.read.run_model import RunModel
+from shardtop.rundir.events import Event, Hello, Oom, Shards, Tree
 from shardtop.rundir.run_directory import RunDirectory
 from tests.diagnose_scripts.real_runs import RealRun, codes, preset_run, report_json, runs_base
+from tests.support.built_runs import stamp
 from tests.support.cli import report
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "cpu-fully-shard-oom"
@@ -103,7 +108,7 @@ def test_a_run_close_to_it_passes_set_up_and_is_not_said_to_run_out_as_planned(r
     out = [r for r in plan["per_rank"] if r["out_of_memory"]]
     assert out and all((r["reached"], r["oom_as_planned"]) == ("forward", False) for r in out), plan["per_rank"]
     text = report(run.path)
-    assert "out of memory in the first forward pass; planned at set-up" in text
+    assert "out of memory in the first forward pass, planned at set-up" in text
     assert "as planned" not in text
 
 
@@ -124,7 +129,7 @@ def test_the_recorded_run_rank_0_caught_in_fully_shard_beside_rank_1_past_it(tmp
     ranks = {r["rank"]: (r["reached"], r["out_of_memory"], r["oom_as_planned"]) for r in plan["per_rank"]}
     assert ranks == {0: ("set-up", True, False), 1: ("set-up", False, None)}
     text = report(run)
-    assert "out of memory at set-up; planned in the first backward pass" in text and "as planned" not in text
+    assert "out of memory at set-up, planned in the first backward pass" in text and "as planned" not in text
     assert "placement-imbalance" not in text and "shard what the heavy side holds whole" not in text
     lines = io.StringIO()
     follow(RunDirectory(run), lines)
@@ -148,3 +153,23 @@ def test_without_the_snapshot_at_the_oom_nothing_is_claimed_and_no_fsdp2_user_is
     assert codes(data) == ["oom"], [(f["code"], f["title"]) for f in data["findings"]]
     fix = _finding(data, "oom")["fix"]
     assert 'torch.device("meta")' in fix and "auto-wrap" not in fix and "offload" not in fix
+
+
+def test_parameters_gathered_for_compute_at_an_oom_are_not_a_ranks_share() -> None:
+    """Both ranks of an FSDP2 run ran out in forward; rank 0's snapshot at its OOM caught block ``a``
+    gathered whole (a moment of compute), rank 1's caught it sharded: their shares are equal."""
+    mib = 1 << 20
+    tree = Tree(tree_id=0, names=["", "a", "b"], parents=[-1, 0, 0], types=[0, 1, 1], type_names=["Net", "Block"],
+                params=[0, 64 * mib, 64 * mib], bytes=[0, 256 * mib, 256 * mib])
+    events: list[Event] = [stamp(tree, 0, 0.0)]
+    for rank, (a_bytes, a_state) in enumerate(((256 * mib, 1), (128 * mib, 0))):
+        events += [
+            stamp(Hello(pid=4_194_401 + rank, world_size=2, device="cpu", engine="fsdp2"), rank, 0.1),
+            stamp(Oom(phase="forward", step=1, device="cpu", requested_bytes=128 * mib), rank, 1.0),
+            stamp(Shards(tree_id=0, engine="fsdp2", stage="oom", devices=["cpu"], states=["sharded", "gathered"],
+                         bytes=[0, a_bytes, 128 * mib], device=[-1, 0, 0], state=[-1, a_state, 0],
+                         unit=[-1, -1, -1]), rank, 1.1),
+        ]
+    run = RunModel.of(fold(events))
+    assert [r.param_bytes for r in run.ranks] == [384 * mib, 256 * mib]  # what the snapshots say they held
+    assert "placement-imbalance" not in [f.code for f in diagnose(run)]
