@@ -3,6 +3,7 @@ run that recorded nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shardtop.diagnose.facts import (
@@ -34,10 +35,10 @@ LIGHTER_OPTIMIZER = "a lighter optimizer (SGD with momentum keeps one copy, 8-bi
 
 def _offload_words(engine: str) -> str:
     if engine.startswith("zero"):
-        return "offload it to CPU (DeepSpeed `offload_optimizer: {device: cpu}`)"
+        return "DeepSpeed `offload_optimizer: {device: cpu}`"
     if engine in ("fsdp1", "fsdp2"):
-        return "offload it to CPU (FSDP `CPUOffload(offload_params=True)`, FSDP2 `CPUOffloadPolicy()`)"
-    return "offload it to CPU (DeepSpeed ZeRO-Offload)"
+        return "FSDP `CPUOffload(offload_params=True)`, FSDP2 `CPUOffloadPolicy()`"
+    return "DeepSpeed ZeRO-Offload"
 
 
 # -- optimizer-state-dominates ------------------------------------------------------------------
@@ -55,6 +56,18 @@ class OptimizerHeavy(Evidence):
     grad_bytes: int
     grads_recorded: bool
     """False: no gradient bytes were recorded yet, and the parameters' size stands in for them."""
+    device: str = ""
+    """The rank's device: optimizer state offloaded from a GPU leaves it; a CPU rank has nowhere to put it."""
+    offloaded: bool = False
+    """The engine already offloads the optimizer state (DeepSpeed ``offload_optimizer``, FSDP CPU offload)."""
+
+    @property
+    def can_offload(self) -> bool:
+        return self.device.startswith("cuda") and not self.offloaded
+
+
+def _offloads_optimizer(info: Mapping[str, object]) -> bool:
+    return info.get("offload_optimizer") not in (None, "", "none") or info.get("offload") is True
 
 
 def find_optimizer_heavy(m: RunModel) -> OptimizerHeavy | None:
@@ -80,6 +93,37 @@ def find_optimizer_heavy(m: RunModel) -> OptimizerHeavy | None:
         param_bytes=r.param_bytes,
         grad_bytes=grads,
         grads_recorded=r.grad_bytes is not None,
+        device=r.device,
+        offloaded=_offloads_optimizer(m.info),
+    )
+
+
+def _optimizer_fix(e: OptimizerHeavy, shards_it: bool) -> tuple[str, int | None]:
+    """The fix in words, and the bytes per rank it saves: computed for the first change the words name, or
+    None where that change's saving does not follow from the evidence (more GPUs than the run had, a lighter
+    optimizer whose state depends on the precision)."""
+    engine = ENGINE_WORDS.get(e.engine, e.engine)
+    if not shards_it and e.world_size > 1:
+        saving = e.optimizer_bytes * (e.world_size - 1) // e.world_size
+        return (
+            f'Shard it across the {e.world_size} ranks: DeepSpeed ZeRO-1/2 (Lightning `strategy="deepspeed_stage_2"`) '
+            f"or FSDP, which shard optimizer state with the parameters: each rank then keeps 1/{e.world_size} of it, "
+            f"{fmt(saving)} less. Or use {LIGHTER_OPTIMIZER}.",
+            saving,
+        )
+    more = f"run on more GPUs ({engine} then splits it N ways)" if shards_it and e.data_parallel_size <= 1 else ""
+    options = [o for o in (more, f"use {LIGHTER_OPTIMIZER}") if o]
+    if not e.can_offload:
+        said = " or ".join(options)
+        if e.offloaded:
+            said += " (it is offloaded to the CPU already)"
+        elif e.device.startswith("cpu"):
+            said += " (the rank runs on the CPU: there is nowhere to offload it to)"
+        return f"{said[:1].upper()}{said[1:]}.", None
+    return (
+        f"Offload it to CPU ({_offload_words(e.engine)}): its {fmt(e.optimizer_bytes)} then leave the GPU. "
+        f"Or {', or '.join(options)}.",
+        e.optimizer_bytes,
     )
 
 
@@ -94,25 +138,15 @@ def explain_optimizer_heavy(e: OptimizerHeavy) -> Finding:
     )
     shards_it = e.engine in OPTIMIZER_SHARDING_ENGINES
     engine = ENGINE_WORDS.get(e.engine, e.engine)
-    severity: Severity
+    severity: Severity = "info"
     if shards_it and e.data_parallel_size > 1:
         detail += f" {engine} already shards it over {e.data_parallel_size} ranks."
-        fix = f"To shrink it further: {_offload_words(e.engine)}, or {LIGHTER_OPTIMIZER}."
-        saving, severity = e.optimizer_bytes // 2, "info"
     elif shards_it:
         detail += f" {engine} shards it over the data-parallel ranks, and there is only one: it holds all of it."
-        fix = f"Run on more GPUs ({engine} then splits it N ways), {_offload_words(e.engine)}, or {LIGHTER_OPTIMIZER}."
-        saving, severity = e.optimizer_bytes // 2, "info"
     elif e.world_size > 1:
         detail += f" It is replicated: each of the {e.world_size} ranks holds the same full copy."
-        fix = (
-            f'Shard it across the {e.world_size} ranks: DeepSpeed ZeRO-1/2 (Lightning `strategy="deepspeed_stage_2"`) '
-            f"or FSDP, which shard optimizer state with the parameters; or use {LIGHTER_OPTIMIZER}."
-        )
-        saving, severity = e.optimizer_bytes * (e.world_size - 1) // e.world_size, "warning"
-    else:
-        fix = f"Use {LIGHTER_OPTIMIZER}, or {_offload_words(e.engine)}; on several GPUs, ZeRO or FSDP shard it."
-        saving, severity = e.optimizer_bytes // 2, "info"
+        severity = "warning"
+    fix, saving = _optimizer_fix(e, shards_it)
     total = max(e.param_bytes + e.grad_bytes, 1)
     return Finding(
         code="optimizer-state-dominates",

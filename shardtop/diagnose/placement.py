@@ -347,10 +347,6 @@ def find_wrong_gpu(m: RunModel) -> WrongGpu | None:
     return WrongGpu(tuple(found[k] for k in sorted(found)), seen)
 
 
-CONTEXT_BYTES = 500 << 20
-"""What a CUDA context costs on an H100/H200 class GPU with current drivers, roughly (seen: 0.5 GiB)."""
-
-
 def explain_wrong_gpu(e: WrongGpu) -> Finding:
     lines = [
         f"GPU {c.gpu} also lists rank {c.rank}'s process (pid {c.pid}), whose own device is {c.own_device}"
@@ -359,8 +355,8 @@ def explain_wrong_gpu(e: WrongGpu) -> Finding:
     gpus = sorted({c.gpu for c in e.contexts})
     detail = (
         "; ".join(lines)
-        + f". Each such process keeps a CUDA context (about {fmt(CONTEXT_BYTES)}) and whatever it allocates on a GPU "
-        "that is not its own — typically from `.to(\"cuda\")`, `.cuda()` or `torch.cuda.*` calls made before "
+        + ". Each such process keeps a CUDA context there, and whatever it allocates on a GPU that is not its "
+        "own — typically from `.to(\"cuda\")`, `.cuda()` or `torch.cuda.*` calls made before "
         "`torch.cuda.set_device`, which all mean cuda:0 on every rank"
         + (f", so GPU {gpus[0]} fills first." if len(gpus) == 1 else ".")
     )
@@ -375,7 +371,7 @@ def explain_wrong_gpu(e: WrongGpu) -> Finding:
         ),
         evidence=e,
         severity="warning",
-        saving_bytes=CONTEXT_BYTES,
+        saving_bytes=None,  # NVML's process list is kept without each process's bytes: no saving follows
     )
 
 

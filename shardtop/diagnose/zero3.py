@@ -197,12 +197,19 @@ def explain_built_whole(e: BuiltWhole) -> Finding:
         NOT_PIPELINING if e.placed_by_hand else "",
     ]
     held = e.model_bytes if e.building else e.whole_bytes or e.model_bytes
-    ranks = max(e.world_size, 2)  # on one GPU: what a second would save
+    fix = _built_whole_fix(e)
+    ranks = e.world_size  # built under zero.Init each of N ranks holds 1/N
+    if ranks < 2:  # on one rank that is all of it: the saving needs a second GPU, and the fix says so
+        ranks = 2
+        fix += (
+            " On one GPU that alone cannot help (zero3-single-rank): on two, each GPU then holds half, "
+            f"{fmt(held // 2)} less."
+        )
     return Finding(
         code="zero3-not-partitioned-at-init",
         title=_built_whole_title(e),
         detail=" ".join(s for s in sentences if s),
-        fix=_built_whole_fix(e),
+        fix=fix,
         evidence=e,
         severity="error" if e.oom is not None else "warning",
         saving_bytes=held * (ranks - 1) // ranks,
@@ -415,10 +422,12 @@ def explain_single_rank(e: SingleRank) -> Finding:
         title=f"{engine} on one rank shards nothing",
         detail=detail,
         fix=f"Run on 2 or more GPUs (`Trainer(devices=N)`, `torchrun --nproc-per-node N`), {more}: each rank then "
-        f"holds about 1/N. On a single GPU, {offload}.",
+        f"holds about 1/N"
+        + (f" of the parameters, on two GPUs {fmt(held // 2)} less" if held else "")
+        + f". On a single GPU, {offload}.",
         evidence=e,
         severity="error" if oom is not None else "warning",
-        saving_bytes=held // 2 if held else None,
+        saving_bytes=held // 2 if held else None,  # the fix's two GPUs: each rank holds half the parameters
         modules=(oom.module,) if oom is not None and oom.module else (),
     )
 
