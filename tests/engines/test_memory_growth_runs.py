@@ -15,6 +15,8 @@ SCRIPT = str(ROOT / "tests" / "over_time_scripts" / "keeps_outputs.py")
 MiB = 2**20
 KEPT_PER_STEP = 256 * 8192 * 4
 """What each loop keeps a step: one float32 tensor of 256 x 8192 (the script's batch and width)."""
+RATE_TOLERANCE = 0.001
+"""The README's "within 0.1 %": four runs on a 2-core CPU machine were 0.0045 % to 0.0069 % high."""
 
 
 def report_of(tmp_path: Path, *args: str) -> dict[str, Any]:
@@ -32,14 +34,14 @@ def test_a_loop_that_keeps_tensors_grows_at_their_size_and_names_the_module_that
     finding = next((f for f in report["findings"] if f["code"] == "memory-grows-every-step"), None)
     assert finding is not None, [f["code"] for f in report["findings"]]
     growth = finding["evidence"]["growth"]
-    assert abs(growth["rate"] - KEPT_PER_STEP) <= 0.1 * KEPT_PER_STEP
+    assert abs(growth["rate"] - KEPT_PER_STEP) <= RATE_TOLERANCE * KEPT_PER_STEP
     kept = finding["evidence"]["kept"]
     assert (kept[0]["module"], kept[0]["module_type"]) == (module, module_type)
     assert (kept[0]["shape"], kept[0]["dtype"], kept[0]["bytes"]) == ([256, 8192], "float32", KEPT_PER_STEP)
     assert finding["modules"] == [module]
     assert "at about step" in finding["detail"]
     rank = report["ranks"][0]
-    assert abs(rank["growth"]["rate"] - KEPT_PER_STEP) <= 0.1 * KEPT_PER_STEP
+    assert abs(rank["growth"]["rate"] - KEPT_PER_STEP) <= RATE_TOLERANCE * KEPT_PER_STEP
     assert rank["growth"]["out_of_memory_step"] > rank["growth"]["last_step"]
     steps = [s for s, _ in rank["memory_by_step"]]
     assert steps == sorted(steps) and steps[-1] == rank["growth"]["last_step"]

@@ -57,8 +57,8 @@ def test_each_client_reads_its_steps_engine_and_memory(name: str) -> None:
     rank = data["ranks"][0]
     assert data["step"] == rank["step"] == 5, "five optimizer steps, each counted once"
     split, peak = rank["memory_peak"], rank["allocator"]["peak"]
-    assert split["allocated"] >= 0.95 * peak
-    assert split["allocated"] - max(split["unexplained"], 0) >= 0.95 * split["allocated"]
+    assert split["allocated"] >= 0.99 * peak, "the split is of the peak: within 1 % of the allocator's"
+    assert split["allocated"] - max(split["unexplained"], 0) >= 0.999 * split["allocated"], "99.9 % explained"
     assert split["by_kind"]["workspace"] == 2 * 32 * MiB, "cuBLAS's workspaces: the forward's and autograd's"
     assert not any("_orig_mod" in m["path"] for m in data["modules"])
     if name in CASES:

@@ -3,7 +3,7 @@
 For each recorded run the plan is made from its ``run.json`` (the resolved
 config: preset, sizes, devices, ``gpu_mem_limit``) for the GPU it ran on:
 
-- a finished run: the planned peak is within 10 % of the allocator's
+- a finished run: the planned peak is within 6 % of the allocator's
   measured peak (``Memory.peak``, the highest over the ranks);
 - a run that ran out of memory: the plan runs out in the phase the run did,
   and plans there at least what the run had allocated and asked for (for the
@@ -35,6 +35,10 @@ from tests.support.allocator_shares import FRAGMENTATION_FITTED_ON
 
 RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
 TOLERANCE = 0.10
+"""A phase's figure against what the allocator needed there."""
+PEAK_TOLERANCE = 0.06
+"""A finished run's planned peak against the allocator's (the README's "within 6 %"): the recordings
+range from 5.9 % low to 2.8 % high."""
 
 KNOWN_MISSES: dict[str, str] = {}
 """Recordings the plan cannot meet today, and why."""
@@ -134,7 +138,8 @@ def test_the_plan_of_a_recorded_gpu_run_agrees_with_it(rec: Recording) -> None:
         assert planned >= least, f"{rec.name} needed at least {least} at {rec.oom_phase}; planned {planned}"
     elif rec.finished:
         error = (asked.per_rank.peak - rec.peak) / rec.peak
-        assert abs(error) <= TOLERANCE, f"{rec.name}: planned {asked.per_rank.peak}, measured {rec.peak} ({error:+.1%})"
+        assert abs(error) <= PEAK_TOLERANCE, (
+            f"{rec.name}: planned {asked.per_rank.peak}, measured {rec.peak} ({error:+.1%})")
         assert asked.fits is True
     else:
         assert asked.per_rank.peak >= rec.peak, f"{rec.name} already used {rec.peak}; planned {asked.per_rank.peak}"
