@@ -28,8 +28,9 @@ def plan(tmp_path: Path, *words: str) -> dict[str, Any]:
 
 
 def option(result: dict[str, Any], strategy: str) -> dict[str, Any]:
-    (found,) = [o for o in result["options"] if o["strategy"] == strategy]
-    return found
+    found: list[dict[str, Any]] = [o for o in result["options"] if o["strategy"] == strategy]
+    assert len(found) == 1, [o["strategy"] for o in result["options"]]
+    return found[0]
 
 
 def test_story_2_as_asked_on_six_16_gib_cards_runs_out_at_set_up_holding_the_whole_model(tmp_path: Path) -> None:
