@@ -8,13 +8,13 @@ from dataclasses import dataclass
 
 from shardtop.diagnose.facts import (
     ENGINE_WORDS,
-    FSDP_ENGINES,
     OPTIMIZER_SHARDING_ENGINES,
     KindsEvidence,
     OomEvidence,
     fmt,
 )
 from shardtop.diagnose.finding import Evidence, Finding, Rule, Severity
+from shardtop.diagnose.oom_fix import LIGHTER_OPTIMIZER, OutOfMemory, held_at_oom, offload_words, oom_fix
 from shardtop.read.run_model import RunModel
 from shardtop.words import module_label
 
@@ -27,18 +27,6 @@ half of that and stays out."""
 OPTIM_MIN_BYTES = 16 << 20
 """Optimizer state under 16 MiB per rank is not worth a finding."""
 
-REDUCE_BUCKET_BYTES = 500_000_000 * 4
-"""DeepSpeed's default ``reduce_bucket_size`` (5e8 elements) in fp32."""
-
-LIGHTER_OPTIMIZER = "a lighter optimizer (SGD with momentum keeps one copy, 8-bit Adam a quarter)"
-
-
-def _offload_words(engine: str) -> str:
-    if engine.startswith("zero"):
-        return "DeepSpeed `offload_optimizer: {device: cpu}`"
-    if engine in ("fsdp1", "fsdp2"):
-        return "FSDP `CPUOffload(offload_params=True)`, FSDP2 `CPUOffloadPolicy()`"
-    return "DeepSpeed ZeRO-Offload"
 
 
 # -- optimizer-state-dominates ------------------------------------------------------------------
@@ -121,7 +109,7 @@ def _optimizer_fix(e: OptimizerHeavy, shards_it: bool) -> tuple[str, int | None]
             said += " (the rank runs on the CPU: there is nowhere to offload it to)"
         return f"{said[:1].upper()}{said[1:]}.", None
     return (
-        f"Offload it to CPU ({_offload_words(e.engine)}): its {fmt(e.optimizer_bytes)} then leave the GPU. "
+        f"Offload it to CPU ({offload_words(e.engine)}): its {fmt(e.optimizer_bytes)} then leave the GPU. "
         f"Or {', or '.join(options)}.",
         e.optimizer_bytes,
     )
@@ -170,19 +158,6 @@ OPTIMIZER_HEAVY = Rule("optimizer-state-dominates", find_optimizer_heavy, explai
 # -- oom ------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class OutOfMemory(Evidence):
-    oom: OomEvidence
-    found_by: str
-    engine: str
-    world_size: int
-    block_type: str
-    others: tuple[str, ...]
-    """The other ranks' OOMs, in words: ``rank 1 during setup in net.3``."""
-    peak: KindsEvidence | None = None
-    """What filled the rank's memory at its peak, by kind, where the probe split it."""
-
-
 def find_out_of_memory(m: RunModel) -> OutOfMemory | None:
     first = m.first_oom
     if first is None:
@@ -198,71 +173,11 @@ def find_out_of_memory(m: RunModel) -> OutOfMemory | None:
             for s in m.ooms[1:]
         ),
         peak=KindsEvidence.of(rank.memory_peak) if (rank := m.rank(first.rank)) is not None else None,
+        at_oom=KindsEvidence.of(first.oom.memory),
+        kept_graph_bytes=first.oom.kept_graph_bytes,
+        kept_by=first.oom.kept_by,
+        stack_tensors=tuple(first.oom.stack_tensors),
     )
-
-
-def _oom_fix(e: OutOfMemory) -> str:
-    o = e.oom
-    kept = (e.peak.by_kind.get("kept") or 0) if e.peak is not None else 0
-    if e.peak is not None and e.peak.allocated and kept * 2 > e.peak.allocated:
-        return (
-            f"Most of the peak ({fmt(kept)}) is tensors kept from earlier steps, not this step's work: find what "
-            "keeps a reference to each step's tensors (a list they are appended to, a hook, a metric or a log that "
-            "stores the tensor rather than `.item()` or a detached CPU copy) and let go of it."
-        )
-    step = o.engine_step or ""
-    engine = ENGINE_WORDS.get(e.engine, e.engine or "the engine")
-    if step.endswith("_configure_zero_optimizer"):
-        bucket = (
-            " The request matches DeepSpeed's default reduce bucket "
-            f"(5e8 elements, {fmt(REDUCE_BUCKET_BYTES)} in fp32)."
-            if o.requested_bytes == REDUCE_BUCKET_BYTES
-            else ""
-        )
-        return (
-            "DeepSpeed allocates ZeRO's communication buckets and fp32 optimizer partitions here. Lower "
-            "`reduce_bucket_size`, `allgather_bucket_size` and `stage3_prefetch_bucket_size` in `zero_optimization` "
-            "(e.g. 5e7), or offload the optimizer (`offload_optimizer: {device: cpu}`)." + bucket
-        )
-    if o.phase in ("forward", "backward", "validation"):
-        gathered = (
-            " (plus the gathered parameters of the running unit)" if e.engine in ("fsdp1", "fsdp2", "zero3") else ""
-        )
-        block = f"each {e.block_type}" if e.block_type else "each block"
-        return (
-            f"Activations did not fit{gathered}: use a smaller micro-batch or sequence length, activation "
-            f"checkpointing on {block}"
-            + (", or shard the model (FSDP, ZeRO-3)." if e.engine in ("ddp", "plain", "") else ".")
-        )
-    if o.phase == "optimizer":
-        if e.engine in OPTIMIZER_SHARDING_ENGINES:
-            return (
-                f"The optimizer creates its state at the first step (Adam: twice the parameters, in fp32), and "
-                f"{engine} already shards it over the {e.world_size} rank(s): run on more GPUs, "
-                f"{_offload_words(e.engine)}, use {LIGHTER_OPTIMIZER}, or a smaller model."
-            )
-        return (
-            "The optimizer creates its state at the first step (Adam: twice the parameters, in fp32): shard it "
-            f"(ZeRO-1/2, FSDP), {_offload_words(e.engine)}, or use {LIGHTER_OPTIMIZER}."
-        )
-    if o.phase == "setup":
-        if e.engine == "zero3":
-            return (
-                "The model or DeepSpeed's buffers did not fit at set-up: build the layers under deepspeed.zero.Init "
-                "(Lightning: in configure_model()), offload parameters or the optimizer to CPU, or use more GPUs."
-            )
-        offload = o.device.startswith("cuda")  # a CPU process has nowhere to offload to
-        if e.engine in FSDP_ENGINES:
-            return (
-                f"The model did not fit while {engine} set it up: build it on the meta device "
-                '(`torch.device("meta")`) and let the engine allocate each rank\'s shards, '
-                + ("offload, or run on more ranks." if offload else "or run on more ranks.")
-            )
-        return (
-            "The model or the engine's buffers did not fit at set-up: shard the model (FSDP with an auto-wrap "
-            "policy; ZeRO-3 with the layers built under deepspeed.zero.Init)" + (", or offload." if offload else ".")
-        )
-    return "Reduce what this phase allocates (batch size, buffers), or shard or offload more of the model."
 
 
 def explain_out_of_memory(e: OutOfMemory) -> Finding:
@@ -285,6 +200,10 @@ def explain_out_of_memory(e: OutOfMemory) -> Finding:
         detail += f" It {held}" + (f", under {limit}" if limit else "") + "."
     elif limit:
         detail += f" It ran under {limit}."
+    if held_at_oom(e) and e.at_oom is not None:
+        detail += f" At the OOM: {e.at_oom.sentence()}."
+    if e.kept_by:
+        detail += f" Kept outputs of earlier forwards on the failing stack: {e.kept_by}."
     if e.peak is not None:
         detail += f" At the rank's peak{e.peak.when}: {e.peak.sentence()}."
     if e.others:
@@ -293,7 +212,7 @@ def explain_out_of_memory(e: OutOfMemory) -> Finding:
         code="oom",
         title=f"Rank {o.rank} ran out of memory during {o.phase}{where}",
         detail=detail,
-        fix=_oom_fix(e),
+        fix=oom_fix(e),
         evidence=e,
         severity="error",
         modules=(o.module,) if o.module is not None else (),

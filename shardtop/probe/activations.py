@@ -58,6 +58,15 @@ class SavedActivations:
         """Saved tensors seen by the last read (a count, for the cost figures)."""
         self.last: list[tuple[Any, int]] = []
         """What the last read found (``live_storages``)."""
+        self.forward_began: int | None = None
+        """The sequence number when the forward before the latest began (``note_forward``, every forward): a
+        graph made before it belongs to an earlier forward, kept alive by what holds its outputs.  Not the
+        latest's: a step may run two forwards before one backward (a contrastive loss), and a loop's own
+        variable holds the last output until the next forward returns."""
+        self._latest_forward: int | None = None
+        self.kept: list[Any] = []
+        """Storages the last read found held by graphs of earlier forwards, and those graphs' outputs on the
+        roots it was given: kept with their graphs, not this forward's activations."""
         self.failed: str | None = readable()
         """Why saved tensors cannot be read on this torch (None: they can)."""
 
@@ -79,6 +88,11 @@ class SavedActivations:
     @property
     def active(self) -> bool:
         return bool(self._handles)
+
+    def note_forward(self) -> None:
+        """A forward begins (every forward, not only explained ones: one number read)."""
+        if sequence_number is not None:
+            self.forward_began, self._latest_forward = self._latest_forward, sequence_number()
 
     def start(self) -> bool:
         """Note the module calls from now on (on this thread's sequence numbers); False if this torch
@@ -145,26 +159,42 @@ class SavedActivations:
         return [t for _, t in found[:MAX_OUTPUTS]]
 
     def live_storages(self) -> list[tuple[Any, int]]:
-        """(storage, module id) of every storage the graph holds for backward now (0: no module)."""
+        """(storage, module id) of every storage the graph holds for backward now (0: no module); those of
+        graphs an earlier forward made go to ``kept`` instead."""
         if self.failed is not None:
             return []
         roots = self._roots()
         self.roots = []
         found: dict[int, tuple[Any, int]] = {}
+        kept: dict[int, Any] = {}
         saved = 0
         owner = self.spans.owner
+        began = self.forward_began
         numbered = sorted((node._sequence_nr(), i, node) for i, node in enumerate(nodes_from(roots)))
         for sequence, _, node in numbered:  # in the order they were made: a storage is its first saver's
+            earlier = began is not None and sequence < began
             for tensor in saved_by(node):
                 if of_a_parameter(tensor):
                     continue
                 saved += 1
                 storage = tensor.untyped_storage()
                 key = storage.data_ptr()
-                if key != 0 and key not in found:
+                if key == 0 or key in found or key in kept:
+                    continue
+                if earlier:
+                    kept[key] = storage
+                else:
                     found[key] = (storage, owner(sequence))
+        if began is not None:  # the roots themselves, where an earlier forward made them (a list of outputs)
+            for root in roots:
+                node = getattr(root, "grad_fn", None)
+                if isinstance(root, torch.Tensor) and node is not None and node._sequence_nr() < began:
+                    storage = root.untyped_storage()
+                    if storage.data_ptr() and storage.data_ptr() not in found:
+                        kept.setdefault(storage.data_ptr(), storage)
         self.saved = saved
         self.last = list(found.values())
+        self.kept = list(kept.values())
         return self.last
 
     def by_module(

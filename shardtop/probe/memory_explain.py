@@ -48,7 +48,7 @@ from shardtop.probe.allocator_trace import current_split, traced_splits
 from shardtop.probe.memory_kinds import KindCount, MemoryCensus
 from shardtop.probe.memory_options import REQUEST_FILE, MemoryOptions
 from shardtop.probe.oom import model_being_built, stack_of
-from shardtop.probe.oom_event import objects_on_stack, tensors_on_stack
+from shardtop.probe.oom_event import kept_holder, objects_on_stack, stack_tensors, tensors_on_stack
 from shardtop.probe.split_figures import better_peak, split_of_moment, unexplained, with_lasting_workspaces
 from shardtop.rundir.events import Memory, Oom, Shards, Tree
 from shardtop.rundir.memory_figures import AllocatorStats, MemorySplit
@@ -160,6 +160,7 @@ class MemoryExplainer:
         return self._explaining or self.options.always
 
     def _forward(self, step: int) -> None:
+        self.activations.note_forward()
         if self._explaining and self._window_forwards >= self._window_target:
             self._close_window()  # a loop that reports no steps: its forwards count them
         if not self._explaining and (self._requested or self._steps_left > 0):
@@ -370,13 +371,16 @@ class MemoryExplainer:
 
     def on_oom(self, event: Oom, error: BaseException | None = None) -> Oom:
         """``event`` with the true peak, the allocator's stats and the split at this moment added."""
-        follows = self._follows()
         self.activations.stop()
         if not self.census.has_target and error is not None:  # out of memory while the model was being built
             self.census.set_target(model_being_built(stack_of(error)))
-        self.activations.roots = tensors_on_stack(error) if follows else []
-        count = self.census.count(self.activations if follows else None, also=objects_on_stack(error))
+        # What the graphs hold is read at every OOM (reading them costs nothing before): from the tensors on
+        # the failing stack, the node autograd was running, the model's last outputs.
+        self.activations.roots = tensors_on_stack(error)
+        count = self.census.count(self.activations, also=objects_on_stack(error))
         self.activations.roots = []
+        kept_graph = sum(s.nbytes() for s in self.activations.kept) if self.activations.failed is None else None
+        kept_by = kept_holder(error, self.activations.forward_began) if kept_graph else ""
         stats = self._stats()
         snapshot = memory_snapshot() if self.cuda else None
         if stats is not None and snapshot is not None:
@@ -409,6 +413,9 @@ class MemoryExplainer:
             allocator=stats,
             memory=memory if memory is not None else event.memory,
             peak_split=at_peak,
+            kept_graph_bytes=kept_graph,
+            kept_by=kept_by,
+            stack_tensors=stack_tensors(error),
         )
 
     def close(self) -> None:

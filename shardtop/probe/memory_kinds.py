@@ -170,6 +170,8 @@ class MemoryCensus:
             measured.add("comm")
         if activations is not None and activations.failed is None:  # passed only while they are followed
             measured.add("activations")
+            if activations.kept:
+                measured.add("kept")
         kinds = MemoryKinds(**{k: (v if k in measured else None) for k, v in tally.bytes.items()})
         return KindCount(kinds, tally.addresses, time.perf_counter() - started)
 
@@ -261,6 +263,8 @@ def _count(tally: _Tally, holders: EngineHolders, activations: SavedActivations 
     if activations is not None:
         for storage, _ in activations.live_storages():
             tally.add_storage("activations", storage)
+        for storage in activations.kept:  # graphs of earlier forwards, and their outputs: kept with them
+            tally.add_storage("kept", storage)
 
 
 def ddp_bucket_bytes(wrapper: Any, tally: _Tally) -> int:

@@ -172,6 +172,13 @@ class MemoryProbe:
 
     # -- the rank's phases -------------------------------------------------------
 
+    def forward_again(self) -> None:
+        """Another forward began with no other phase in between: what its graph holds starts anew."""
+        explainer = self.current_explainer()
+        if explainer is not None:
+            with self.faults.guard("split"):
+                explainer.activations.note_forward()
+
     def at_phase(self, phase: str, step: int, graph: Any = None) -> None:
         """A new phase began: at a forward, read the heap (CPU) and check for kept tensors; tell the
         explainer; take a sample."""

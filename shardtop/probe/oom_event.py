@@ -10,7 +10,7 @@ import msgspec
 from shardtop.probe.faults import Faults, describe
 from shardtop.probe.oom import attribute
 from shardtop.probe.oom_errors import first_line, oom_path
-from shardtop.rundir.events import Oom
+from shardtop.rundir.events import Oom, StackTensor
 
 
 def oom_event(
@@ -71,6 +71,60 @@ def tensors_on_stack(error: BaseException | None) -> list[Any]:
                 if isinstance(item, torch.Tensor) and item.grad_fn is not None:
                     found.setdefault(id(item), item)
     return list(found.values())
+
+
+MAX_STACK_TENSORS = 4
+STACK_TENSOR_MIN = 1 << 20
+"""Tensors under 1 MiB on the failing stack say nothing about where the memory went."""
+
+
+def stack_tensors(error: BaseException | None) -> list[StackTensor]:
+    """The largest tensors the frames the error passed through held, by the local that held them."""
+    import torch
+
+    found: dict[int, StackTensor] = {}
+    for frame in _frames(error):
+        code = frame.f_code
+        where = f"{code.co_name} ({code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno})"
+        for name, value in frame.f_locals.items():
+            many = isinstance(value, (tuple, list))
+            for index, item in enumerate(_items(value)):
+                if not isinstance(item, torch.Tensor) or item.is_meta or id(item) in found:
+                    continue
+                nbytes = item.numel() * item.element_size()
+                if nbytes >= STACK_TENSOR_MIN:
+                    found[id(item)] = StackTensor(name=f"{name}[{index}]" if many else name, shape=list(item.shape),
+                                                  dtype=str(item.dtype).removeprefix("torch."), nbytes=nbytes,
+                                                  where=where)
+    return sorted(found.values(), key=lambda t: -t.nbytes)[:MAX_STACK_TENSORS]
+
+
+def kept_holder(error: BaseException | None, began: int | None) -> str:
+    """The local variable on the failing stack that holds the most bytes of outputs an earlier forward made
+    (sequence number before ``began``), in words; "" where none does."""
+    if began is None:
+        return ""
+    import torch
+
+    from shardtop.units import format_bytes
+
+    best = ("", 0, 0)
+    seen: set[int] = set()
+    for frame in _frames(error):
+        for name, value in frame.f_locals.items():
+            count = nbytes = 0
+            for item in _items(value):
+                node = getattr(item, "grad_fn", None) if isinstance(item, torch.Tensor) else None
+                if node is not None and node._sequence_nr() < began and id(item) not in seen:
+                    seen.add(id(item))
+                    count += 1
+                    nbytes += item.untyped_storage().nbytes()
+            if nbytes > best[2]:
+                code = frame.f_code
+                where = f"{code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+                best = (f"`{name}` in {code.co_name} ({where})", count, nbytes)
+    where, count, nbytes = best
+    return f"{where}, {count} tensor{'s' if count != 1 else ''}, {format_bytes(nbytes)}" if where else ""
 
 
 def _items(value: Any) -> Any:

@@ -129,7 +129,7 @@ def read_shards(
         table = ShardTable(tree)
         if optimizer is not None:
             table.param_numels = Counter()
-        engine = _read(tree, table, optimizer)
+        engine = _read(tree, table, optimizer, building=stage == "oom")
         if activations is not None:
             table.add_activations(activations)
         _add_process_info(table)
@@ -152,7 +152,7 @@ def resolve_target(target: Any) -> Any:
     return target
 
 
-def _read(tree: ModuleTree, table: ShardTable, optimizer: Any) -> str:
+def _read(tree: ModuleTree, table: ShardTable, optimizer: Any, building: bool = False) -> str:
     """Pick the reader by what the walk found.
 
     Order matters only for mixtures: a DeepSpeed engine, then FSDP1 units or
@@ -175,7 +175,7 @@ def _read(tree: ModuleTree, table: ShardTable, optimizer: Any) -> str:
     if any(is_ddp_wrapper(w) for w in wrappers):
         read_ddp(tree, table, optimizer)
         return "ddp"
-    return read_placement(tree, table, optimizer)
+    return read_placement(tree, table, optimizer, building)
 
 
 class _ParamKinds:

@@ -58,10 +58,12 @@ def add_plain(
     return count, total
 
 
-def read_placement(tree: ModuleTree, table: ShardTable, optimizer: Any = None) -> str:
-    """Plain or manual: one process, no engine; ``manual`` when parameters span devices (the meta device
-    holds nothing: a model still being materialised is not placed by hand)."""
+def read_placement(tree: ModuleTree, table: ShardTable, optimizer: Any = None, building: bool = False) -> str:
+    """Plain or manual: one process, no engine; ``manual`` when parameters span devices (a rank's stage of a
+    model split by hand beside the rest on the meta device too).  ``building``: the model was caught while
+    being materialised (an OOM): what is still on the meta device is not placed, only not allocated yet."""
     add_plain(tree, table, range(len(tree.params)))
     add_grads(tree, table, range(len(tree.params)), {})
     add_optimizer_state(tree, table, optimizer, {})
-    return "manual" if len(set(table.devices) - {"meta"}) > 1 else "plain"
+    devices = set(table.devices) - ({"meta"} if building else set())
+    return "manual" if len(devices) > 1 else "plain"
