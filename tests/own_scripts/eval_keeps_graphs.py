@@ -4,9 +4,11 @@ forward's activations at every batch until the process runs out.  Nothing of sha
 
 ``--no-grad``: the same loop under ``torch.no_grad()`` (only the logits are kept).  ``--cap-mib N``: the
 process may allocate at most N MiB more than at its start (its data segment, ``RLIMIT_DATA``): a stand-in
-for a small GPU.
+for a small GPU.  ``--cuda --cap-gib N``: on the GPU, capped with ``set_per_process_memory_fraction``;
+``--dim``, ``--hidden``, ``--vocab`` and ``--tokens`` size it.
 
-    python tests/own_scripts/eval_keeps_graphs.py --cap-mib 160
+    python tests/own_scripts/eval_keeps_graphs.py --cap-mib 300
+    python tests/own_scripts/eval_keeps_graphs.py --cuda --cap-gib 20 --dim 2048 --hidden 8192 --tokens 4096
 """
 
 from __future__ import annotations
@@ -18,25 +20,23 @@ import resource
 import torch
 from torch import nn
 
-VOCAB, DIM, HIDDEN, TOKENS = 512, 256, 1024, 8 * 64
-
 
 class Block(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
-        self.up = nn.Linear(DIM, HIDDEN)
-        self.down = nn.Linear(HIDDEN, DIM)
+        self.up = nn.Linear(dim, hidden)
+        self.down = nn.Linear(hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.down(torch.nn.functional.gelu(self.up(x)))
 
 
 class TinyLM(nn.Module):
-    def __init__(self, blocks: int = 4) -> None:
+    def __init__(self, vocab: int, dim: int, hidden: int, blocks: int = 4) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, DIM)
-        self.blocks = nn.Sequential(*(Block() for _ in range(blocks)))
-        self.head = nn.Linear(DIM, VOCAB)
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.Sequential(*(Block(dim, hidden) for _ in range(blocks)))
+        self.head = nn.Linear(dim, vocab)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.head(self.blocks(self.embed(tokens)))
@@ -50,10 +50,12 @@ def data_segment() -> int:
     raise RuntimeError("no VmData")
 
 
-def evaluate(model: nn.Module, batches: int, no_grad: bool) -> float:
+def evaluate(model: nn.Module, batches: int, no_grad: bool, vocab: int, tokens_per_batch: int) -> float:
     outputs = []
+    device = next(model.parameters()).device
     for index in range(batches):
-        tokens = torch.randint(0, VOCAB, (8, 64), generator=torch.Generator().manual_seed(index))
+        generator = torch.Generator().manual_seed(index)
+        tokens = torch.randint(0, vocab, (8, tokens_per_batch // 8), generator=generator).to(device)
         with torch.no_grad() if no_grad else contextlib.nullcontext():
             logits = model(tokens)
         outputs.append(logits)  # kept for the metric below
@@ -65,13 +67,25 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--no-grad", action="store_true")
     parser.add_argument("--cap-mib", type=int, default=0)
+    parser.add_argument("--cuda", action="store_true")
+    parser.add_argument("--cap-gib", type=float, default=0.0)
+    parser.add_argument("--vocab", type=int, default=512)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--tokens", type=int, default=512)
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = TinyLM()
-    if args.cap_mib:
+    model = TinyLM(args.vocab, args.dim, args.hidden)
+    if args.cuda:
+        model = model.cuda()
+        if args.cap_gib:
+            total = torch.cuda.get_device_properties(0).total_memory
+            torch.cuda.set_per_process_memory_fraction(args.cap_gib * 2**30 / total)
+    elif args.cap_mib:
         _, hard = resource.getrlimit(resource.RLIMIT_DATA)
         resource.setrlimit(resource.RLIMIT_DATA, (data_segment() + (args.cap_mib << 20), hard))
-    print(f"mean logit {evaluate(model, args.batches, args.no_grad):.6f}", flush=True)
+    mean = evaluate(model, args.batches, args.no_grad, args.vocab, args.tokens)
+    print(f"mean logit {mean:.6f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,11 @@ batch × sequence × vocabulary values is what no longer fits.  Nothing of shard
 
 ``--vocab 1024``: the same loop with a small vocabulary (the logits are small).  ``--cap-mib N``: the
 process may allocate at most N MiB more than at its start (its data segment): a stand-in for a small GPU.
+``--cuda --cap-gib N``: on the GPU, capped with ``set_per_process_memory_fraction``; ``--seq`` and ``--dim``
+size it.
 
     python tests/own_scripts/large_vocab_loss.py --cap-mib 150
+    python tests/own_scripts/large_vocab_loss.py --cuda --cap-gib 20 --vocab 256000 --seq 2048 --dim 1024
 """
 
 from __future__ import annotations
@@ -40,15 +43,24 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--cap-mib", type=int, default=0)
+    parser.add_argument("--cuda", action="store_true")
+    parser.add_argument("--cap-gib", type=float, default=0.0)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--dim", type=int, default=64)
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = TinyLM(args.vocab).to(torch.bfloat16)
+    device = torch.device("cuda" if args.cuda else "cpu")
+    model = TinyLM(args.vocab, args.dim).to(device, torch.bfloat16)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    if args.cap_mib:
+    if args.cuda and args.cap_gib:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(args.cap_gib * 2**30 / total)
+    elif args.cap_mib:
         _, hard = resource.getrlimit(resource.RLIMIT_DATA)
         resource.setrlimit(resource.RLIMIT_DATA, (data_segment() + (args.cap_mib << 20), hard))
     for step in range(1, args.steps + 1):
-        tokens = torch.randint(0, args.vocab, (4, 257), generator=torch.Generator().manual_seed(step))
+        generator = torch.Generator().manual_seed(step)
+        tokens = torch.randint(0, args.vocab, (4, args.seq + 1), generator=generator).to(device)
         logits = model(tokens[:, :-1])
         loss = nn.functional.cross_entropy(logits.float().reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
         loss.backward()
