@@ -6,7 +6,7 @@
 #   gpu/record.sh PART...     PART: presets1 presets2 scenarios1 scenarios2 own benches (= probe_cost terminal)
 #                             rehearse_story2 rehearse_presets rehearse_own clients client_plans compiled
 #                             over_time story2_fixed_six workspaces unmeasured split_rechecks
-#                             presets_again oom_recheck what_is_kept script_tensors kept_places startup
+#                             presets_again oom_recheck what_is_kept script_tensors kept_places startup oom_stories
 #
 # presets1/scenarios1 and the rehearse_* parts need one GPU, presets2/scenarios2 two. Run from the project root with the
 # wheels of ../shared/gpu/wheels.sh in .whl/; everything lands under $OUT (or ./gpu-out):
@@ -206,6 +206,15 @@ over_time() {  # memory that grows: a loop keeping its logits under a 24 GiB cap
   step 120 "kept logits" python3 -m shardtop run --headless --name kept-logits -- python3 gpu/scenarios/kept_logits.py --cap-gib 24
   step 60 "outside pytorch" python3 gpu/scenarios/outside_pytorch.py --outside-gib 6
   launch 60 manual-placement max_steps=5
+}
+
+oom_stories() {  # OOMs that sharding does not fix, each beside a run that comes close without it
+  local keeps="tests/own_scripts/eval_keeps_graphs.py --cuda --cap-gib 20 --dim 2048 --hidden 8192 --vocab 32000 --tokens 4096"
+  step 90 "outputs kept with their graphs" python3 -m shardtop run --headless --name eval-keeps-graphs -- python3 $keeps
+  step 90 "outputs kept, evaluated under no_grad" python3 -m shardtop run --headless --name eval-no-grad -- python3 $keeps --no-grad
+  local vocab="tests/own_scripts/large_vocab_loss.py --cuda --cap-gib 20 --seq 2048 --dim 1024"
+  step 90 "logits of a 256k vocabulary" python3 -m shardtop run --headless --name large-vocab -- python3 $vocab --vocab 256000
+  step 90 "logits of a 32k vocabulary" python3 -m shardtop run --headless --name small-vocab -- python3 $vocab --vocab 32000
 }
 
 probe_cost() { step 150 "probe cost" python3 bench/bench_probe.py --device cuda --profile 25; }
