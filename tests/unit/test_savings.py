@@ -93,3 +93,13 @@ def test_one_rank_zero3_saves_what_two_gpus_would_and_says_so() -> None:
     (rank,) = run.ranks
     assert f.saving_bytes == rank.param_bytes // 2 > 0
     assert f"on two GPUs {format_bytes(f.saving_bytes)} less" in f.fix
+
+
+def test_the_main_job_on_cpu_saves_half_the_model_per_rank() -> None:
+    """The README's main job on two CPU processes (``tests/tui/fixtures/cpu-first-minutes``): 96.2 MiB built
+    whole on each rank; under ``zero.Init`` each of the two would hold half."""
+    path = RUNS.parent.parent / "tui" / "fixtures" / "cpu-first-minutes" / "20261206-154734-zero3-linear-718d"
+    run = read_run(RunDirectory(path))
+    f = finding(run, "zero3-not-partitioned-at-init")
+    assert run.world_size == 2 and f.saving_bytes == run.full_bytes // 2
+    assert (format_bytes(run.full_bytes), format_bytes(f.saving_bytes)) == ("96.2 MiB", "48.1 MiB")
