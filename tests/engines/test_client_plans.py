@@ -1,5 +1,5 @@
 """The clients recorded on an H200 (``tests/fixtures/runs/h200-clients``) planned again, without a GPU, and set
-against the peaks they reached there: the README's Hugging Face table, to the one decimal it states.
+against the peaks they reached there: the table of docs/your-own-job.md, to the one decimal it states.
 
 A recording alone is not enough to plan from.  Its ``run.json`` keeps the command and its events the
 module tree, the engine, what the rank held and its memory; a plan also needs the batch the script passes
@@ -50,7 +50,7 @@ class Client:
     name: str
     """The recording's name (``gpu/record.sh clients``)."""
     error_percent: float
-    """The README's figure: the plan's peak against the allocator's peak, in per cent, one decimal."""
+    """The figure docs/your-own-job.md shows: the plan's peak against the allocator's peak, in per cent, one decimal."""
     hf_tiny_gpu: bool = True
     """``HF_TINY_SIZE=gpu``: the Llama of 168 M parameters the Hugging Face scripts build for GPU runs."""
 

@@ -16,7 +16,7 @@ MiB = 2**20
 KEPT_PER_STEP = 256 * 8192 * 4
 """What each loop keeps a step: one float32 tensor of 256 x 8192 (the script's batch and width)."""
 RATE_TOLERANCE = 0.001
-"""The README's "within 0.1 %": four runs on a 2-core CPU machine were 0.0045 % to 0.0069 % high."""
+"""docs/memory.md's "within 0.1 %": four runs on a 2-core CPU machine were 0.0045 % to 0.0069 % high."""
 
 
 def report_of(tmp_path: Path, *args: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ fp32 gradients, fp32 master weights, two fp32 moments), plus, for ZeRO-3,
 code: the fp32 gradient copy is the optimizer step's temporary, made and
 dropped inside the step; ZeRO-3 holds 16 bytes per element through the
 step, where the estimator says 18.  It also adds what the estimator leaves
-out (the README's "Plan before you launch" says what).  Here the shared part
+out (docs/plan.md says what).  Here the shared part
 must agree, up to partition rounding.
 """
 

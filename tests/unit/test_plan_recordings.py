@@ -37,7 +37,7 @@ RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
 TOLERANCE = 0.10
 """A phase's figure against what the allocator needed there."""
 PEAK_TOLERANCE = 0.06
-"""A finished run's planned peak against the allocator's (the README's "within 6 %"): the recordings
+"""A finished run's planned peak against the allocator's (docs/plan.md's "within 6 %"): the recordings
 range from 5.9 % low to 2.8 % high."""
 
 KNOWN_MISSES: dict[str, str] = {}
