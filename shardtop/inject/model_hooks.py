@@ -181,6 +181,8 @@ def _enter(phase: PhaseName) -> None:
 
 
 def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    if STATE.in_engine_step and STATE.engine_steps is STATE.root:
+        return  # the engine's step began the phase, before its own preparations
     if STATE.optimizer is None or STATE.optimizer == id(optimizer):
         _enter("optimizer")
 
@@ -223,6 +225,8 @@ def read_after_engine_steps(engine: Any) -> None:
     @functools.wraps(step)
     def engine_step(*args: Any, **kwargs: Any) -> Any:
         outer = STATE.in_engine_step
+        if not outer:
+            _enter("optimizer")  # before the engine makes its step's copies (ZeRO-3's fp32 gradient partition)
         STATE.in_engine_step = True
         try:
             result = step(*args, **kwargs)

@@ -291,9 +291,6 @@ class Probe:
         self._exited = True
         with self.faults.guard("run"):
             self._say_pending_hello()
-        if code == 0 and error is None and not self._oom_written and self.said_hello:
-            with self.faults.guard("memory"):
-                self.phase("teardown")  # what the rank holds once training is over: the last split
         self.memory_probe.stop()
         try:
             record = exit_record(code, error, oom=self._oom_written, received=received_signal())
