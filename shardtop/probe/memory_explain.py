@@ -50,7 +50,7 @@ from shardtop.probe.memory_options import REQUEST_FILE, MemoryOptions
 from shardtop.probe.oom import model_being_built, stack_of
 from shardtop.probe.oom_event import kept_holder, objects_on_stack, stack_tensors, tensors_on_stack
 from shardtop.probe.split_figures import better_peak, split_of_moment, unexplained, with_lasting_workspaces
-from shardtop.rundir.events import Memory, Oom, Shards, Tree
+from shardtop.rundir.events import Memory, Oom, Shards, SnapshotMoment, Tree
 from shardtop.rundir.memory_figures import AllocatorStats, MemorySplit
 
 __all__ = ["CENSUS_BUDGET", "REQUEST_FILE", "MemoryExplainer", "MemoryOptions"]
@@ -72,6 +72,7 @@ class MemoryExplainer:
         options: MemoryOptions | None = None,
         run_dir: Path | None = None,
         on_failure: Callable[[BaseException], object] | None = None,
+        write_snapshot: Callable[[SnapshotMoment, dict[str, Any]], object] | None = None,
     ) -> None:
         self.options = options or MemoryOptions.from_env()
         self.device = device
@@ -108,6 +109,8 @@ class MemoryExplainer:
         """Splits of a trace that failed on the background thread (which no fault guard covers)."""
         self.on_failure = on_failure
         """Told the error of such a failure (the probe writes it as a fault)."""
+        self.write_snapshot = write_snapshot
+        """Given the allocator's snapshot at an OOM and after the explained steps (the probe writes it)."""
         self._workspaces: frozenset[int] | None = None
         self.workspace_alive = 0
         """The libraries' workspaces alive when the last explained window closed (its trace names them)."""
@@ -270,6 +273,8 @@ class MemoryExplainer:
                 self.on_failure(e)
             return
         self.trace_seconds = (taken, time.perf_counter() - started)
+        if self.write_snapshot is not None:  # written here, off the training thread: a trace takes seconds to pickle
+            self.write_snapshot("peak", snapshot)
         if found is not None:
             self.workspace_alive = found.at_end.kinds.get("workspace", 0)
             self._trace_peak = found.peak.allocated
@@ -407,6 +412,8 @@ class MemoryExplainer:
         at_peak = traced.peak if traced is not None else event.peak_split
         if self.history is not None:
             self.history.stop()
+        if snapshot is not None and self.write_snapshot is not None:
+            self.write_snapshot("oom", snapshot)
         return msgspec.structs.replace(
             event,
             peak=stats.peak_allocated if stats is not None else event.peak,

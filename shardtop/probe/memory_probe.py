@@ -18,7 +18,8 @@ from shardtop.probe.faults import Faults
 from shardtop.probe.kept import KeptTracker, held_storages
 from shardtop.probe.memory import MemorySampler, cuda_allocated
 from shardtop.probe.memory_explain import MemoryExplainer
-from shardtop.rundir.events import Event, Memory
+from shardtop.probe.snapshots import write_snapshot
+from shardtop.rundir.events import Event, Memory, SnapshotMoment
 
 
 def memory_limit_from_env() -> int | None:
@@ -38,10 +39,12 @@ class MemoryProbe:
         run_dir: Path | None,
         device: Callable[[], str],
         target: Callable[[], Any],
+        rank: int = 0,
     ) -> None:
         self.faults = faults
         self.write = write
         self.run_dir = run_dir
+        self.rank = rank
         self.device = device
         """The device the rank is on now."""
         self.target = target
@@ -120,6 +123,7 @@ class MemoryProbe:
                     on_failure=lambda e: self.faults.report(
                         "split", e, then="the peak's split from the allocator's trace is left out"
                     ),
+                    write_snapshot=self.write_snapshot,
                 )
                 if explainer is not None:
                     explainer.close()
@@ -171,6 +175,15 @@ class MemoryProbe:
         return int(psutil.Process().memory_info().rss)
 
     # -- the rank's phases -------------------------------------------------------
+
+    def write_snapshot(self, moment: SnapshotMoment, snapshot: dict[str, Any]) -> None:
+        """The allocator's snapshot at ``moment``, as a file of the run and an event naming it."""
+        if self.run_dir is None:
+            return
+        with self.faults.guard("snapshots"):
+            written = write_snapshot(self.run_dir, self.rank, moment, snapshot)
+            if written is not None:
+                self.write(written)
 
     def forward_again(self) -> None:
         """Another forward began with no other phase in between: what its graph holds starts anew."""

@@ -85,7 +85,7 @@ class Probe:
         """The model the last snapshot read (or, before any, whose names were learnt): what an OOM reads."""
         self.memory_probe = MemoryProbe(
             self.faults, self.writer.write, run_dir=self.run_dir, device=lambda: self.device,
-            target=lambda: self._last_target,
+            target=lambda: self._last_target, rank=rank,
         )
         """This rank's memory sampler, explainer and kept tracker (``memory_probe.py``)."""
 

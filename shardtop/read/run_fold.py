@@ -36,6 +36,7 @@ from shardtop.rundir.events import (
     Phase,
     Planned,
     Shards,
+    Snapshot,
     Step,
     Tree,
     tree_paths,
@@ -86,6 +87,7 @@ class _RankFold:
     """The latest sample of each recent training step and phase, oldest first."""
     step_memory: list[StepMemory] = field(default_factory=list)
     kept: Kept | None = None
+    snapshots: dict[str, Snapshot] = field(default_factory=dict)
     progress_t: float | None = None
     step_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_SECONDS_KEPT))
     shards: Shards | None = None
@@ -118,6 +120,7 @@ class _RankFold:
                 phase_samples=tuple(self.samples),
                 step_memory=tuple(self.step_memory),
                 kept=self.kept,
+                snapshots=tuple(self.snapshots.values()),
                 progress_t=self.progress_t,
                 step_seconds=tuple(self.step_seconds),
                 shards=self.shards,
@@ -229,6 +232,8 @@ class RunStateBuilder:
             r.last_step, r.step, r.progress_t = event, max(r.step, event.step), event.t
         elif isinstance(event, Kept):
             r.kept = event
+        elif isinstance(event, Snapshot):
+            r.snapshots[event.moment] = event
         elif isinstance(event, Hello):
             r.hello, r.host = event, event.host
         elif isinstance(event, Shards):

@@ -15,7 +15,20 @@ from itertools import compress
 from types import MappingProxyType
 
 from shardtop.read.memory_growth import StepMemory
-from shardtop.rundir.events import Exit, Fault, Hello, Kept, Memory, Oom, PhaseName, Planned, Shards, Step, Tree
+from shardtop.rundir.events import (
+    Exit,
+    Fault,
+    Hello,
+    Kept,
+    Memory,
+    Oom,
+    PhaseName,
+    Planned,
+    Shards,
+    Snapshot,
+    Step,
+    Tree,
+)
 from shardtop.rundir.memory_figures import GpuMemory, MemorySplit
 
 TRAINING_PHASES: frozenset[PhaseName] = frozenset({"forward", "backward", "optimizer"})
@@ -111,6 +124,8 @@ class RankState:
     """Memory at the start of each step's forward, oldest first (thinned past ``run_fold.STEP_MEMORY_KEPT``)."""
     kept: Kept | None = None
     """The latest trace of tensors kept across steps."""
+    snapshots: tuple[Snapshot, ...] = ()
+    """The allocator's memory snapshots the rank wrote (CUDA), the latest of each moment."""
     progress_t: float | None = None
     """When the rank last entered a phase or finished a step."""
     step_seconds: tuple[float, ...] = ()

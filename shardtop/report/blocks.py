@@ -157,6 +157,32 @@ def oom_section(data: ReportData) -> list[Block]:
     return blocks
 
 
+MEMORY_VIZ = "python -m torch.cuda._memory_viz trace_plot {file} -o {html}"
+"""How a snapshot opens in a browser without a network (or: drag the file into https://pytorch.org/memory_viz)."""
+
+
+def snapshots_section(data: ReportData) -> list[Block]:
+    """The allocator's snapshots the ranks wrote, and how to open them; where a rank ran out of memory on CPU,
+    why there is none."""
+    rows: list[tuple[str, str]] = []
+    for r in data.model.ranks:
+        for s in r.state.snapshots:
+            moment = "at its OOM" if s.moment == "oom" else "after its explained steps (their peak)"
+            cut = ", its allocation trace left out to keep it under the bound" if s.cut else ""
+            rows.append((f"rank {r.rank}", f"`{s.file}` ({b(s.bytes)}) {moment}{cut}"))
+    story = data.model.first_oom
+    if not rows:
+        if story is not None and not story.oom.device.startswith("cuda"):
+            none = "None: a CPU rank has no caching allocator to snapshot (PyTorch's memory snapshots are CUDA's)."
+            return [Heading("Memory snapshots"), Para(none)]
+        return []
+    first = next(s.file for r in data.model.ranks for s in r.state.snapshots)
+    html = first.rsplit("/", 1)[-1].removesuffix(".pickle") + ".html"
+    how = MEMORY_VIZ.format(file=data.run.path / first, html=html)
+    return [Heading("Memory snapshots"), Facts(tuple(rows)),
+            Para(f"Open one in a browser: `{how}`, or drag it into https://pytorch.org/memory_viz.")]
+
+
 def findings_section(data: ReportData) -> list[Block]:
     findings = data.findings
     blocks: list[Block] = [Heading("Findings")]
@@ -267,6 +293,7 @@ def report_blocks(data: ReportData) -> list[Block]:
     return [
         *header(data),
         *oom_section(data),
+        *snapshots_section(data),
         *findings_section(data),
         *ranks_section(data),
         *memory_section(data),

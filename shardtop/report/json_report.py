@@ -113,6 +113,10 @@ def _rank(m: RunModel, r: RankFacts) -> dict[str, Any]:
         "memory_by_step": [[p.step, p.bytes] for p in r.state.step_memory],
         "growth": _growth(m.growth.get(r.rank)),
         "stall": _stall(m.stalls.get(r.rank)),
+        "snapshots": [
+            {"moment": s.moment, "file": s.file, "bytes": s.bytes, "cut": s.cut, "entries": s.entries}
+            for s in r.state.snapshots
+        ],
     }
 
 

@@ -322,6 +322,7 @@ FAULT_PARTS: dict[str, str] = {
     "steps": "step recorder",
     "run": "run directory",
     "split": "memory split",
+    "snapshots": "memory snapshot writer",
 }
 """``Fault.part`` in words: "the probe's {words} failed on rank N"."""
 
@@ -424,8 +425,28 @@ class Kept(Event, tag="kept", frozen=True):
     """All of them, each storage once."""
 
 
-AnyEvent = Hello | Tree | Shards | Memory | Phase | Step | Oom | Fault | Exit | Planned | Kept
-EVENT_TYPES: tuple[type[Event], ...] = (Hello, Tree, Shards, Memory, Phase, Step, Oom, Fault, Exit, Planned, Kept)
+SnapshotMoment = Literal["oom", "peak"]
+"""When a rank wrote its allocator's snapshot: at its OOM, or after the steps it explained (their peak)."""
+
+
+class Snapshot(Event, tag="snapshot", frozen=True):
+    """A rank wrote its CUDA allocator's memory snapshot, in PyTorch's own pickle format, for
+    ``torch.cuda._memory_viz`` and pytorch.org/memory_viz."""
+
+    moment: SnapshotMoment
+    file: str
+    """The file's path in the run directory: ``snapshots/rank-R-MOMENT.pickle``."""
+    bytes: int
+    cut: bool = False
+    """The allocation trace was left out to keep the file under its bound (the segments stay)."""
+    entries: int = 0
+    """Allocation trace entries the file holds."""
+
+
+AnyEvent = Hello | Tree | Shards | Memory | Phase | Step | Oom | Fault | Exit | Planned | Kept | Snapshot
+EVENT_TYPES: tuple[type[Event], ...] = (
+    Hello, Tree, Shards, Memory, Phase, Step, Oom, Fault, Exit, Planned, Kept, Snapshot,
+)
 LAST_RECORDS: tuple[type[Event], ...] = (Oom, Fault, Exit)
 """Kinds written (and fsynced) even once the disk is full, into the room kept for them."""
 

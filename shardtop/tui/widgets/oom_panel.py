@@ -79,10 +79,12 @@ def trimmed(text: Text) -> Text:
 
 
 def oom_report(
-    story: OomStory, findings: tuple[Finding, ...], others: tuple[OomStory, ...], peak: MemorySplit | None = None
+    story: OomStory, findings: tuple[Finding, ...], others: tuple[OomStory, ...], peak: MemorySplit | None = None,
+    snapshot: str = "",
 ) -> RenderableType:
     """The OOM panel's content: what failed and what filled the memory (``peak``: the rank's split at
-    its peak, ``RankFacts.memory_peak``), why (the findings that explain it), then the evidence."""
+    its peak, ``RankFacts.memory_peak``), why (the findings that explain it), then the evidence
+    (``snapshot``: the allocator's snapshot the rank wrote at its OOM, its path in the run directory)."""
     oom = story.oom
     head = Text()
     head.append("✗ OUT OF MEMORY", "bold reverse")
@@ -112,6 +114,9 @@ def oom_report(
         )
     if others:
         facts.add_row("also", ", ".join(s.short.removeprefix("OOM on ") for s in others))
+    if snapshot:
+        facts.add_row("snapshot", f"{snapshot}: python -m torch.cuda._memory_viz trace_plot FILE -o oom.html, "
+                                  "or drag it into pytorch.org/memory_viz")
     # the explanation first: what to change is what the user came for; the evidence follows
     why = [f for f in findings if f.severity == "error"]
     other = [f for f in findings if f.severity != "error"]
@@ -149,7 +154,8 @@ class OomPanel(VerticalScroll):
         ooms = model.ooms
         facts = model.rank(ooms[0].rank) if ooms else None
         peak = facts.memory_peak if facts is not None else None
-        key = (tuple(id(s.oom) for s in ooms), findings, id(peak))
+        snapshot = next((s.file for s in facts.state.snapshots if s.moment == "oom"), "") if facts is not None else ""
+        key = (tuple(id(s.oom) for s in ooms), findings, id(peak), snapshot)
         if key == self._shown:
             return
         self._shown = key
@@ -157,4 +163,4 @@ class OomPanel(VerticalScroll):
             self.oom = None
             return
         self.oom = ooms[0]
-        self.query_one("#oom-text", Static).update(oom_report(ooms[0], findings, ooms[1:], peak))
+        self.query_one("#oom-text", Static).update(oom_report(ooms[0], findings, ooms[1:], peak, snapshot))
