@@ -6,7 +6,7 @@
 #   gpu/record.sh PART...     PART: presets1 presets2 scenarios1 scenarios2 own benches (= probe_cost terminal)
 #                             rehearse_story2 rehearse_presets rehearse_own clients client_plans compiled
 #                             over_time story2_fixed_six workspaces unmeasured split_rechecks
-#                             presets_again oom_recheck what_is_kept script_tensors kept_places startup oom_stories
+#                             presets_again oom_recheck what_is_kept script_tensors kept_places startup oom_stories clients_cost
 #
 # presets1/scenarios1 and the rehearse_* parts need one GPU, presets2/scenarios2 two. Run from the project root with the
 # wheels of ../shared/gpu/wheels.sh in .whl/; everything lands under $OUT (or ./gpu-out):
@@ -218,6 +218,10 @@ oom_stories() {  # OOMs that sharding does not fix, each beside a run that comes
 }
 
 probe_cost() { step 150 "probe cost" python3 bench/bench_probe.py --device cuda --profile 25; }
+clients_cost() {  # what shardtop run costs real clients, fixed and per step (CLIENTS=hf,zero3,plain)
+  step 540 "clients alone and under shardtop run" python3 bench/bench_clients.py --device cuda --pairs ${PAIRS:-5} \
+    --short 20 --long 200 --clients "${CLIENTS:-hf,zero3,plain}"
+}
 terminal() { step 150 "terminal traffic" python3 bench/bench_ssh.py --nvml real --seconds 15 --dump "$OUT/ssh-bytes"; }
 benches() { probe_cost; terminal; }
 startup() {  # where attach's first frame spends its time, and first frames beside nvitop; ALSO=DIR: another checkout too

@@ -48,9 +48,10 @@ def main() -> None:
     model = tiny_llama()
     data = TokenStream() if args.stream else Tokens()
     trainer = Trainer(model=with_lora(model) if args.lora else model, args=training, train_dataset=data)
-    trainer.train()
+    result = trainer.train()
     print(f"trained as {trainer.accelerator.distributed_type} ({type(trainer.model_wrapped).__name__}), "
           f"rank {training.process_index} of {training.world_size}", flush=True)
+    print(f"loop seconds {result.metrics['train_runtime']:.4f}", flush=True)
 
 
 if __name__ == "__main__":

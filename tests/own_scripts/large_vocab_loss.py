@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import resource
+import time
 
 import torch
 from torch import nn
@@ -58,6 +59,7 @@ def main() -> None:
     elif args.cap_mib:
         _, hard = resource.getrlimit(resource.RLIMIT_DATA)
         resource.setrlimit(resource.RLIMIT_DATA, (data_segment() + (args.cap_mib << 20), hard))
+    started = time.perf_counter()
     for step in range(1, args.steps + 1):
         generator = torch.Generator().manual_seed(step)
         tokens = torch.randint(0, args.vocab, (4, args.seq + 1), generator=generator).to(device)
@@ -67,6 +69,7 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad()
         print(f"step {step} loss {loss.item():.4f}", flush=True)
+    print(f"loop seconds {time.perf_counter() - started:.4f}", flush=True)
 
 
 if __name__ == "__main__":

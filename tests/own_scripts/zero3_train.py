@@ -9,6 +9,7 @@ so every rank holds it whole until ``deepspeed.initialize`` partitions it.
 from __future__ import annotations
 
 import argparse
+import time
 
 import deepspeed
 import torch
@@ -36,11 +37,15 @@ def main() -> None:
     model = nn.Sequential(*(nn.Linear(args.width, args.width) for _ in range(4)), nn.Linear(args.width, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    started = time.perf_counter()
     for _ in range(args.steps):
         x, y = torch.randn(2, args.width, device=device), torch.randn(2, 1, device=device)
         loss = nn.functional.mse_loss(engine(x), y)
         engine.backward(loss)
         engine.step()
+    if args.cuda:
+        torch.cuda.synchronize()
+    print(f"loop seconds {time.perf_counter() - started:.4f}", flush=True)
 
 
 if __name__ == "__main__":
