@@ -56,7 +56,7 @@ from shardtop.diagnose import (
     zero3,
     zero12,
 )
-from shardtop.diagnose.finding import SEVERITIES, Evidence, Finding, Rule, Severity, severity_key
+from shardtop.diagnose.finding import SEVERITIES, Evidence, Explanation, Finding, Rule, Severity, severity_key
 from shardtop.read.run_model import RunModel
 
 RULES: tuple[Rule[Any], ...] = (
@@ -65,7 +65,8 @@ RULES: tuple[Rule[Any], ...] = (
     fsdp.STRAY_LAYERS,
     fsdp.SINGLE_UNIT,
     fsdp.NO_DATA_PARALLEL,
-    zero3.SINGLE_RANK,
+    zero3.ZERO3_SINGLE_RANK,
+    zero3.FSDP_SINGLE_RANK,
     placement.IMBALANCE,
     placement.WRONG_GPU,
     fsdp_settings.FP16_UNSCALED,
@@ -106,8 +107,7 @@ def diagnose(model: RunModel) -> list[Finding]:
 
 def _apply(rule: Rule[Any], model: RunModel) -> Finding | None:
     try:
-        evidence = rule.find(model)
-        return None if evidence is None else rule.explain(evidence)
+        return rule.apply(model)
     except Exception as e:  # noqa: BLE001 - one broken rule must not hide the others
         return rule_failed(rule.code, e)
 
@@ -130,4 +130,4 @@ def rule_failed(code: str, error: Exception) -> Finding:
     )
 
 
-__all__ = ["RULES", "SEVERITIES", "Evidence", "Finding", "Rule", "Severity", "diagnose", "severity_key"]
+__all__ = ["RULES", "SEVERITIES", "Evidence", "Explanation", "Finding", "Rule", "Severity", "diagnose", "severity_key"]

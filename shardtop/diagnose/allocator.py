@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from shardtop.diagnose.facts import OomEvidence, fmt
-from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.rank_facts import RankFacts
 from shardtop.read.run_model import RunModel
 from shardtop.rundir.memory_figures import GpuMemory
@@ -74,7 +74,7 @@ def find_fragmented(m: RunModel) -> Fragmented | None:
     return None
 
 
-def explain_fragmented(e: Fragmented) -> Finding:
+def explain_fragmented(e: Fragmented) -> Explanation:
     o = e.oom
     detail = (
         f"When rank {o.rank} ran out of memory on {o.device} during {o.phase}, its allocator had "
@@ -110,13 +110,11 @@ def explain_fragmented(e: Fragmented) -> Finding:
                 " Tensors whose size changes from step to step (variable sequence lengths) fragment most: "
                 "padding batches to a few fixed shapes helps too."
             )
-    return Finding(
-        code="allocator-fragmentation",
+    return Explanation(
         title=f"{fmt(e.cached_free)} free in the allocator's cache at rank {o.rank}'s OOM "
         f"({e.share:.0%} of its {fmt(e.cap)}): fragmentation",
         detail=detail,
         fix=fix,
-        evidence=e,
         severity="error" if e.would_fit else "warning",
         saving_bytes=e.cached_free,
         modules=(o.module,) if o.module is not None else (),
@@ -217,7 +215,7 @@ def find_outside_pytorch(m: RunModel) -> OutsidePytorch | None:
     return evidence
 
 
-def explain_outside_pytorch(e: OutsidePytorch) -> Finding:
+def explain_outside_pytorch(e: OutsidePytorch) -> Explanation:
     w = e.worst
     detail = (
         f"NVML counts {fmt(w.used)} in use on GPU {w.gpu} ({w.host}), while rank {w.rank}'s allocator had "
@@ -257,12 +255,10 @@ def explain_outside_pytorch(e: OutsidePytorch) -> Finding:
         "CUDA context in the process." + nccl + " `torch.cuda.mem_get_info()` next to `torch.cuda.memory_reserved()` "
         "shows the gap from inside the rank."
     )
-    return Finding(
-        code="memory-outside-pytorch",
+    return Explanation(
         title=f"{fmt(w.outside)} of GPU {w.gpu} is used outside PyTorch's allocator (rank {w.rank})",
         detail=detail,
         fix=fix,
-        evidence=e,
         severity="error" if e.oom is not None else "warning",
         saving_bytes=e.excess or None,
     )

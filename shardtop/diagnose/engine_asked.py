@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.run_model import RunModel
 from shardtop.units import format_bytes
 
@@ -52,7 +52,7 @@ def find_engine_not_asked(m: RunModel) -> EngineNotAsked | None:
     return EngineNotAsked(asked, engine, device, m.world_size, m.full_bytes)
 
 
-def explain_engine_not_asked(e: EngineNotAsked) -> Finding:
+def explain_engine_not_asked(e: EngineNotAsked) -> Explanation:
     asked, engine = NAMES.get(e.asked, e.asked), NAMES.get(e.engine, e.engine)
     whole = f" ({format_bytes(e.model_bytes)})" if e.model_bytes and e.engine in ("ddp", "plain") else ""
     detail = (
@@ -65,12 +65,10 @@ def explain_engine_not_asked(e: EngineNotAsked) -> Finding:
     else:
         fix = (f"Check which engine the script and its launcher set up (`accelerate env`, the Trainer's "
                f"arguments): the ranks did not apply the {asked} that was asked.")
-    return Finding(
-        code="engine-not-as-asked",
+    return Explanation(
         title=f"{asked} was asked for, the ranks run {engine}",
         detail=detail,
         fix=fix,
-        evidence=e,
         severity="warning",
     )
 

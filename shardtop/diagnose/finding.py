@@ -1,10 +1,11 @@
 """``Finding``: one diagnosis, in the user's words, rendered from the evidence that made it.
 
-A rule is two functions (``Rule``): ``find`` reads the run's ``RunModel`` and
-returns typed evidence — numbers, modules, engine facts, the samples used —
-or None; ``explain`` turns that evidence, and nothing else, into a
-``Finding``.  So every word a finding says can be checked against its
-evidence, which the JSON report carries whole.
+A rule is its finding's code and two functions (``Rule``): ``find`` reads the
+run's ``RunModel`` and returns typed evidence — numbers, modules, engine
+facts, the samples used — or None; ``explain`` turns that evidence, and
+nothing else, into the finding's words (``Explanation``).  The rule joins
+code, words and evidence into a ``Finding``, so every word a finding says can
+be checked against its evidence, which the JSON report carries whole.
 """
 
 from __future__ import annotations
@@ -27,6 +28,22 @@ class Evidence:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What a finding says, in the user's words: written by a rule's ``explain`` from its evidence alone."""
+
+    title: str
+    detail: str
+    """What happened, with the numbers that show it."""
+    fix: str
+    """What to change, in the user's terms."""
+    severity: Severity = "warning"
+    saving_bytes: int | None = None
+    """Estimated bytes saved per rank by the fix."""
+    modules: tuple[str, ...] = ()
+    """Tree paths the finding concerns (empty: the whole run)."""
 
 
 @dataclass(frozen=True)
@@ -54,9 +71,21 @@ class Rule(Generic[E]):
     """A rule: evidence from the run, then words from the evidence."""
 
     code: str
+    """The code of the findings it makes."""
     find: Callable[[Any], E | None]
     """``RunModel`` → evidence, or None when the run does not show it."""
-    explain: Callable[[E], Finding]
+    explain: Callable[[E], Explanation]
+
+    def apply(self, model: Any) -> Finding | None:
+        """The rule's finding on ``model`` (a ``RunModel``), or None when the run does not show it."""
+        evidence = self.find(model)
+        if evidence is None:
+            return None
+        words = self.explain(evidence)
+        return Finding(
+            code=self.code, title=words.title, detail=words.detail, fix=words.fix, evidence=evidence,
+            severity=words.severity, saving_bytes=words.saving_bytes, modules=words.modules,
+        )
 
 
 def severity_key(finding: Finding) -> tuple[int, int]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.diagnose.facts import ENGINE_WORDS, FSDP_ENGINES, ITEMSIZES, Driver, driver_of, fmt
-from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.run_model import RunModel
 from shardtop.words import list_names
 
@@ -105,7 +105,7 @@ def find_frozen_in_unit(m: RunModel) -> FrozenInUnit | None:
     return found if found.wasted_bytes_per_rank >= WASTED_MIN_BYTES else None
 
 
-def explain_frozen_in_unit(e: FrozenInUnit) -> Finding:
+def explain_frozen_in_unit(e: FrozenInUnit) -> Explanation:
     engine = ENGINE_WORDS.get(e.engine, e.engine)
     total = e.frozen_numel + e.trainable_numel
     detail = (
@@ -127,13 +127,11 @@ def explain_frozen_in_unit(e: FrozenInUnit) -> Finding:
         "module whose parameters all require grad. The frozen units then have no gradient at all. FSDP2 "
         "(fully_shard) allocates gradients for trainable parameters only."
     )
-    return Finding(
-        code="fsdp-frozen-and-trainable-in-one-unit",
+    return Explanation(
         title=f"Gradients for frozen parameters: {fmt(e.wasted_bytes_per_rank)} per rank "
         f"({e.units} FSDP unit(s) mix frozen and trainable parameters)",
         detail=detail,
         fix=fix,
-        evidence=e,
         severity="warning",
         saving_bytes=e.wasted_bytes_per_rank,
         modules=e.unit_modules,

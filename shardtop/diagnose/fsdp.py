@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.diagnose.facts import FSDP_ENGINES, Driver, OomEvidence, driver_of, first_oom_evidence, fmt
-from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.rank_facts import RankFacts
 from shardtop.read.run_model import RunModel
 from shardtop.read.tree_facts import covering_rows
@@ -129,13 +129,12 @@ def find_single_unit(m: RunModel) -> SingleUnit | None:
     )
 
 
-def explain_one_layer(e: SingleUnit) -> Finding:
+def explain_one_layer(e: SingleUnit) -> Explanation:
     """Nearly the whole model is one layer: say what the peak holds, and no fix (none in the wrapping exists)."""
     layer = f"`{e.largest_layer}`" if e.largest_layer else "the root module"
     share = e.largest_layer_bytes / e.model_bytes
     oom = f" Rank {e.oom.rank} ran out of memory during {e.oom.phase}." if e.oom is not None else ""
-    return Finding(
-        code="fsdp-single-unit",
+    return Explanation(
         title=f"One layer is {share:.0%} of the model: FSDP gathers all of it at once, however it is wrapped",
         detail=(
             f"{layer} ({e.largest_layer_type}) holds {fmt(e.largest_layer_bytes)} of parameters, {share:.0%} of "
@@ -145,13 +144,12 @@ def explain_one_layer(e: SingleUnit) -> Finding:
             f"parameters over several units.{oom}"
         ),
         fix="",
-        evidence=e,
         severity="error" if e.oom is not None else "info",
         modules=(e.largest_layer,) if e.largest_layer else (),
     )
 
 
-def explain_single_unit(e: SingleUnit) -> Finding:
+def explain_single_unit(e: SingleUnit) -> Explanation:
     if e.one_layer:
         return explain_one_layer(e)
     where = f"`{e.unit_module}`" if e.unit_module else "the root module"
@@ -187,14 +185,12 @@ def explain_single_unit(e: SingleUnit) -> Finding:
             "Give FSDP an auto-wrap policy on the repeated block: "
             f"`FSDP(model, auto_wrap_policy=ModuleWrapPolicy({{{e.block_type}}}), ...)`."
         )
-    return Finding(
-        code="fsdp-single-unit",
+    return Explanation(
         title="FSDP wraps nearly the whole model in one unit: every step gathers all of it at once"
         if e.units > 1
         else "FSDP wraps the whole model in one unit: every step gathers all parameters at once",
         detail=detail,
         fix=fix,
-        evidence=e,
         severity="error" if e.oom is not None else "warning",
         saving_bytes=max(0, e.unit_bytes - e.largest_block_bytes) if e.block_count else None,
         modules=(e.unit_module,),
@@ -261,7 +257,7 @@ def find_stray_layers(m: RunModel) -> StrayLayers | None:
     )
 
 
-def explain_stray_layers(e: StrayLayers) -> Finding:
+def explain_stray_layers(e: StrayLayers) -> Explanation:
     where = f"on {', '.join(e.stray_devices)}" if e.stray_devices else ""
     if e.unit_devices and e.stray_devices and set(e.unit_devices) != set(e.stray_devices):
         where += f", while the units' shards are on {', '.join(e.unit_devices)}"
@@ -292,12 +288,10 @@ def explain_stray_layers(e: StrayLayers) -> Finding:
     else:
         fix = raw_fix
     n = e.world_size
-    return Finding(
-        code="fsdp-manual-wrap-ignored",
+    return Explanation(
         title=f"{fmt(e.stray_bytes)} of parameters are outside every FSDP unit, held whole on every rank",
         detail=detail,
         fix=fix,
-        evidence=e,
         severity="warning",
         saving_bytes=e.stray_bytes * (n - 1) // n,
         modules=e.stray_modules,
@@ -339,7 +333,7 @@ def find_no_data_parallel(m: RunModel) -> NoDataParallel | None:
     )
 
 
-def explain_no_data_parallel(e: NoDataParallel) -> Finding:
+def explain_no_data_parallel(e: NoDataParallel) -> Explanation:
     n = e.world_size
     mesh = f" is {e.mesh_shape} ({e.mesh_dims})" if e.mesh_shape else ""
     detail = (
@@ -363,12 +357,10 @@ def explain_no_data_parallel(e: NoDataParallel) -> Finding:
             f'Shard over all {n} ranks: `mesh = init_device_mesh(device_type, ({n},), mesh_dim_names=("dp",))` '
             "and `fully_shard(module, mesh=mesh)`."
         )
-    return Finding(
-        code="fsdp2-no-data-parallel",
+    return Explanation(
         title="FSDP2's data-parallel mesh has size 1: nothing is sharded",
         detail=detail,
         fix=fix,
-        evidence=e,
         severity="warning",
         saving_bytes=e.rank_param_bytes * (n - 1) // n,
     )

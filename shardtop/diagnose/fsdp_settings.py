@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.diagnose.facts import FSDP_ENGINES
-from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.diagnose.fsdp import fsdp_rank
 from shardtop.read.run_model import RunModel
 
@@ -42,7 +42,7 @@ def find_fp16_unscaled(m: RunModel) -> Fp16Unscaled | None:
     return Fp16Unscaled(param_dtype, str(info.get("reduce_dtype") or ""), precision, m.lightning or bool(precision))
 
 
-def explain_fp16_unscaled(e: Fp16Unscaled) -> Finding:
+def explain_fp16_unscaled(e: Fp16Unscaled) -> Explanation:
     detail = (
         f"FSDP computes in float16 (MixedPrecision param_dtype={e.param_dtype}"
         + (f", reduce_dtype={e.reduce_dtype}" if e.reduce_dtype else "")
@@ -63,12 +63,10 @@ def explain_fp16_unscaled(e: Fp16Unscaled) -> Finding:
             "(`scaler.scale(loss).backward(); scaler.step(opt); scaler.update()`), or use "
             "`MixedPrecision(param_dtype=torch.bfloat16)`, which needs no scaler."
         )
-    return Finding(
-        code="precision-mismatch",
+    return Explanation(
         title="float16 mixed precision without loss scaling",
         detail=detail,
         fix=fix,
-        evidence=e,
         severity="warning",
     )
 
@@ -97,7 +95,7 @@ def find_offload_missing(m: RunModel) -> OffloadMissing | None:
     return OffloadMissing(tuple(sorted(r.by_device)), s.info.get("root_wrapped") is not False)
 
 
-def explain_offload_missing(e: OffloadMissing) -> Finding:
+def explain_offload_missing(e: OffloadMissing) -> Explanation:
     detail = (
         "cpu_offload was requested, but no FSDP unit offloads its parameters: "
         f"they stay on {', '.join(e.devices) or '?'}."
@@ -109,13 +107,11 @@ def explain_offload_missing(e: OffloadMissing) -> Finding:
         )
     if not e.root_wrapped:
         detail += " Offloading only ever applies to FSDP units: layers outside every unit are never offloaded."
-    return Finding(
-        code="cpu-offload-not-applied",
+    return Explanation(
         title="CPU offload was requested but is not in effect",
         detail=detail,
         fix="On GPUs, pass `cpu_offload=CPUOffload(offload_params=True)` to every unit (Lightning: "
         "`FSDPStrategy(cpu_offload=True)` with the layers wrapped by the strategy, not by hand).",
-        evidence=e,
         severity="info",
     )
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.memory_growth import Growth
 from shardtop.read.run_model import RunModel
 from shardtop.rundir.events import KeptTensor
@@ -107,7 +107,7 @@ def _tensor_words(t: KeptRow) -> str:
     return f"{count} of {shape} {t.dtype} made by {where}, {format_bytes(t.bytes)}"
 
 
-def explain_growing(e: Growing) -> Finding:
+def explain_growing(e: Growing) -> Explanation:
     g = e.growth
     others = [r for r in e.ranks if r != e.rank]
     also = f" ({plural(len(others), 'other rank')} grow too: {', '.join(map(str, others))})" if others else ""
@@ -144,12 +144,10 @@ def explain_growing(e: Growing) -> Finding:
         else "Find what holds on to memory between steps: tensors appended to lists, caches keyed by step, "
         "hooks that store their inputs or outputs."
     )
-    return Finding(
-        code="memory-grows-every-step",
+    return Explanation(
         title=f"Memory grows {format_bytes(round(g.rate))} every step on rank {e.rank}",
         detail=" ".join(parts),
         fix=fix,
-        evidence=e,
         severity="warning",
         modules=tuple(t.module for t in e.kept[:3] if t.module) if e.kept_explains else (),
     )

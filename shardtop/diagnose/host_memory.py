@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.diagnose.facts import ENGINE_WORDS, Driver, OomEvidence, driver_of, fmt
-from shardtop.diagnose.finding import Evidence, Finding, Rule, Severity
+from shardtop.diagnose.finding import Evidence, Explanation, Rule, Severity
 from shardtop.read.oom_story import OomStory
 from shardtop.read.rank_facts import RankFacts
 from shardtop.read.run_model import RunModel
@@ -155,7 +155,7 @@ def _fix(e: WholeOnHost) -> str:
     )
 
 
-def explain_whole_on_host(e: WholeOnHost) -> Finding:
+def explain_whole_on_host(e: WholeOnHost) -> Explanation:
     engine = ENGINE_WORDS.get(e.engine, e.engine or "the engine")
     room = (
         f"the {fmt(e.available)} this job may use (its cgroup's limit; the host has {fmt(e.host_memory)})"
@@ -178,13 +178,11 @@ def explain_whole_on_host(e: WholeOnHost) -> Finding:
         )
     severity: Severity = "error" if e.oom is not None else "warning" if e.share >= HOST_WARN_SHARE else "info"
     n = e.ranks
-    return Finding(
-        code="host-memory-whole-model-per-rank",
+    return Explanation(
         title=f"Every rank on {e.host} loads the whole model into host memory: {n} × {fmt(e.model_bytes)} = "
         f"{e.share:.0%} of {fmt(e.available)}",
         detail=detail,
         fix=_fix(e),
-        evidence=e,
         severity=severity,
         saving_bytes=e.model_bytes * (n - 1) // n,
     )

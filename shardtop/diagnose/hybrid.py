@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.diagnose.facts import ENGINE_WORDS, FSDP_ENGINES, Driver, driver_of, fmt
-from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.run_model import RunModel
 
 
@@ -64,7 +64,7 @@ def find_hybrid_shard(m: RunModel) -> HybridShard | None:
     )
 
 
-def explain_hybrid_shard(e: HybridShard) -> Finding:
+def explain_hybrid_shard(e: HybridShard) -> Explanation:
     s, n, rep = e.shard_group_size, e.world_size, e.replicate_group_size
     engine = ENGINE_WORDS.get(e.engine, e.engine)
     detail = (
@@ -93,8 +93,7 @@ def explain_hybrid_shard(e: HybridShard) -> Finding:
             f"To shard over every rank: `{strategy}`, or a device_mesh (replicate, shard) with a larger shard "
             f"dimension. Each rank then holds 1/{n} (or 1/shard) of the model, at the cost of all-gathers across nodes."
         )
-    return Finding(
-        code="fsdp-hybrid-shard",
+    return Explanation(
         title=(
             f"{e.strategy} with shard groups of one rank shards nothing: each rank holds the whole model"
             if s == 1
@@ -102,7 +101,6 @@ def explain_hybrid_shard(e: HybridShard) -> Finding:
         ),
         detail=detail,
         fix=fix,
-        evidence=e,
         severity="warning" if s == 1 else "info",
         saving_bytes=max(0, e.rank_param_bytes - e.full_shard_bytes),
     )

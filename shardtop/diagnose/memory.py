@@ -13,7 +13,7 @@ from shardtop.diagnose.facts import (
     OomEvidence,
     fmt,
 )
-from shardtop.diagnose.finding import Evidence, Finding, Rule, Severity
+from shardtop.diagnose.finding import Evidence, Explanation, Rule, Severity
 from shardtop.diagnose.oom_fix import LIGHTER_OPTIMIZER, OutOfMemory, held_at_oom, offload_words, oom_fix
 from shardtop.read.run_model import RunModel
 from shardtop.words import module_label
@@ -115,7 +115,7 @@ def _optimizer_fix(e: OptimizerHeavy, shards_it: bool) -> tuple[str, int | None]
     )
 
 
-def explain_optimizer_heavy(e: OptimizerHeavy) -> Finding:
+def explain_optimizer_heavy(e: OptimizerHeavy) -> Explanation:
     name = f" ({e.optimizer})" if e.optimizer else ""
     detail = (
         f"Rank {e.rank} keeps {fmt(e.optimizer_bytes)} of optimizer state{name} — as much as or more than its "
@@ -136,8 +136,7 @@ def explain_optimizer_heavy(e: OptimizerHeavy) -> Finding:
         severity = "warning"
     fix, saving = _optimizer_fix(e, shards_it)
     total = max(e.param_bytes + e.grad_bytes, 1)
-    return Finding(
-        code="optimizer-state-dominates",
+    return Explanation(
         title=f"Optimizer state ({fmt(e.optimizer_bytes)} per rank) "
         + (
             f"outweighs parameters and gradients {e.optimizer_bytes / total:.1f}×"
@@ -146,7 +145,6 @@ def explain_optimizer_heavy(e: OptimizerHeavy) -> Finding:
         ),
         detail=detail,
         fix=fix,
-        evidence=e,
         severity=severity,
         saving_bytes=saving,
     )
@@ -180,7 +178,7 @@ def find_out_of_memory(m: RunModel) -> OutOfMemory | None:
     )
 
 
-def explain_out_of_memory(e: OutOfMemory) -> Finding:
+def explain_out_of_memory(e: OutOfMemory) -> Explanation:
     o = e.oom
     where = f" in `{module_label(o.module)}`" if o.module is not None else ""
     detail = f"Rank {o.rank} ran out of memory on {o.device} during {o.phase}" + (f" (step {o.step})" if o.step else "")
@@ -208,12 +206,10 @@ def explain_out_of_memory(e: OutOfMemory) -> Finding:
         detail += f" At the rank's peak{e.peak.when}: {e.peak.sentence()}."
     if e.others:
         detail += " Also out of memory: " + ", ".join(e.others) + "."
-    return Finding(
-        code="oom",
+    return Explanation(
         title=f"Rank {o.rank} ran out of memory during {o.phase}{where}",
         detail=detail,
         fix=oom_fix(e),
-        evidence=e,
         severity="error",
         modules=(o.module,) if o.module is not None else (),
     )
@@ -255,7 +251,7 @@ def find_nothing_recorded(m: RunModel) -> NothingRecorded | None:
     return NothingRecorded(m.status_text, m.world_size, last_error[:300], log, tuple(m.log_tails), rehearsed)
 
 
-def explain_nothing_recorded(e: NothingRecorded) -> Finding:
+def explain_nothing_recorded(e: NothingRecorded) -> Explanation:
     ranks = f"the rehearsed {e.rehearsed}" if e.rehearsed else "its ranks"
     if e.last_error:
         detail = (
@@ -271,12 +267,10 @@ def explain_nothing_recorded(e: NothingRecorded) -> Finding:
         )
         fix = (f"Look at the run's logs ({logs} in the run directory) and run again." if logs
                else "The run left no log either: run it again in a terminal to see what stops it.")
-    return Finding(
-        code="nothing-recorded",
+    return Explanation(
         title="Nothing was recorded: the ranks ended before the probe came up",
         detail=detail,
         fix=fix,
-        evidence=e,
         severity="error" if not e.status.startswith("finished") else "warning",
     )
 

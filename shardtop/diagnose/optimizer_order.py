@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.diagnose.facts import ENGINE_WORDS, Driver, driver_of, fmt
-from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.run_model import RunModel
 
 WRAPPING = {
@@ -64,7 +64,7 @@ def find_optimizer_before_wrap(m: RunModel) -> OptimizerBeforeWrap | None:
     return worst
 
 
-def explain_optimizer_before_wrap(e: OptimizerBeforeWrap) -> Finding:
+def explain_optimizer_before_wrap(e: OptimizerBeforeWrap) -> Explanation:
     engine = ENGINE_WORDS.get(e.engine, e.engine)
     every = e.stale_params == e.optimizer_params
     detail = (
@@ -93,12 +93,10 @@ def explain_optimizer_before_wrap(e: OptimizerBeforeWrap) -> Finding:
         )
     else:
         fix = "Build the optimizer from the wrapped model's parameters, after wrapping it."
-    return Finding(
-        code="optimizer-before-wrap",
+    return Explanation(
         title=f"The optimizer was built before {engine} wrapped the model: it steps {e.stale_params} stale tensor(s)",
         detail=detail,
         fix=fix,
-        evidence=e,
         severity="warning",
         saving_bytes=e.stale_bytes or None,
     )

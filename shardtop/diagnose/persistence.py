@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.diagnose.facts import Driver, driver_of, fmt
-from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.run_model import RunModel
 from shardtop.read.tree_facts import covering_rows
 from shardtop.rundir.events import Shards
@@ -84,7 +84,7 @@ def _persistent_modules(m: RunModel, s: Shards) -> tuple[str, ...]:
     return tuple(m.path(row) for row in rows)
 
 
-def explain_persistent(e: Persistent) -> Finding:
+def explain_persistent(e: Persistent) -> Explanation:
     n = e.data_parallel_size
     share = e.persistent_bytes / e.model_bytes
     threshold = f"{e.threshold:,}" if e.threshold is not None else "its"
@@ -105,13 +105,11 @@ def explain_persistent(e: Persistent) -> Finding:
         f"Lower the threshold below the size of the tensors that should be sharded, or to 0, in {where}. Those "
         "tensors are then all-gathered for every forward and backward like the rest: more, smaller collectives."
     )
-    return Finding(
-        code="zero3-persistence-threshold",
+    return Explanation(
         title=f"ZeRO-3 keeps {fmt(e.persistent_bytes)} ({share:.0%} of the model) whole on every rank: "
         "its tensors are under the persistence threshold",
         detail=detail,
         fix=fix,
-        evidence=e,
         severity="warning",
         saving_bytes=e.freed_bytes,
         modules=e.modules,

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from shardtop.diagnose.facts import OomEvidence, fmt
-from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.rank_facts import RankFacts
 from shardtop.read.run_model import RunModel
 from shardtop.read.tree_facts import covering_rows
@@ -265,7 +265,7 @@ def _line(c: Comparison) -> str:
     return f"{what}: {c.heavy} holds {fmt(c.heavy_bytes)}, {c.light} nothing."
 
 
-def explain_imbalance(e: Imbalance) -> Finding:
+def explain_imbalance(e: Imbalance) -> Explanation:
     main = e.main
     detail = " ".join(_line(c) for c in (main, *e.others))
     if e.modules:
@@ -285,13 +285,11 @@ def explain_imbalance(e: Imbalance) -> Finding:
             "Give every rank the same share: shard what the heavy side holds whole (an FSDP auto-wrap policy or "
             "ZeRO-3 instead of modules kept on one rank), or move layers from the heavy rank to the light one."
         )
-    return Finding(
-        code="placement-imbalance",
+    return Explanation(
         title=f"{main.heavy[0].upper()}{main.heavy[1:]} holds {fmt(main.heavy_bytes)}, {main.light} only "
         f"{fmt(main.light_bytes)} ({KIND_TITLES[main.kind]})",
         detail=detail,
         fix=fix,
-        evidence=e,
         severity="error" if e.oom is not None else "warning",
         saving_bytes=max(0, main.heavy_bytes - main.mean_bytes),
         modules=e.modules,
@@ -347,7 +345,7 @@ def find_wrong_gpu(m: RunModel) -> WrongGpu | None:
     return WrongGpu(tuple(found[k] for k in sorted(found)), seen)
 
 
-def explain_wrong_gpu(e: WrongGpu) -> Finding:
+def explain_wrong_gpu(e: WrongGpu) -> Explanation:
     lines = [
         f"GPU {c.gpu} also lists rank {c.rank}'s process (pid {c.pid}), whose own device is {c.own_device}"
         for c in e.contexts
@@ -360,8 +358,7 @@ def explain_wrong_gpu(e: WrongGpu) -> Finding:
         "`torch.cuda.set_device`, which all mean cuda:0 on every rank"
         + (f", so GPU {gpus[0]} fills first." if len(gpus) == 1 else ".")
     )
-    return Finding(
-        code="cuda-context-on-wrong-gpu",
+    return Explanation(
         title=f"{len(e.contexts)} rank(s) hold a CUDA context on a GPU that is not theirs",
         detail=detail,
         fix=(
@@ -369,7 +366,6 @@ def explain_wrong_gpu(e: WrongGpu) -> Finding:
             "(`self.device` in a LightningModule, `torch.device('cuda', local_rank)` elsewhere) instead of "
             '`"cuda"` or `.cuda()`.'
         ),
-        evidence=e,
         severity="warning",
         saving_bytes=None,  # NVML's process list is kept without each process's bytes: no saving follows
     )

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.diagnose.facts import KindsEvidence, fmt
-from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.plan_check import MISS_MIN_BYTES, MISS_RATIO, RankCheck, relative_error
 from shardtop.read.run_model import RunModel
 from shardtop.words import noun
@@ -145,7 +145,7 @@ def _part_words(e: PlanMissed) -> str:
     )
 
 
-def explain_plan_missed(e: PlanMissed) -> Finding:
+def explain_plan_missed(e: PlanMissed) -> Explanation:
     low = e.measured_peak > e.predicted_peak
     others = [r for r in e.ranks if r != e.rank]
     detail = (
@@ -168,13 +168,11 @@ def explain_plan_missed(e: PlanMissed) -> Finding:
         "this batch and strategy) rather than from the plan, for this model and ones like it; "
         "`shardtop report RUN --format json` holds both, rank by rank, for a bug report to shardtop."
     )
-    return Finding(
-        code="plan-missed",
+    return Explanation(
         title=f"The plan was {percent(e.error)} {'low' if low else 'high'}: rank {e.rank} peaked at "
         f"{fmt(e.measured_peak)}, planned {fmt(e.predicted_peak)}",
         detail=detail,
         fix=fix,
-        evidence=e,
         severity="warning",
     )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.run_model import RunModel
 from shardtop.rundir.events import FAULT_PARTS
 
@@ -26,13 +26,12 @@ def find_probe_faults(m: RunModel) -> ProbeFaults | None:
     return ProbeFaults(faults) if faults else None
 
 
-def explain_probe_faults(e: ProbeFaults) -> Finding:
+def explain_probe_faults(e: ProbeFaults) -> Explanation:
     said = [
         f"the {FAULT_PARTS.get(f.part, f.part)} on rank {f.rank} ({f.error})" for f in e.faults[:4]
     ] + ([f"{len(e.faults) - 4} more"] if len(e.faults) > 4 else [])
     parts = sorted({FAULT_PARTS.get(f.part, f.part) for f in e.faults})
-    return Finding(
-        code="probe-fault",
+    return Explanation(
         title=f"shardtop's probe switched off part of its work: {', '.join(parts)}",
         detail=(
             "These parts of the probe failed and were turned off, while training went on: "
@@ -41,7 +40,6 @@ def explain_probe_faults(e: ProbeFaults) -> Finding:
         ),
         fix="Nothing to change in the training. If the error is not a full disk or a memory cap, report it "
         "as a shardtop bug with `shardtop report RUN --format json` attached.",
-        evidence=e,
         severity="info",
     )
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.diagnose.facts import Driver, OomEvidence, driver_of, fmt, oom_avoided_by
-from shardtop.diagnose.finding import Evidence, Finding, Rule, Severity
+from shardtop.diagnose.finding import Evidence, Explanation, Rule, Severity
 from shardtop.diagnose.fsdp import fsdp_rank, managed_bytes
 from shardtop.read.run_model import RunModel
 from shardtop.words import list_names
@@ -95,7 +95,7 @@ def find_not_resharded(m: RunModel) -> NotResharded | None:
     )
 
 
-def explain_not_resharded(e: NotResharded) -> Finding:
+def explain_not_resharded(e: NotResharded) -> Explanation:
     share = e.kept_bytes / e.model_bytes
     s = e.shard_group_size
     if e.own_roots:
@@ -141,13 +141,11 @@ def explain_not_resharded(e: NotResharded) -> Finding:
             f"{where}: each is then all-gathered once more in backward, and holds 1/{s} between forward and backward."
         )
         severity = "info"
-    return Finding(
-        code="fsdp2-not-resharded",
+    return Explanation(
         title=f"{fmt(e.kept_bytes)} of parameters stay gathered from forward to backward on every rank "
         f"({e.units} FSDP2 unit(s) never reshard after forward)",
         detail=detail,
         fix=fix,
-        evidence=e,
         severity="error" if e.oom is not None else severity,
         saving_bytes=e.freed_bytes,
         modules=e.unit_modules,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.diagnose.facts import Driver, OomEvidence, driver_of, fmt
-from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.run_model import RunModel
 from shardtop.read.tree_facts import covering_rows
 from shardtop.words import list_names, module_label
@@ -100,7 +100,7 @@ def _peers_words(e: SetupTransient) -> str:
     )
 
 
-def explain_setup_transient(e: SetupTransient) -> Finding:
+def explain_setup_transient(e: SetupTransient) -> Explanation:
     o, step = e.oom, e.engine_step
     asked = f", asking for {fmt(o.requested_bytes)}" if o.requested_bytes else ""
     detail = f"Rank {o.rank} ran out of memory on {o.device} in {step} during set-up{asked}."
@@ -135,13 +135,11 @@ def explain_setup_transient(e: SetupTransient) -> Finding:
         f"plus the shards of the largest {step} call."
     )
     share = e.model_bytes // max(e.world_size, 1)
-    return Finding(
-        code="sharding-transient-at-setup",
+    return Explanation(
         title=f"Rank {o.rank} ran out of memory in {step} at set-up, with {fmt(e.whole_bytes)} of the model whole"
         + (f" beside {fmt(e.shard_bytes)} of shards" if e.shard_bytes else ""),
         detail=detail,
         fix=fix,
-        evidence=e,
         severity="error",
         saving_bytes=max(0, e.model_bytes - share),
         modules=e.twice,

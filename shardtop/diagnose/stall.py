@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.run_model import RunModel
 from shardtop.read.stalls import Peer, Stall
 
@@ -43,14 +43,13 @@ def _peer_words(p: Peer) -> str:
     return f"rank {p.rank} {'has ended' if p.ended else f'is at step {p.step} ({p.phase})'}"
 
 
-def explain_stalled(e: Stalled) -> Finding:
+def explain_stalled(e: Stalled) -> Explanation:
     s = e.stall
     others = ", ".join(_peer_words(p) for p in s.peers[:4]) + (" …" if len(s.peers) > 4 else "")
     also = [r for r in e.stalled_ranks if r != s.rank]
     more = f" Ranks {', '.join(map(str, also))} are stalled too." if also else ""
     gpu = f" Its GPU reads {e.gpu_util} % busy." if e.gpu_util is not None else ""
-    return Finding(
-        code="rank-stalled",
+    return Explanation(
         title=f"Rank {s.rank} has made no progress for {s.idle_s:.0f} s, in {s.phase or 'its phase'} of step {s.step}",
         detail=(
             f"Rank {s.rank} last moved {s.idle_s:.0f} s ago, {s.idle_s / s.usual_step_s:.0f} times its usual step "
@@ -64,7 +63,6 @@ def explain_stalled(e: Stalled) -> Finding:
             "differs between ranks, the same number of batches on each rank (drop_last, or a sampler that pads), "
             "and the same early stopping decision, agreed on by all ranks."
         ),
-        evidence=e,
         severity="warning",
     )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardtop.diagnose.facts import ENGINE_WORDS, Driver, driver_of, fmt
-from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.run_model import RunModel
 
 REPLICATED_MIN_BYTES = 8 << 20
@@ -78,7 +78,7 @@ def find_replicated_params(m: RunModel) -> ReplicatedParams | None:
     return found
 
 
-def explain_replicated_params(e: ReplicatedParams) -> Finding:
+def explain_replicated_params(e: ReplicatedParams) -> Explanation:
     n = e.data_parallel_size
     engine = ENGINE_WORDS[e.engine]
     split = "optimizer state and gradients" if e.stage == 2 else "optimizer state"
@@ -102,12 +102,10 @@ def explain_replicated_params(e: ReplicatedParams) -> Finding:
         + "), or FSDP. Each rank then holds 1/N of every parameter, frozen ones included, for an all-gather per "
         "layer in forward and backward."
     )
-    return Finding(
-        code="zero12-replicated-params",
+    return Explanation(
         title=f"{engine} keeps {fmt(e.param_bytes)} of parameters whole on every rank, more than all it splits",
         detail=detail,
         fix=fix,
-        evidence=e,
         severity="info",
         saving_bytes=e.freed_bytes,
     )

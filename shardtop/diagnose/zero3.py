@@ -14,7 +14,7 @@ from shardtop.diagnose.facts import (
     first_oom_evidence,
     fmt,
 )
-from shardtop.diagnose.finding import Evidence, Finding, Rule
+from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.run_model import RunModel
 from shardtop.read.tree_facts import covering_rows
 from shardtop.rundir.events import Shards
@@ -187,7 +187,7 @@ NOT_PIPELINING = (
 )
 
 
-def explain_built_whole(e: BuiltWhole) -> Finding:
+def explain_built_whole(e: BuiltWhole) -> Explanation:
     """The finding, told in sentences: what the ranks held, why, the OOM it caused, what ZeRO-3 does."""
     sentences = [
         _what_was_held(e),
@@ -205,12 +205,10 @@ def explain_built_whole(e: BuiltWhole) -> Finding:
             " On one GPU that alone cannot help (zero3-single-rank): on two, each GPU then holds half, "
             f"{fmt(held // 2)} less."
         )
-    return Finding(
-        code="zero3-not-partitioned-at-init",
+    return Explanation(
         title=_built_whole_title(e),
         detail=" ".join(s for s in sentences if s),
         fix=fix,
-        evidence=e,
         severity="error" if e.oom is not None else "warning",
         saving_bytes=held * (ranks - 1) // ranks,
         modules=(e.oom.module,) if e.oom is not None and e.oom.module else e.whole_modules,
@@ -364,6 +362,7 @@ class SingleRank(Evidence):
 
 
 def find_single_rank(m: RunModel) -> SingleRank | None:
+    """Sharding on one rank: ZeRO-3's and FSDP's alike (each rule below keeps its engines)."""
     if m.world_size != 1 or m.engine not in SHARDED_ENGINES or not m.ranks:
         return None
     r = m.ranks[0]
@@ -376,7 +375,7 @@ def find_single_rank(m: RunModel) -> SingleRank | None:
     return SingleRank(m.engine, r.param_bytes or m.full_bytes, m.full_bytes, oom, under_init)
 
 
-def explain_single_rank(e: SingleRank) -> Finding:
+def explain_single_rank(e: SingleRank) -> Explanation:
     engine = ENGINE_WORDS.get(e.engine, e.engine)
     held = e.rank_param_bytes
     stores = (
@@ -417,19 +416,28 @@ def explain_single_rank(e: SingleRank) -> Finding:
     else:
         more = "with an auto-wrap policy on the repeated block"
         offload = "offload instead: `CPUOffload(offload_params=True)` (FSDP2: `CPUOffloadPolicy()`)"
-    return Finding(
-        code="zero3-single-rank" if e.engine == "zero3" else "fsdp-single-rank",
+    return Explanation(
         title=f"{engine} on one rank shards nothing",
         detail=detail,
         fix=f"Run on 2 or more GPUs (`Trainer(devices=N)`, `torchrun --nproc-per-node N`), {more}: each rank then "
         f"holds about 1/N"
         + (f" of the parameters, on two GPUs {fmt(held // 2)} less" if held else "")
         + f". On a single GPU, {offload}.",
-        evidence=e,
         severity="error" if oom is not None else "warning",
         saving_bytes=held // 2 if held else None,  # the fix's two GPUs: each rank holds half the parameters
         modules=(oom.module,) if oom is not None and oom.module else (),
     )
 
 
-SINGLE_RANK = Rule("single-rank", find_single_rank, explain_single_rank)
+def find_zero3_single_rank(m: RunModel) -> SingleRank | None:
+    e = find_single_rank(m)
+    return e if e is not None and e.engine == "zero3" else None
+
+
+def find_fsdp_single_rank(m: RunModel) -> SingleRank | None:
+    e = find_single_rank(m)
+    return e if e is not None and e.engine != "zero3" else None
+
+
+ZERO3_SINGLE_RANK = Rule("zero3-single-rank", find_zero3_single_rank, explain_single_rank)
+FSDP_SINGLE_RANK = Rule("fsdp-single-rank", find_fsdp_single_rank, explain_single_rank)
