@@ -207,6 +207,7 @@ def _follower(root: Path, run_id: str | None) -> RunFollower | None:
 def cmd_runs(args: argparse.Namespace) -> int:
     from shardtop.read.run_summary import summarize
     from shardtop.rundir.run_directory import list_runs
+    from shardtop.words import aligned
 
     root = _root(args)
     runs = list_runs(root)
@@ -219,10 +220,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for run in runs:
         s = summarize(run)
         rows.append((run.id, s.status, s.ranks_cell, str(s.step), s.started, s.note))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        # The last column is not padded: it has no width.
-        print("  ".join(f"{c:<{w}}" for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
+    for line in aligned(rows):
+        print(line)
     return 0
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from shardtop.rehearse.spec import RehearsalSpec
 from shardtop.units import format_bytes
+from shardtop.words import aligned
 
 if TYPE_CHECKING:
     from shardtop.plan.cards import Gpu
@@ -72,8 +73,7 @@ def table(rows: Sequence[RankPeak], gpu: Gpu | None) -> list[str]:
             format_bytes(row.planned) if row.planned is not None else "-",
             "yes" if row.fits(gpu) else "no",
         ))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    out = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines]
+    out = aligned(lines)
     worlds = sorted({row.world for row in rows})
     fitting = [w for w in worlds if all(row.fits(gpu) for row in rows if row.world == w)]
     against = f" on {gpu.name} ({format_bytes(gpu.usable)} usable)" if gpu is not None else ""

@@ -14,6 +14,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from shardtop.words import aligned, column_widths
+
 
 @dataclass(frozen=True)
 class Heading:
@@ -68,17 +70,9 @@ def plain(text: str) -> str:
 
 
 def _text_table(table: Table) -> list[str]:
-    rows = [table.headers, *table.rows]
-    widths = [max(len(plain(r[i])) for r in rows) for i in range(len(table.headers))]
-
-    def line(row: Sequence[str]) -> str:
-        cells = [
-            plain(c).rjust(w) if i in table.right else plain(c).ljust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        return "  ".join(cells).rstrip()
-
-    return [line(table.headers), "  ".join("-" * w for w in widths), *(line(r) for r in table.rows)]
+    rows = [[plain(cell) for cell in row] for row in (table.headers, *table.rows)]
+    header, *lines = aligned(rows, right=table.right)
+    return [header, "  ".join("-" * width for width in column_widths(rows)), *lines]
 
 
 def to_text(blocks: Sequence[Block]) -> str:

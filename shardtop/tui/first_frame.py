@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 from shardtop.tui.format import (
     PROCESS_COLUMNS,
     bar,
-    column_widths,
     fraction,
     gpu_line_parts,
     process_cells,
     truncate,
 )
+from shardtop.words import aligned
 
 if TYPE_CHECKING:
     from textual.driver import Driver
@@ -112,8 +112,7 @@ def process_lines(processes: tuple[GpuProcessInfo, ...]) -> list[str]:
     rows = [process_cells(p, {}) for p in processes]
     shown = [i for i in range(len(PROCESS_COLUMNS)) if any(row[i] for row in rows)]
     table = [[PROCESS_COLUMNS[i] for i in shown], *([row[i] for i in shown] for row in rows)]
-    widths = column_widths(table)
-    return [" " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
+    return [" " + line for line in aligned(table)]
 
 
 def word_lines(words: tuple[str, ...], width: int) -> list[str]:

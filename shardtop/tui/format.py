@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shardtop.units import GiB, format_bytes, short_bytes
+from shardtop.words import column_widths
 
 if TYPE_CHECKING:
     from shardtop.gpus import GpuProcessInfo
@@ -189,11 +190,6 @@ def gpu_line_parts(gpu: GpuMemory, width: int) -> dict[str, str]:
 
 PROCESS_COLUMNS = ("PID", "USER", "GPU", "GPU MEM", "CPU %", "RSS", "RUN / RANK", "COMMAND")
 """The columns of the table of processes on the GPUs, as ``process_cells`` fills them."""
-
-
-def column_widths(rows: Sequence[Sequence[str]]) -> tuple[int, ...]:
-    """Each column's width: that of its widest cell (a header counts as a row)."""
-    return tuple(max(len(cell) for cell in column) for column in zip(*rows, strict=True))
 
 
 def process_cells(p: GpuProcessInfo, owners: Mapping[int, RankOwner]) -> tuple[str, ...]:

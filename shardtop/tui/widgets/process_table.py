@@ -17,10 +17,10 @@ from textual.containers import VerticalScroll
 
 from shardtop.gpus import GpuProcessInfo
 from shardtop.tui.format import PROCESS_COLUMNS as COLUMNS
-from shardtop.tui.format import column_widths, process_cells
+from shardtop.tui.format import process_cells
 from shardtop.tui.repaint import PiecedLine, set_border_text
 from shardtop.tui.watch.run_catalog import RankOwner
-from shardtop.words import plural
+from shardtop.words import column_widths, plural
 
 __all__ = ["COLUMNS", "ProcessRow", "ProcessTable", "process_cells"]
 
