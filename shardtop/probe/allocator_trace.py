@@ -74,7 +74,7 @@ class Census:
 SITES = 3
 """How many places of allocation a split names for its unexplained bytes, the script's and the kept ones."""
 
-SITED = ("unexplained", "script", "kept")
+SITED = ("unexplained", "script", "kept", "other")
 """What a split keeps the places of allocation of: the bytes no source named, the script's own tensors, and
 those kept from earlier steps (a list of logits, a hook's stored activations), which a user finds by their
 line."""
@@ -288,6 +288,7 @@ def traced_splits(
         unexplained_at=split.largest("unexplained"),
         script_at=split.largest("script"),
         kept_at=split.largest("kept"),
+        other_at=split.largest("other"),
     )
     return TracedSplits(peak, split_at(line.length - 1), line)
 

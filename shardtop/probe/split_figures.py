@@ -74,4 +74,5 @@ def split_of_moment(
         unexplained_at=blocks.largest("unexplained"),
         script_at=blocks.largest("script"),
         kept_at=blocks.largest("kept"),
+        other_at=blocks.largest("other"),
     )

@@ -135,7 +135,7 @@ def kinds_sentence(
 
 def split_dict(split: MemorySplit | None) -> dict[str, object] | None:
     """The JSON form (docs/report-json.md): ``{allocated, by_kind, unexplained, unexplained_at, script_at,
-    kept_at, phase, step, source}``."""
+    kept_at, other_at, phase, step, source}``."""
     if split is None:
         return None
     return {
@@ -145,6 +145,7 @@ def split_dict(split: MemorySplit | None) -> dict[str, object] | None:
         "unexplained_at": [{"where": site.where or None, "bytes": site.bytes} for site in split.unexplained_at],
         "script_at": [{"where": site.where, "bytes": site.bytes} for site in split.script_at],
         "kept_at": [{"where": site.where or None, "bytes": site.bytes} for site in split.kept_at],
+        "other_at": [{"where": site.where or None, "bytes": site.bytes} for site in split.other_at],
         "phase": split.phase or None,
         "step": split.step,
         "source": split.source,
@@ -166,6 +167,7 @@ def sites_sentence(split: MemorySplit) -> str | None:
         ("made by the script:", split.script_at, split.by_kind.script),
         ("kept from earlier steps, made", split.kept_at, split.by_kind.kept),
         ("unexplained bytes allocated", split.unexplained_at, split.unexplained),
+        ("other tensors allocated", split.other_at, split.by_kind.other),
     ):
         if sites and total and total > 0 and not (split.allocated and total < SITES_WORTH_SAYING * split.allocated):
             said.append(f"{head} " + "; ".join(_place(site) for site in sites))

@@ -104,6 +104,9 @@ class MemorySplit(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     kept_at: list[AllocationSite] = []
     """Where the largest tensors of ``by_kind.kept`` were made, largest first (at most three); from the
     allocator's trace only."""
+    other_at: list[AllocationSite] = []
+    """Where the largest blocks of ``by_kind.other`` were allocated (an optimizer step's temporaries, module
+    buffers...), largest first (at most three); from the allocator's trace only."""
 
 
 class AllocatorStats(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
