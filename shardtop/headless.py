@@ -8,6 +8,7 @@ that explain a failure.  No torch, no textual.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 from shardtop.diagnose import diagnose
@@ -93,6 +94,22 @@ class HeadlessFollower:
                 self.say(f"rank {r.rank} {r.status.mark} {r.status.words}")
         return m
 
+    def follow(self, ended: Callable[[RunModel], bool], *, goes_on: str, ref: str) -> bool:
+        """Say the milestones until ``ended`` says so of the run as it stands; False where the user stopped
+        following (Ctrl-C), after saying that ``goes_on`` (the run, the command) and how to find it (``ref``)."""
+        try:
+            while not ended(self.poll()):
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            print(
+                f"\nstopped following; {goes_on} goes on. `shardtop attach {ref}` to watch, "
+                f"`shardtop stop {ref}` to end it.",
+                file=self.out,
+                flush=True,
+            )
+            return False
+        return True
+
     def finish(self) -> int:
         self.poll()
         m = self.follower.finish()
@@ -118,18 +135,10 @@ def follow(run: RunDirectory, out: TextIO, every: int = 10) -> int:
     left (a supervisor killed with SIGKILL writes no record: the run is lost).
     """
     follower = HeadlessFollower(run, out, every)
-    try:
-        while True:
-            m = follower.poll()
-            if m.status is not None and m.status.state != "running":
-                break
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        print(
-            f"\nstopped following; the run goes on. `shardtop attach {run.id}` to watch, "
-            f"`shardtop stop {run.id}` to end it.",
-            file=out,
-            flush=True,
-        )
+    if not follower.follow(_over, goes_on="the run", ref=run.id):
         return 130
     return follower.finish()
+
+
+def _over(m: RunModel) -> bool:
+    return m.status is not None and m.status.state != "running"

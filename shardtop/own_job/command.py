@@ -15,7 +15,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -98,24 +97,28 @@ def start_command(
     run_dir: str | None = None,
     name: str | None = None,
     rehearsal: dict[str, Any] | None = None,
+    mem_limit: int | None = None,
 ) -> StartedCommand:
     """Check the command line, make or join the run, start the supervisor; nothing is made on bad input.
 
     ``rehearsal`` (``shardtop rehearse``): the run rehearses these ranks of a larger job, the command
-    once per rank, one after another.
+    once per rank, one after another.  ``mem_limit``: each rank capped at that many bytes
+    (``gpu_mem_limit``, ``own_job/mem_cap.py``).
     """
     command = _check_command(command)
     if runs_dir and run_dir:
         raise RunError("give either --runs-dir (a new run under it) or --run-dir (this run's own directory), not both.")
     run_dir = run_dir or (None if runs_dir else os.environ.get(RUN_DIR_ENV)) or None  # --runs-dir: a new run
     name = name or job_name(command)
+    config: dict[str, Any] = {"program": name, "world_size": 0} if rehearsal is None else {
+        "program": name, "world_size": rehearsal["world_size"], "rehearsal": rehearsal}
+    if mem_limit is not None:
+        config["gpu_mem_limit"] = mem_limit
     meta = {
         "preset": "",  # not a preset: the run is called after its program (config.program)
         "command": command,
         "cwd": os.getcwd(),
-        "config": {"program": name, "world_size": 0}
-        if rehearsal is None
-        else {"program": name, "world_size": rehearsal["world_size"], "rehearsal": rehearsal},
+        "config": config,
         "own_job": True,
     }
     if run_dir:
@@ -145,17 +148,7 @@ def follow_command(job: StartedCommand, out: TextIO, every: int = 10) -> int:
     follower = HeadlessFollower(run, out, every)
     what = "started a new run" if job.created else "joined the run"
     follower.say(f"{what} on {host_name()}; run directory {run.path}; output in {command_log(run)}")
-    try:
-        while job.supervisor.poll() is None:
-            follower.poll()
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        print(
-            f"\nstopped following; the command goes on. `shardtop attach {run.path}` to watch, "
-            f"`shardtop stop {run.path}` to end it.",
-            file=out,
-            flush=True,
-        )
+    if not follower.follow(lambda _: job.supervisor.poll() is not None, goes_on="the command", ref=str(run.path)):
         return 130
     returncode = job.supervisor.returncode
     code = 128 - returncode if returncode < 0 else returncode
