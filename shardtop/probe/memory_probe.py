@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from shardtop.probe.faults import Faults
 from shardtop.probe.kept import KeptTracker, held_storages
@@ -20,6 +20,8 @@ from shardtop.probe.memory import MemorySampler, cuda_allocated
 from shardtop.probe.memory_explain import MemoryExplainer
 from shardtop.probe.snapshots import write_snapshot
 from shardtop.rundir.events import Event, Memory, SnapshotMoment
+
+T = TypeVar("T")
 
 
 def memory_limit_from_env() -> int | None:
@@ -133,6 +135,16 @@ class MemoryProbe:
                 self.explainer.census.kept = self._kept_now
         return self.explainer if self.faults.working("split") else None
 
+    def explain(self, use: Callable[[MemoryExplainer], T]) -> T | None:
+        """``use(explainer)`` under the explainer's guard: what it returns, or None where there is no explainer
+        (it failed before) or ``use`` failed (it is switched off, training goes on)."""
+        explainer = self.current_explainer()
+        if explainer is None:
+            return None
+        with self.faults.guard("split"):
+            return use(explainer)
+        return None
+
     def _split_sample(self, sample: Memory, stats: dict[str, Any] | None, fresh: bool) -> Memory:
         """The sampler's ``detail``: ``sample`` with the split, the allocator's stats and NVML's
         figure for this process; ``sample`` as it was where the split failed."""
@@ -187,10 +199,7 @@ class MemoryProbe:
 
     def forward_again(self) -> None:
         """Another forward began with no other phase in between: what its graph holds starts anew."""
-        explainer = self.current_explainer()
-        if explainer is not None:
-            with self.faults.guard("split"):
-                explainer.activations.note_forward()
+        self.explain(lambda explainer: explainer.activations.note_forward())
 
     def at_phase(self, phase: str, step: int, graph: Any = None) -> None:
         """A new phase began: at a forward, read the heap (CPU) and check for kept tensors; tell the
@@ -202,10 +211,7 @@ class MemoryProbe:
                 kept = self.kept.on_forward(step)
                 if kept is not None:
                     self.write(kept)
-        explainer = self.current_explainer()
-        if explainer is not None:
-            with self.faults.guard("split"):
-                explainer.on_phase(phase, step, graph)
+        self.explain(lambda explainer: explainer.on_phase(phase, step, graph))
         self.sample(fresh_rss=forward_on_cpu, heap=self.forward_heap)
 
     def stop(self) -> None:

@@ -107,10 +107,7 @@ class Probe:
         if device.startswith("cuda"):
             with self.faults.guard("oom"):
                 install_cuda_oom_observer()
-        explainer = self.memory()
-        if explainer is not None:
-            with self.faults.guard("split"):
-                explainer.start()
+        self.memory_probe.explain(lambda explainer: explainer.start())
         self.said_hello = True
         self.pending_hello = None
         self.writer.write(hello_event(self.world_size, self.local_rank, self.node_rank, device, engine=engine,
@@ -133,13 +130,8 @@ class Probe:
     def step(self, step: int, loss: float | None = None, seconds: float | None = None) -> None:
         self.step_index = step
         self.writer.write(Step(step=step, loss=loss, seconds=seconds))
-        explainer = self.memory()
-        if explainer is not None:
-            split = False
-            with self.faults.guard("split"):
-                split = explainer.on_step(step)
-            if split:
-                self.memory_probe.sample()
+        if self.memory_probe.explain(lambda explainer: explainer.on_step(step)):
+            self.memory_probe.sample()
 
     # -- memory ------------------------------------------------------------------
 
@@ -168,10 +160,7 @@ class Probe:
         self.memory_probe.follow_kept(self.names)
         if self._last_target is None:  # before any snapshot (modules still being built): what an OOM reads
             self._last_target = root
-            explainer = self.memory()
-            if explainer is not None:
-                with self.faults.guard("split"):
-                    explainer.set_target(root)
+            self.memory_probe.explain(lambda explainer: explainer.set_target(root))
 
     def snapshot(self, target: Any, stage: SnapshotStage, optimizer: Any = None) -> tuple[Tree, Shards] | None:
         """Write how the model is held now: the tree (only when it changed) and this rank's shards.
@@ -180,20 +169,22 @@ class Probe:
         """
         read: tuple[Tree, Shards] | None = None
         self._last_target = target
-        explainer = self.memory()
-        activations: dict[int, int] | None = None
-        if explainer is not None:
-            with self.faults.guard("split"):
-                explainer.set_target(target, optimizer)
-                activations = explainer.act_bytes()
+
+        def aimed(explainer: MemoryExplainer) -> dict[int, int] | None:
+            explainer.set_target(target, optimizer)
+            return explainer.act_bytes()
+
+        activations = self.memory_probe.explain(aimed)
         if self.faults.working("shards"):
             with self.faults.guard("shards"):
                 read = read_shards(
                     target, tree_id=self._tree_id + 1, stage=stage, optimizer=optimizer, activations=activations
                 )
-        if read is not None and explainer is not None:
-            with self.faults.guard("split"):
-                read = read[0], explainer.annotate(*read)
+        if read is not None:
+            tree_read, shards_read = read
+            annotated = self.memory_probe.explain(lambda explainer: explainer.annotate(tree_read, shards_read))
+            if annotated is not None:
+                read = tree_read, annotated
         if not (stage == "setup" and self._engine_may_move_it()):
             self._say_pending_hello(read[1].engine if read is not None else "")
         if read is None:
@@ -208,9 +199,7 @@ class Probe:
             tree = msgspec.structs.replace(tree, tree_id=self._tree_id)
         shards = msgspec.structs.replace(shards, tree_id=self._tree_id, info={**shards.info, **self.extra_info})
         self.writer.write(shards)
-        if explainer is not None:
-            with self.faults.guard("split"):
-                explainer.on_snapshot(stage, self.step_index)
+        self.memory_probe.explain(lambda explainer: explainer.on_snapshot(stage, self.step_index))
         self.memory_probe.sample()
         return tree, shards
 
@@ -261,11 +250,8 @@ class Probe:
             self._say_pending_hello()
         event = oom_event(exc, self.faults, names=self.names, phase=self.phase_name, step=self.step_index,
                           device=self.device, tracker=self.tracker, limit=self.memory_probe.limit, starved=starved)
-        explainer = self.memory()
-        if explainer is not None:
-            with self.faults.guard("split"):
-                event = explainer.on_oom(event, exc)
-        self.writer.write(event)
+        explained = self.memory_probe.explain(lambda explainer: explainer.on_oom(event, exc))
+        self.writer.write(explained if explained is not None else event)
         self._oom_written = True
         self._snapshot_at_oom(exc)
         return True
