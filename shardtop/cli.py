@@ -35,12 +35,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in words:  # `shardtop plan [devices=N gpu=X] -- CMD ARGS`: the user's command, untouched by argparse
         cut = words.index("--")
         head, tail = words[:cut], words[cut + 1:]
-        if parser.parse_known_args(head)[0].command in ("plan", "rehearse"):
+        if parser.parse_known_args(head)[0].command in ("plan", "rehearse", "fit"):
             words, command = head, tail
     args, extra = parser.parse_known_args(words)
     args.plan_command = command
     if extra:
-        if args.command in ("launch", "plan", "rehearse") and not any(e.startswith("-") for e in extra):
+        if args.command in ("launch", "plan", "rehearse", "fit") and not any(e.startswith("-") for e in extra):
             args.settings = list(args.settings) + list(extra)
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -121,7 +121,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if getattr(args, "read_only", False):
         raise UsageError("--read-only forbids starting a run.")
-    job = start_command(args.cmd, runs_dir=args.runs_dir, run_dir=args.run_dir, name=args.name)
+    job = start_command(args.cmd, runs_dir=args.runs_dir, run_dir=args.run_dir, name=args.name,
+                        mem_limit=args.gpu_mem_limit)
     if args.headless:
         return follow_command(job, sys.stdout, every=args.every)
     return _open_tui(args, run_id=str(job.run.path))
@@ -277,6 +278,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fit(args: argparse.Namespace) -> int:
+    from shardtop.fit.command import fit
+
+    if args.read_only:
+        raise UsageError("--read-only forbids starting rehearsals.")
+    return fit(args.settings, args.plan_command, runs_dir=args.runs_dir, output_format=args.format,
+               out=sys.stdout, err=sys.stderr)
+
+
 COMMANDS = {
     "presets": cmd_presets,
     "launch": cmd_launch,
@@ -288,4 +298,5 @@ COMMANDS = {
     "export": cmd_export,
     "plan": cmd_plan,
     "rehearse": cmd_rehearse,
+    "fit": cmd_fit,
 }

@@ -25,6 +25,9 @@ a running FSDP or DeepSpeed engine, and why a rank ran out of memory.
   shardtop rehearse zero3-linear devices=6  rank 0 of a 6-GPU job, for real, on the one GPU (or CPU) here
   shardtop rehearse devices=8 rank=0,last -- torchrun --nproc_per_node 8 train.py
                                             ranks of your own N-GPU job, one after another, unchanged
+  shardtop fit zero3-linear-fixed devices=6 gpu=16GiB
+                                            the largest micro-batch that fits, proven by rehearsals
+  shardtop fit devices=8 gpu=H100 -- torchrun --nproc_per_node 8 train.py --batch-size 4
   shardtop export prometheus --listen 9400  live figures of the running runs and GPUs, for Prometheus
   shardtop stop RUN                         stop a run's processes
   shardtop presets                          the presets, one line each
@@ -46,6 +49,18 @@ def _interval(text: str) -> float:
     if not low <= value <= high:  # also refuses nan and inf
         raise argparse.ArgumentTypeError(f"{text!r}: expected seconds between {low} and {high:g}, e.g. --interval 2")
     return value
+
+
+def _size(text: str) -> int:
+    from shardtop.config import ConfigError, parse_limit
+
+    try:
+        size = parse_limit(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if size is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a size such as 15GiB or 512MiB")
+    return size
 
 
 def _global_options(parser: argparse.ArgumentParser, here: bool) -> None:
@@ -110,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the run's own directory (default: $SHARDTOP_RUN_DIR); on shared storage, the same "
                    "--run-dir on every host makes one run of all hosts")
     p.add_argument("--name", metavar="NAME", help="what to call the run (default: the script's name)")
+    p.add_argument("--gpu-mem-limit", metavar="SIZE", type=_size,
+                   help="cap each rank's memory (e.g. 15GiB): on a GPU through PyTorch's allocator "
+                        "(PYTORCH_CUDA_ALLOC_CONF's per_process_memory_fraction), on CPU through its C allocator "
+                        "from torch's import on; a rank past it runs out of memory as on a card that size")
     p.add_argument("--headless", action="store_true",
                    help="no TUI: print one line per milestone and exit with the command's own exit code")
     p.add_argument("--every", type=int, default=10, metavar="N", help="with --headless, print every N steps")
@@ -132,6 +151,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no TUI: print one line per milestone and exit with the run's exit code")
     p.add_argument("--every", type=int, default=10, metavar="N", help="with --headless, print every N steps")
     p.add_argument("--name", metavar="NAME", help="what to call a command's run (default: the script's name)")
+
+    p = sub.add_parser(
+        "fit", parents=[common], help="the largest micro-batch and the cheapest set-up that fit N GPUs",
+        description="Find the largest micro-batch that fits a job of N GPUs of a size, and the cheapest set-up, "
+        "from the plan, proven by rehearsals of rank 0 and the last rank on the one GPU (or CPU) here. "
+        "`shardtop fit PRESET devices=N gpu=SIZE|CARD [budget=10m] [key=value ...]` or `shardtop fit devices=N "
+        "gpu=SIZE|CARD [budget=10m] -- CMD ARGS` (your command: fit changes only what its line carries, a "
+        "micro-batch flag, HF TrainingArguments, the DeepSpeed config it names). On a machine without a GPU, "
+        "gpu=SIZE caps each rehearsed CPU rank at that size. Progress on stderr; the table and the pick on stdout.",
+    )
+    p.add_argument("settings", nargs="*", metavar="devices=N gpu=SIZE|CARD [budget=10m] [PRESET key=value]",
+                   help="the job's size and GPUs, the time fit may spend (budget=10m, 90s, 1h), and for a preset "
+                        "its name and overrides (gpu_mem_limit=SIZE may stand for gpu=)")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="text, or json (docs/fit-json.md)")
 
     p = sub.add_parser("attach", parents=[common], help="watch a run (the newest by default)")
     p.add_argument("run", nargs="?", help="run id, a unique part of it, or a run directory")

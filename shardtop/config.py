@@ -250,6 +250,11 @@ def _check_size(said: str, value: Any) -> int | None:
     return size
 
 
+def parse_limit(raw: str, key: str = "gpu_mem_limit") -> int | None:
+    """``gpu_mem_limit=`` as typed outside a preset (a command's cap): bytes, None for null, or a ConfigError."""
+    return _check_size(f"{key}={raw}", _parse_value(raw))
+
+
 def split_overrides(args: Iterable[str]) -> tuple[str | None, list[tuple[str, str]]]:
     """``preset=NAME`` (or a bare first word) and the ``key=value`` pairs, in order."""
     preset: str | None = None

@@ -48,13 +48,14 @@ def boot() -> None:
         sys.meta_path.insert(0, PostImportHook(PLAN_PATCHES))
         return
     from shardtop.inject.engines import PATCHES
+    from shardtop.inject.mem_cap import patches as cap_patches
     from shardtop.inject.rehearsal_env import reassert
 
-    patches = PATCHES
+    patches = both(cap_patches(), PATCHES)
     if reassert() is not None:
         from shardtop.inject.rehearsal import PATCHES as REHEARSAL_PATCHES
 
-        patches = both(REHEARSAL_PATCHES, PATCHES)
+        patches = both(REHEARSAL_PATCHES, patches)
     sys.meta_path.insert(0, PostImportHook(patches))
     _install_excepthook()
 

@@ -23,8 +23,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from shardtop.gpus import gpu_count
 from shardtop.inject import command_env
 from shardtop.inject.rehearsal_env import Rehearsed, first_gpu
+from shardtop.own_job.mem_cap import cap_environment
 from shardtop.rundir.cluster import HEARTBEAT_S, host_name
 from shardtop.rundir.liveness import process_start_time
 from shardtop.rundir.run_config import RunConfig
@@ -103,7 +105,13 @@ def supervise(run_dir: Path, command: list[str], cwd: str) -> int:
 def _environments(run: RunDirectory) -> Iterator[tuple[int | None, dict[str, str]]]:
     """The command's environment for each time it runs: once, or once per rehearsed rank, in turn."""
     base = command_env(os.environ, run.path)
-    rehearsal = RunConfig.parse(run.read_meta().get("config")).rehearsal
+    config = RunConfig.parse(run.read_meta().get("config"))
+    rehearsal = config.rehearsal
+    if config.gpu_mem_limit is not None:
+        on_gpu = rehearsal.on != "CPU" if rehearsal is not None else _sees_gpus(base)
+        why = cap_environment(base, config.gpu_mem_limit, on_gpu=on_gpu)
+        say(f"each rank capped at {config.gpu_mem_limit} bytes of {'GPU' if on_gpu else 'CPU'} memory"
+            + (f"; {why}" if why else ""))
     if rehearsal is None:
         yield None, base
         return
@@ -114,6 +122,10 @@ def _environments(run: RunDirectory) -> Iterator[tuple[int | None, dict[str, str
             env["CUDA_VISIBLE_DEVICES"] = first_gpu(env)
         say(f"rehearsing rank {rank} of {rehearsal.world_size}")
         yield rank, env
+
+
+def _sees_gpus(env: dict[str, str]) -> bool:
+    return env.get("CUDA_VISIBLE_DEVICES") != "" and gpu_count() > 0
 
 
 def _follow(proc: subprocess.Popen[bytes], record: Path, signals: list[int]) -> tuple[int, int | None, int | None]:

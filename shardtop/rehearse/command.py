@@ -26,20 +26,38 @@ def rehearse(
     """Start the rehearsal; the exit code where it was followed here, else the run to open in the TUI."""
     spec, rest = parse_settings(settings)
     gpu, rest = _gpu_setting(rest)
+    mem_limit: int | None = None
+    if command is not None:
+        mem_limit, rest = _mem_limit_setting(rest)
     if command is not None and rest:
         raise ConfigError(
-            f"{' '.join(rest)}: a command's rehearsal takes devices=N, rank=R and gpu=SIZE before --; "
-            "its own settings go after -- as the command takes them."
+            f"{' '.join(rest)}: a command's rehearsal takes devices=N, rank=R, gpu=SIZE and gpu_mem_limit=SIZE "
+            "before --; its own settings go after -- as the command takes them."
         )
     if len(spec.worlds) > 1:
         from shardtop.rehearse.sweep import sweep
 
-        return sweep(spec, rest, command, runs_dir=runs_dir, name=name, gpu=gpu, out=out)
+        return sweep(spec, rest, command, runs_dir=runs_dir, name=name, gpu=gpu, out=out, mem_limit=mem_limit)
     world = spec.worlds[0]
-    started = start_one(spec, world, rest, command, runs_dir=runs_dir, name=name)
+    started = start_one(spec, world, rest, command, runs_dir=runs_dir, name=name, mem_limit=mem_limit)
     if not headless:
         return str(started.path)
     return started.follow(out, every)
+
+
+def _mem_limit_setting(rest: list[str]) -> tuple[int | None, list[str]]:
+    """``gpu_mem_limit=SIZE`` for a command's ranks (a preset's is one of its settings), taken out."""
+    from shardtop.config import parse_limit
+
+    kept: list[str] = []
+    limit: int | None = None
+    for arg in rest:
+        key, eq, value = arg.partition("=")
+        if eq and key.strip() == "gpu_mem_limit":
+            limit = parse_limit(value)
+        else:
+            kept.append(arg)
+    return limit, kept
 
 
 def _gpu_setting(rest: list[str]) -> tuple[Gpu | None, list[str]]:

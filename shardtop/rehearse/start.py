@@ -94,9 +94,10 @@ class Started:
 
 def start_one(
     spec: RehearsalSpec, world: int, settings: list[str], command: list[str] | None, *,
-    runs_dir: str | None, name: str | None,
+    runs_dir: str | None, name: str | None, mem_limit: int | None = None,
 ) -> Started:
-    """One job size rehearsed as one run: each asked rank of it, one after another."""
+    """One job size rehearsed as one run: each asked rank of it, one after another.  ``mem_limit``: a
+    command's ranks capped at that many bytes (a preset's cap is its ``gpu_mem_limit`` setting)."""
     from shardtop.gpus import gpu_count
 
     ranks = spec.ranks_of(world)
@@ -106,7 +107,7 @@ def start_one(
         gpus = gpu_count()
         on = device_words(gpus, "cuda" if gpus else "cpu", first_gpu_name)
         job = start_command(command, runs_dir=runs_dir, name=name,
-                            rehearsal=rehearsal_section(world, ranks, on))
+                            rehearsal=rehearsal_section(world, ranks, on), mem_limit=mem_limit)
         return Started(job.run, lambda out, every: follow_command(job, out, every=every))
     from shardtop.headless import follow
     from shardtop.launch import start

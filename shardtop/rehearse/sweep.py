@@ -86,7 +86,7 @@ def table(rows: Sequence[RankPeak], gpu: Gpu | None) -> list[str]:
 
 def sweep(
     spec: RehearsalSpec, settings: list[str], command: list[str] | None, *,
-    runs_dir: str | None, name: str | None, gpu: Gpu | None, out: TextIO,
+    runs_dir: str | None, name: str | None, gpu: Gpu | None, out: TextIO, mem_limit: int | None = None,
 ) -> int:
     """Rehearse each size in turn, followed here; print the table; 0 if some size fits, else 1."""
     from shardtop.read.whole_run import read_run
@@ -94,7 +94,7 @@ def sweep(
 
     rows: list[RankPeak] = []
     for world in spec.worlds:
-        started = start_one(spec, world, settings, command, runs_dir=runs_dir, name=name)
+        started = start_one(spec, world, settings, command, runs_dir=runs_dir, name=name, mem_limit=mem_limit)
         started.follow(out, 1_000_000)
         rows.extend(peaks_of(read_run(started.run), world))
     print("", file=out)
