@@ -284,7 +284,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if args.read_only:
         raise UsageError("--read-only forbids starting rehearsals.")
     return fit(args.settings, args.plan_command, runs_dir=args.runs_dir, output_format=args.format,
-               out=sys.stdout, err=sys.stderr)
+               out=sys.stdout, err=sys.stderr, fit_dir=args.fit_dir)
 
 
 COMMANDS = {

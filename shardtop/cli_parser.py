@@ -166,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "its name and overrides (gpu_mem_limit=SIZE may stand for gpu=)")
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="text, or json (docs/fit-json.md)")
+    p.add_argument("--fit-dir", type=Path, metavar="DIR",
+                   help="fit's own directory, made already: its fit.json and a command's DeepSpeed config copies "
+                        "(default: a new one under the runs directory's fits/)")
 
     p = sub.add_parser("attach", parents=[common], help="watch a run (the newest by default)")
     p.add_argument("run", nargs="?", help="run id, a unique part of it, or a run directory")

@@ -30,9 +30,8 @@ from shardtop.fit.stacks import CommandStack, PresetStack
 from shardtop.fit.trial import REHEARSED_RANKS, Rehearser, rank_threads
 from shardtop.units import format_bytes
 
-FITS_DIR = "fits"
-"""Under the runs directory: one directory per fit (its result, a command's DeepSpeed config copies)."""
 RESULT_FILE = "fit.json"
+"""In fit's own directory (``detached.fit_directory``): the result, as ``--format json`` prints it."""
 
 
 @dataclass(frozen=True)
@@ -167,12 +166,14 @@ def order(found: Sequence[Prediction]) -> list[Prediction]:
 
 def fit(
     settings: Sequence[str], command: list[str] | None, *, runs_dir: str | None, output_format: str,
-    out: TextIO, err: TextIO,
+    out: TextIO, err: TextIO, fit_dir: Path | None = None,
 ) -> int:
-    """Run the search; 0 where some set-up fits, 1 where none does (2, by ``ConfigError``, for bad input)."""
+    """Run the search; 0 where some set-up fits, 1 where none does (2, by ``ConfigError``, for bad input).
+    ``fit_dir``: fit's own directory, made already (the TUI's); else a new one under the runs directory."""
     import shutil
 
-    from shardtop.rundir.run_directory import ensure_root, new_run_id, runs_root
+    from shardtop.fit.detached import fit_directory
+    from shardtop.rundir.run_directory import new_run_id, runs_root
 
     request = read_fit_request(settings, command=command is not None)
     if command is not None and not command:
@@ -182,7 +183,7 @@ def fit(
     allowed = _gpu_of(request, machine)
     progress = Progress(err, request.budget_s)
     root = runs_root(runs_dir)
-    directory: Path | None = None
+    directory: Path | None = fit_dir
     try:
         if command is None:
             target = _preset_target(request, machine, allowed)
@@ -190,14 +191,14 @@ def fit(
             if shutil.which(command[0]) is None:
                 raise ConfigError(f"cannot run {command[0]!r}: it is not on PATH or not a file.")
             CommandStack.of(command, Path.cwd())  # a DeepSpeed config that cannot be read is refused now
-            directory = _fit_directory(ensure_root(root), new_run_id("fit"))
+            directory = directory or fit_directory(root, new_run_id("fit"))
             target = _command_target(command, request, machine, allowed, directory, progress)
     except ConfigError:
-        if directory is not None:
+        if directory is not None and directory != fit_dir:
             shutil.rmtree(directory, ignore_errors=True)
         raise
     if directory is None:
-        directory = _fit_directory(ensure_root(root), new_run_id("fit"))
+        directory = fit_directory(root, new_run_id("fit"))
     rehearser = Rehearser(
         devices=request.devices, cap=allowed.cap, runs_dir=str(root), directory=directory,
         env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or rank_threads(request.devices, machine.cores)}
@@ -221,12 +222,6 @@ def fit(
 def _gpu_words(request: FitRequest, allowed: Allowance) -> str:
     gpu = request.gpu
     return gpu.name if gpu is not None else allowed.judged.name
-
-
-def _fit_directory(root: Path, name: str) -> Path:
-    path = root / FITS_DIR / name
-    path.mkdir(parents=True, mode=0o700)
-    return path
 
 
 def _use(result: FitResult, target: Target, request: FitRequest, directory: Path) -> Use | None:

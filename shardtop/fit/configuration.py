@@ -47,21 +47,22 @@ class Configuration:
     @property
     def label(self) -> str:
         """The set-up in a user's words: ``as given (ZeRO-3, fp32)``, ``ZeRO-2, activation checkpointing``."""
-        parts: list[str] = []
+        sharding: list[str] = []
         if self.zero_stage is not None:
-            parts.append(f"ZeRO-{self.zero_stage}")
+            sharding.append(f"ZeRO-{self.zero_stage}")
         if self.offload_params:
-            parts.append("param + optimizer offload")
+            sharding.append("param + optimizer offload")
         elif self.offload_optimizer:
-            parts.append("optimizer offload")
+            sharding.append("optimizer offload")
+        rest: list[str] = []
         if self.checkpointing is not None:
-            parts.append("activation checkpointing" if self.checkpointing else "no activation checkpointing")
+            rest.append("activation checkpointing" if self.checkpointing else "no activation checkpointing")
         if self.expandable_segments:
-            parts.append("expandable segments")
-        if self.as_given:
-            shown = ", ".join(p for p in (self.given, *parts) if p)
-            return f"as given ({shown})" if shown else "as given"
-        return ", ".join(parts)
+            rest.append("expandable segments")
+        if self.as_given:  # the plan's words for the strategy say its sharding and offload already
+            shown = ", ".join([self.given] if self.given else sharding) + "".join(f", {p}" for p in rest)
+            return f"as given ({shown.lstrip(', ')})" if shown else "as given"
+        return ", ".join(sharding + rest)
 
     @property
     def offload_level(self) -> int:

@@ -36,7 +36,7 @@ from shardtop.tui.widgets.process_table import ProcessTable
 from shardtop.tui.widgets.run_list import RunList
 
 if TYPE_CHECKING:  # what only launching and stopping need is imported when first used
-    from shardtop.tui.screens.launch_prompt import LaunchRequest, RehearsalRequest
+    from shardtop.tui.screens.launch_prompt import FitSearchRequest, LaunchRequest, RehearsalRequest
 
 NARROW_WIDTH = 100
 SHORT_HEIGHT = 32
@@ -257,10 +257,13 @@ class ControlledHomeScreen(HomeScreen):
         gpus = self.gpus.gpus if self.gpus is not None else ()
         self.app.push_screen(LaunchPrompt(presets[name], gpu_count, gpus), self._launch)
 
-    def _launch(self, request: LaunchRequest | RehearsalRequest | None) -> None:
-        from shardtop.tui.screens.launch_prompt import RehearsalRequest
+    def _launch(self, request: LaunchRequest | RehearsalRequest | FitSearchRequest | None) -> None:
+        from shardtop.tui.screens.launch_prompt import FitSearchRequest, RehearsalRequest
 
         if request is None:
+            return
+        if isinstance(request, FitSearchRequest):
+            self._find_what_fits(request)
             return
         try:
             if isinstance(request, RehearsalRequest):
@@ -272,6 +275,19 @@ class ControlledHomeScreen(HomeScreen):
             return
         self._poke.set()
         self.app.open_run(run)  # type: ignore[attr-defined]
+
+    def _find_what_fits(self, request: FitSearchRequest) -> None:
+        """Start ``shardtop fit`` detached; its rehearsals come into the run list as they start."""
+        from shardtop.fit.detached import PROGRESS_LOG, TABLE_FILE, start_detached
+
+        try:
+            directory = start_detached(self.runs_root, request.settings)
+        except (RunError, OSError) as e:
+            self.notify(f"Nothing started: {e}", severity="error", timeout=10)
+            return
+        self._poke.set()
+        self.notify(f"Finding what fits: {request.command}. Each rehearsal comes into Runs as it starts; progress "
+                    f"in {directory / PROGRESS_LOG}, the table in {directory / TABLE_FILE}.", timeout=15)
 
     def action_stop(self) -> None:
         row = self.query_one(RunList).selected()

@@ -4,7 +4,8 @@ What Enter will do is always on screen, right under the field: the exact
 ``shardtop launch`` command when the overrides are good, the error when they
 are not; when ``devices=`` asks for more GPUs (or CPU processes) than this
 machine has, the job's rehearsal instead, one rank at a time (ctrl+r starts
-``shardtop rehearse`` with the same settings).  Under it, the plan: each GPU's
+``shardtop rehearse`` with the same settings); ctrl+f starts ``shardtop fit`` for the devices (and
+GPU) typed: the largest micro-batch that fits, each rehearsal a run in the list.  Under it, the plan: each GPU's
 predicted bar for the overrides as typed, before Enter (``PlanBars``).  The
 model's description comes once per model size and batch from a helper
 process (the TUI never imports torch), in a worker thread; every key after
@@ -79,6 +80,42 @@ def offered_rehearsal(preset: str, text: str, refused: ConfigError) -> Rehearsal
     return RehearsalRequest(settings, refused.rehearsal_words)
 
 
+@dataclass(frozen=True)
+class FitSearchRequest:
+    """Find what fits instead of launching: ``shardtop fit`` for the preset and the devices typed."""
+
+    settings: tuple[str, ...]
+    """``PRESET devices=N gpu=… key=value ...`` as ``shardtop fit`` takes them."""
+
+    @property
+    def command(self) -> str:
+        return shlex.join(["shardtop", "fit", *self.settings])
+
+
+def check_fit(preset: str, text: str, gpu_count: Callable[[], int]) -> FitSearchRequest:
+    """``shardtop fit``'s settings for what was typed, checked as it would check them before starting;
+    a ``ConfigError`` says what is missing or wrong (devices=N, a GPU to fit on a machine without one)."""
+    from shardtop.fit.request import read_fit_request
+
+    try:
+        words = shlex.split(text)
+    except ValueError as e:
+        raise ConfigError(f"cannot read the overrides: {e}. Expected key=value pairs.") from None
+    if not any(w.partition("=")[0].strip() == "devices" for w in words):
+        raise ConfigError("type the job's devices=N (and gpu=SIZE or a card) to find what fits it, e.g. "
+                          "devices=8 gpu=80GB")
+    request = read_fit_request((preset, *words), command=False)
+    name, overrides = split_overrides(request.settings)
+    config = resolve(name, overrides)
+    if config.get("single_process"):
+        raise ConfigError(f"{preset} drives every GPU from one process: it has no rank to rehearse, so nothing "
+                          "to fit; Enter launches it.")
+    if request.gpu is None and gpu_count() == 0:
+        raise ConfigError("this machine has no GPU: type the job's gpu=SIZE (or a card, e.g. gpu=A100-80GB); each "
+                          "rehearsed rank is then a CPU process capped at that size.")
+    return FitSearchRequest((preset, *words))
+
+
 def check_launch(preset: str, text: str, gpu_count: Callable[[], int]) -> LaunchRequest:
     """The overrides typed for ``preset``, resolved; a ``ConfigError`` says what is wrong."""
     try:
@@ -124,9 +161,10 @@ class OverridesInput(Input):
             await self.run_action(action)
 
 
-class LaunchPrompt(ModalScreen[LaunchRequest | RehearsalRequest | None]):
+class LaunchPrompt(ModalScreen[LaunchRequest | RehearsalRequest | FitSearchRequest | None]):
     """Asks for ``key=value`` overrides; a bad one shows the error and launches nothing; too many
-    devices for this machine also offers their rehearsal (ctrl+r)."""
+    devices for this machine also offers their rehearsal (ctrl+r); ctrl+f finds what fits the devices
+    typed instead (``shardtop fit``)."""
 
     DEFAULT_CSS = """
     LaunchPrompt #launch-about {
@@ -139,7 +177,11 @@ class LaunchPrompt(ModalScreen[LaunchRequest | RehearsalRequest | None]):
     }
     """
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+r", "rehearse", "Rehearse instead")]
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel"),
+        Binding("ctrl+r", "rehearse", "Rehearse instead"),
+        Binding("ctrl+f", "fit", "Find what fits"),
+    ]
 
     class ModelDescribed(Message):
         """The helper process answered for one model size and batch."""
@@ -291,6 +333,15 @@ class LaunchPrompt(ModalScreen[LaunchRequest | RehearsalRequest | None]):
                         "it has (Enter launches what fits).")
             return
         self.dismiss(rehearsal)
+
+    def action_fit(self) -> None:
+        """Find the largest micro-batch that fits the devices typed, where the settings say enough."""
+        try:
+            request = check_fit(self.preset.name, self.query_one("#overrides", Input).value, self.gpu_count)
+        except ConfigError as e:
+            self.notify(f"ctrl+f finds what fits: {e}", severity="warning", timeout=8)
+            return
+        self.dismiss(request)
 
     def action_cancel(self) -> None:
         self.dismiss(None)
