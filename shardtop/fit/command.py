@@ -132,17 +132,29 @@ def _preset_target(request: FitRequest, machine: Machine, allowed: Allowance) ->
                   searchable=True)
 
 
-def _command_target(command: list[str], request: FitRequest, machine: Machine, allowed: Allowance,
+def command_stack(command: list[str], cuda: bool) -> CommandStack:
+    """The command read and checked: something fit can change, or a ``ConfigError`` that says why not."""
+    import shutil
+
+    if not command:
+        raise ConfigError("shardtop fit -- needs your command after --, e.g. "
+                          "shardtop fit devices=8 gpu=H100 -- torchrun --nproc_per_node 8 train.py --batch-size 4")
+    if shutil.which(command[0]) is None:
+        raise ConfigError(f"cannot run {command[0]!r}: it is not on PATH or not a file.")
+    stack = CommandStack.of(command, Path.cwd())
+    knobs = stack.knobs(cuda)
+    if not {k.kind for k in knobs if k.found} & {"micro-batch", "activation checkpointing", "sharding", "offload"}:
+        said = "; ".join(f"{k.kind}: {k.where}" for k in knobs if not k.found)
+        raise ConfigError(f"nothing to search in this command: fit changes only what its line carries. {said}.")
+    return stack
+
+
+def _command_target(stack: CommandStack, request: FitRequest, machine: Machine, allowed: Allowance,
                     directory: Path, progress: Progress) -> Target:
     from shardtop.fit.predict import command_plan, predictions
 
-    stack = CommandStack.of(command, Path.cwd())
     cuda = machine.accelerator == "cuda"
     knobs = stack.knobs(cuda)
-    kinds = {k.kind for k in knobs if k.found}
-    if not kinds & {"micro-batch", "activation checkpointing", "sharding", "offload"}:
-        said = "; ".join(f"{k.kind}: {k.where}" for k in knobs if not k.found)
-        raise ConfigError(f"nothing to search in this command: fit changes only what its line carries. {said}.")
     given = stack.configurations(cuda, os.environ)[0]
     plans: dict[bool | None, TracedPlan] = {}
     for checkpointing in ([False, True] if stack.shape.trainer else [None]):
@@ -154,7 +166,7 @@ def _command_target(command: list[str], request: FitRequest, machine: Machine, a
     stack = replace(stack, strategy_words=plans[given.checkpointing].strategy.label)
     confs = stack.configurations(cuda, os.environ)
     found = predictions(plans, confs, devices=request.devices, gpu=allowed.judged)
-    return Target(title=shlex.join(command), stack=stack, knobs=knobs, predictions=tuple(found),
+    return Target(title=shlex.join(stack.shape.argv), stack=stack, knobs=knobs, predictions=tuple(found),
                   searchable=stack.given_batch is not None and any(k.kind == "micro-batch" and k.found for k in knobs))
 
 
@@ -176,23 +188,18 @@ def fit(
     from shardtop.rundir.run_directory import new_run_id, runs_root
 
     request = read_fit_request(settings, command=command is not None)
-    if command is not None and not command:
-        raise ConfigError("shardtop fit -- needs your command after --, e.g. "
-                          "shardtop fit devices=8 gpu=H100 -- torchrun --nproc_per_node 8 train.py --batch-size 4")
     machine = this_machine()
     allowed = _gpu_of(request, machine)
+    stack = command_stack(command, machine.accelerator == "cuda") if command is not None else None
     progress = Progress(err, request.budget_s)
     root = runs_root(runs_dir)
     directory: Path | None = fit_dir
     try:
-        if command is None:
+        if stack is None:
             target = _preset_target(request, machine, allowed)
         else:
-            if shutil.which(command[0]) is None:
-                raise ConfigError(f"cannot run {command[0]!r}: it is not on PATH or not a file.")
-            CommandStack.of(command, Path.cwd())  # a DeepSpeed config that cannot be read is refused now
             directory = directory or fit_directory(root, new_run_id("fit"))
-            target = _command_target(command, request, machine, allowed, directory, progress)
+            target = _command_target(stack, request, machine, allowed, directory, progress)
     except ConfigError:
         if directory is not None and directory != fit_dir:
             shutil.rmtree(directory, ignore_errors=True)

@@ -118,3 +118,24 @@ def test_what_a_rank_may_hold() -> None:
     capped = read_fit_request(["fsdp2-mlp", "devices=2", "gpu_mem_limit=200MiB"], command=False)
     assert capped.gpu is not None and allowance(capped.gpu, "cpu", None).cap == 200 * MiB
     assert capped.settings == ("fsdp2-mlp", "gpu_mem_limit=200MiB")
+
+
+@pytest.mark.parametrize(("words", "said"), [
+    (["fit", "fsdp-auto-wrap", "gpu=64MiB"], "how many GPUs has the job?"),
+    (["fit", "fsdp-auto-wrap", "devices=2"], "which GPUs has the job?"),
+    (["fit", "manual-placement", "devices=2", "gpu=64MiB"], "has no rank to rehearse"),
+    (["fit", "devices=2", "gpu=64MiB", "--", "python", "-c", "pass"], "nothing to search in this command"),
+    (["fit", "devices=2", "gpu=64MiB", "--", "no-such-launcher", "train.py"], "cannot run 'no-such-launcher'"),
+])
+def test_bad_input_is_exit_2_and_makes_nothing(words: list[str], said: str, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """On this machine (no GPU): a job without its size, a GPU to fit on a machine without one, a preset with
+    no rank, a command with nothing fit can change, a command that is not there."""
+    from shardtop import cli, gpus
+
+    monkeypatch.setattr(gpus, "gpu_count", lambda: 0)
+    runs = tmp_path / "runs"
+    assert cli.main(["--runs-dir", str(runs), *words]) == 2
+    assert said in capsys.readouterr().err
+    assert not runs.exists(), "nothing is made for bad input"
