@@ -15,9 +15,9 @@ from pathlib import Path
 import shardtop.tui as tui
 for module in pkgutil.walk_packages(tui.__path__, "shardtop.tui."):
     importlib.import_module(module.name)
-# what the launch prompt's ctrl+r imports to start a rehearsal (shardtop.tui.screens.home.rehearse_run)
+# what the launch prompt's ctrl+r and ctrl+f import to start a rehearsal or a fit (shardtop.tui.screens.home)
 for name in ("shardtop.rehearse.command", "shardtop.rehearse.spec", "shardtop.rehearse.start", "shardtop.headless",
-             "shardtop.launch", "shardtop.gpus"):
+             "shardtop.launch", "shardtop.gpus", "shardtop.fit.request", "shardtop.fit.detached"):
     importlib.import_module(name)
 from shardtop.tui.app import ShardtopApp
 from tests.support.recorded import copy_runs
