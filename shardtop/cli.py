@@ -92,25 +92,20 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from shardtop.config import ConfigError, resolve, split_overrides
     from shardtop.gpus import gpu_count
     from shardtop.headless import follow
-    from shardtop.launch import TooManyDevices, resolve_devices, start
-    from shardtop.rundir.run_directory import RunDirectory, ensure_root
+    from shardtop.launch import TooManyDevices, create_run, resolve_devices, start
+    from shardtop.rundir.run_config import RunConfig
 
     if args.read_only:
         raise UsageError("--read-only forbids launching a run.")
     preset, overrides = split_overrides(args.settings)
     try:
-        config = resolve_devices(resolve(preset, overrides), gpu_count)
+        config = RunConfig.of(resolve_devices(resolve(preset, overrides), gpu_count))
     except TooManyDevices as e:
         raise ConfigError(e.offer(args.settings)) from None
-    root = ensure_root(_root(args))
-    run = RunDirectory.create(
-        root,
-        config["preset"],
-        {"config": config, "command": ["shardtop", "launch", *args.settings]},
-    )
+    run = create_run(_root(args), config, ["shardtop", "launch", *args.settings])
     start(run)
     if args.headless:
-        print(f"[{run.id}] launched {config['preset']} on {config['world_size']} {config['accelerator']} "
+        print(f"[{run.id}] launched {config.preset} on {config.world_size} {config.accelerator} "
               f"process(es); run directory {run.path}", flush=True)
         return follow(run, sys.stdout, every=args.every)
     return _open_tui(args, run_id=run.id)

@@ -24,7 +24,9 @@ from typing import Any
 from shardtop.config import ConfigError, on_machine
 from shardtop.rundir.cluster import host_name
 from shardtop.rundir.liveness import is_running, process_start_time
+from shardtop.rundir.run_config import RunConfig
 from shardtop.rundir.run_directory import RunDirectory, RunError
+from shardtop.rundir.run_meta import RunMeta
 from shardtop.units import format_bytes
 
 CPU_RANKS_PER_CORE = 4
@@ -169,6 +171,13 @@ def resolve_devices(
     return config
 
 
+def create_run(root: Path, config: RunConfig, command: Sequence[str]) -> RunDirectory:
+    """A new run of a resolved preset under ``root``: its directory, and its ``run.json`` saying ``config``
+    and the ``command`` that asked for it (``start`` starts it)."""
+    meta = RunMeta(preset=config.preset, command=tuple(command), config=config)
+    return RunDirectory.create(root, config.preset, meta)
+
+
 @dataclass(frozen=True)
 class Supervisor:
     """The run's supervisor as recorded in ``run.json``."""
@@ -240,11 +249,11 @@ def stop(run: RunDirectory, grace: float = 10.0, out: Callable[[str], None] = pr
     if not pids:
         return False
     asked_at = time.time()
-    pgid = meta.get("pgid")
-    here = meta.get("host") in (None, host_name())  # another host's pid numbers mean nothing here
-    leader_alive = here and bool(meta.get("pid")) and is_running(int(meta["pid"]), meta.get("pid_started"))
+    pgid = meta.pgid
+    here = meta.host in ("", host_name())  # another host's pid numbers mean nothing here
+    leader_alive = here and meta.pid is not None and is_running(meta.pid, meta.pid_started)
     if pgid and leader_alive:
-        _killpg(int(pgid), signal.SIGTERM)
+        _killpg(pgid, signal.SIGTERM)
     else:
         for pid, _ in pids:
             _kill(pid, signal.SIGTERM)
@@ -256,7 +265,7 @@ def stop(run: RunDirectory, grace: float = 10.0, out: Callable[[str], None] = pr
         time.sleep(0.1)
     else:
         if pgid and leader_alive:
-            _killpg(int(pgid), signal.SIGKILL)
+            _killpg(pgid, signal.SIGKILL)
         for pid, started in pids:
             if is_running(pid, started):
                 _kill(pid, signal.SIGKILL)

@@ -77,7 +77,7 @@ def _limit_words(m: RunModel, rank: int) -> str:
     memory = r.memory
     if memory is not None and memory.limit:
         # the run's gpu_mem_limit, or a cap the script set itself (set_per_process_memory_fraction)
-        return "its memory cap (gpu_mem_limit)" if m.meta.memory_limit == memory.limit else "its memory cap"
+        return "its memory cap (gpu_mem_limit)" if m.meta.config.gpu_mem_limit == memory.limit else "its memory cap"
     return f"the memory of {r.device}" if r.device.startswith("cuda") else "the host's memory"
 
 

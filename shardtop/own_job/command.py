@@ -17,13 +17,15 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from shardtop.headless import HeadlessFollower
 from shardtop.own_job.supervisor import command_log
 from shardtop.rundir.cluster import host_name
 from shardtop.rundir.liveness import process_start_time
+from shardtop.rundir.run_config import RehearsalConfig, RunConfig
 from shardtop.rundir.run_directory import RUN_DIR_ENV, RunDirectory, RunError, ensure_root, runs_root
+from shardtop.rundir.run_meta import RunMeta
 
 RUN_ENTRIES = re.compile(
     r"^(run\.json|exit\.json|events|logs|supervisors|bootstrap|runner\.log|\.rank-\d+\.pid\.json|\..*\.(tmp|new))$"
@@ -96,7 +98,7 @@ def start_command(
     runs_dir: str | None = None,
     run_dir: str | None = None,
     name: str | None = None,
-    rehearsal: dict[str, Any] | None = None,
+    rehearsal: RehearsalConfig | None = None,
     mem_limit: int | None = None,
 ) -> StartedCommand:
     """Check the command line, make or join the run, start the supervisor; nothing is made on bad input.
@@ -110,17 +112,10 @@ def start_command(
         raise RunError("give either --runs-dir (a new run under it) or --run-dir (this run's own directory), not both.")
     run_dir = run_dir or (None if runs_dir else os.environ.get(RUN_DIR_ENV)) or None  # --runs-dir: a new run
     name = name or job_name(command)
-    config: dict[str, Any] = {"program": name, "world_size": 0} if rehearsal is None else {
-        "program": name, "world_size": rehearsal["world_size"], "rehearsal": rehearsal}
-    if mem_limit is not None:
-        config["gpu_mem_limit"] = mem_limit
-    meta = {
-        "preset": "",  # not a preset: the run is called after its program (config.program)
-        "command": command,
-        "cwd": os.getcwd(),
-        "config": config,
-        "own_job": True,
-    }
+    config = RunConfig(program=name, world_size=rehearsal.world_size if rehearsal is not None else 0,
+                       gpu_mem_limit=mem_limit, rehearsal=rehearsal)
+    # not a preset: the run is called after its program (config.program)
+    meta = RunMeta(command=tuple(command), cwd=os.getcwd(), config=config, own_job=True)
     if run_dir:
         path = Path(run_dir).expanduser().absolute()
         _check_run_dir(path)

@@ -29,7 +29,6 @@ from shardtop.inject.rehearsal_env import Rehearsed, first_gpu
 from shardtop.own_job.mem_cap import cap_environment
 from shardtop.rundir.cluster import HEARTBEAT_S, host_name
 from shardtop.rundir.liveness import process_start_time
-from shardtop.rundir.run_config import RunConfig
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.rundir.run_members import (
     end_supervisor,
@@ -105,7 +104,7 @@ def supervise(run_dir: Path, command: list[str], cwd: str) -> int:
 def _environments(run: RunDirectory) -> Iterator[tuple[int | None, dict[str, str]]]:
     """The command's environment for each time it runs: once, or once per rehearsed rank, in turn."""
     base = command_env(os.environ, run.path)
-    config = RunConfig.parse(run.read_meta().get("config"))
+    config = run.read_meta().config
     rehearsal = config.rehearsal
     if config.gpu_mem_limit is not None:
         on_gpu = rehearsal.on != "CPU" if rehearsal is not None else _sees_gpus(base)

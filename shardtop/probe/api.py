@@ -36,7 +36,9 @@ from shardtop.probe.current import current, set_current
 from shardtop.probe.faults import describe
 from shardtop.probe.session import Probe, unavailable
 from shardtop.rundir.events import SnapshotStage
+from shardtop.rundir.run_config import RunConfig
 from shardtop.rundir.run_directory import RUN_DIR_ENV, RunDirectory, RunError, runs_root
+from shardtop.rundir.run_meta import RunMeta
 
 
 def _rank_world() -> tuple[int, int, int]:
@@ -72,11 +74,9 @@ def _shared_run_dir(rank: int, world_size: int, runs_dir: str | None, name: str)
     failure = ""
     if rank == 0:
         try:
-            run = RunDirectory.create(
-                runs_root(runs_dir),
-                name,
-                {"config": {"program": name, "world_size": world_size}, "command": list(sys.argv), "external": True},
-            )
+            config = RunConfig(program=name, world_size=world_size)
+            meta = RunMeta(preset=name, config=config, command=tuple(sys.argv), external=True)
+            run = RunDirectory.create(runs_root(runs_dir), name, meta)
             created[0] = str(run.path)
         except (RunError, OSError) as e:
             failure = f"cannot make a run directory: {e}"

@@ -25,7 +25,9 @@ from shardtop.probe.current import current, set_current
 from shardtop.probe.faults import describe
 from shardtop.probe.session import Probe, holds_parameters, unavailable
 from shardtop.rundir.events import SnapshotStage
+from shardtop.rundir.run_config import RunConfig
 from shardtop.rundir.run_directory import RUN_DIR_ENV, RunDirectory, RunError, runs_root
+from shardtop.rundir.run_meta import RunMeta
 
 STRATEGY_ENGINES = {
     "FSDPStrategy": "fsdp1",
@@ -89,15 +91,9 @@ class ShardtopCallback(Callback):
         if trainer.global_rank == 0:
             name = self.name or _script_name()
             try:
-                run = RunDirectory.create(
-                    runs_root(self.runs_dir),
-                    name,
-                    {
-                        "config": {"program": name, "world_size": trainer.world_size},
-                        "command": list(sys.argv),
-                        "external": True,
-                    },
-                )
+                config = RunConfig(program=name, world_size=trainer.world_size)
+                meta = RunMeta(preset=name, config=config, command=tuple(sys.argv), external=True)
+                run = RunDirectory.create(runs_root(self.runs_dir), name, meta)
                 created = str(run.path)
             except (RunError, OSError) as e:
                 self._no_run_dir = f"cannot make a run directory: {e}"

@@ -295,7 +295,7 @@ class Probe:
         if self.run_dir is None:
             return
         run = RunDirectory(self.run_dir)
-        if (record.code != 0 or self.rank == 0) and run.read_meta().get("external"):
+        if (record.code != 0 or self.rank == 0) and run.read_meta().external:
             run.write_exit(record.code, signal=record.signal, reason=f"rank {self.rank}: {record.status}",
                            ending=RUN_ENDING[record.status])
 

@@ -18,11 +18,11 @@ import gc
 import os
 
 from shardtop.read.run_fold import RunStateBuilder
-from shardtop.read.run_meta import RunMeta
 from shardtop.read.run_model import RunModel
 from shardtop.read.run_state import RunState
 from shardtop.rundir.event_files import EventReader
 from shardtop.rundir.run_directory import RunDirectory
+from shardtop.rundir.run_meta import RunMeta
 from shardtop.rundir.run_status import RunStatus
 
 FIRST_BYTES = 8 << 20
@@ -100,10 +100,10 @@ class RunFollower:
 
     @property
     def meta(self) -> RunMeta:
-        """``run.json`` parsed, again only when the file changed since the last parse."""
+        """``run.json`` read, again only when the file changed since the last read."""
         stamp = file_stamp(self.run.meta_path)
         if not self._meta_read or stamp != self._meta_stamp:
-            parsed = RunMeta.parse(self.run.read_meta())
+            parsed = self.run.read_meta()
             if parsed != self._meta:  # rewritten alike (a pid added and removed): the same model stands
                 self._meta = parsed
             self._meta_stamp, self._meta_read = stamp, True

@@ -16,10 +16,10 @@ from types import MappingProxyType
 
 from shardtop.read.memory_growth import Growth, growth
 from shardtop.read.rank_facts import RankFacts
-from shardtop.read.run_meta import Rehearsal
 from shardtop.read.run_state import GpuSample
 from shardtop.rundir.events import Memory
 from shardtop.rundir.memory_figures import GpuMemory
+from shardtop.rundir.run_config import RehearsalConfig
 
 PHASE_ORDER = {"forward": 0, "backward": 1, "optimizer": 2}
 
@@ -70,7 +70,7 @@ def growth_by_rank(ranks: Sequence[RankFacts], gpus: Mapping[str, tuple[GpuMemor
 
 
 def same_step_memory(
-    ranks: Sequence[RankFacts], world_size: int, rehearsal: Rehearsal | None
+    ranks: Sequence[RankFacts], world_size: int, rehearsal: RehearsalConfig | None
 ) -> ComparableMemory | None:
     """Every rank's allocator sample from the latest step and phase that all of them reached
     alive; None unless every rank of the run has one (a rank gone or not yet training
@@ -91,7 +91,7 @@ def same_step_gpus(
     ranks: Sequence[RankFacts],
     gpu_samples: Mapping[str, tuple[GpuSample, ...]],
     host: str,
-    rehearsal: Rehearsal | None,
+    rehearsal: RehearsalConfig | None,
 ) -> GpuSample | None:
     """The latest NVML sample of ``host`` taken while every rank there was up and training; None
     for a rehearsal (its ranks shared one device, one at a time: no sample shows the job's GPUs)."""

@@ -30,13 +30,14 @@ from shardtop.read.rank_memory import (
     same_step_gpus,
     same_step_memory,
 )
-from shardtop.read.run_meta import Rehearsal, RunMeta
 from shardtop.read.run_state import TRAINING_PHASES, GpuSample, RunState
 from shardtop.read.shard_model import subtree_sums
 from shardtop.read.stalls import Stall, find_stalls
 from shardtop.read.tree_facts import Block, find_block
 from shardtop.rundir.events import Fault, Scalar, Shards, Tree
 from shardtop.rundir.memory_figures import GpuMemory
+from shardtop.rundir.run_config import RehearsalConfig
+from shardtop.rundir.run_meta import RunMeta
 from shardtop.rundir.run_status import RunStatus
 
 
@@ -99,12 +100,12 @@ class RunModel:
         for r in self.ranks:
             if r.hello is not None:
                 return r.hello.world_size
-        return self.meta.world_size or len(self.ranks)
+        return self.meta.config.world_size or len(self.ranks)
 
     @property
-    def rehearsal(self) -> Rehearsal | None:
+    def rehearsal(self) -> RehearsalConfig | None:
         """The ranks of a larger job this run rehearses, one at a time on one device; None for a real run."""
-        return self.meta.rehearsal
+        return self.meta.config.rehearsal
 
     @property
     def expected_ranks(self) -> tuple[int, ...]:
@@ -136,8 +137,9 @@ class RunModel:
     def slurm_steps(self) -> tuple[tuple[str, str], ...]:
         """SLURM (job id, step id) of the run: as its ranks said, else as ``run.json`` recorded it."""
         steps = {(h.slurm_job_id, h.slurm_step_id) for r in self.ranks if (h := r.hello) is not None and h.slurm_job_id}
-        if not steps and self.meta.slurm_job_id:
-            steps = {(self.meta.slurm_job_id, self.meta.slurm_step_id)}
+        slurm = self.meta.slurm
+        if not steps and slurm is not None and slurm.job_id:
+            steps = {(slurm.job_id, slurm.step_id)}
         return tuple(sorted(steps))
 
     @property
@@ -185,7 +187,7 @@ class RunModel:
     @cached_property
     def program(self) -> str:
         return next((r.hello.program for r in self.ranks if r.hello is not None and r.hello.program), "") or (
-            self.meta.program
+            self.meta.config.program
         )
 
     @cached_property

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from shardtop.read.run_meta import Rehearsal
 from shardtop.read.run_model import RunModel
 from shardtop.read.whole_run import read_run
+from shardtop.rundir.run_config import RehearsalConfig
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.rundir.run_status import RunState
 
@@ -26,7 +26,7 @@ class RunSummary:
     step: int
     started: str
     note: str
-    rehearsal: Rehearsal | None = None
+    rehearsal: RehearsalConfig | None = None
     """Set for a rehearsal: ``ranks`` is then how many of its rehearsed ranks reported."""
 
     @property
@@ -51,7 +51,7 @@ def summarize(run: RunDirectory, model: RunModel | None = None) -> RunSummary:
         title=m.meta.title,
         state=m.status.state if m.status is not None else "lost",
         status=m.status_text,
-        ranks=len(m.ranks) or m.meta.world_size,
+        ranks=len(m.ranks) or m.meta.config.world_size,
         hosts=m.hosts,
         step=m.step,
         started=time.strftime("%Y-%m-%d %H:%M", time.localtime(created)) if created else "?",

@@ -11,7 +11,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from shardtop.read.run_fold import fold
-from shardtop.read.run_meta import RunMeta
 from shardtop.read.run_model import RunModel
 from shardtop.rundir.event_files import read_all
 from shardtop.rundir.run_directory import RunDirectory
@@ -47,11 +46,12 @@ def log_tails(run: RunDirectory, ranks: Iterable[int]) -> Mapping[str, tuple[str
 
 
 def read_run(run: RunDirectory) -> RunModel:
-    """The whole run as it stands: events folded, ``run.json`` parsed, status read."""
+    """The whole run as it stands: events folded, ``run.json`` and the status read."""
     events, skipped = read_all(run.events_dir)
     state = fold(events, skipped)
-    meta = RunMeta.parse(run.read_meta())
+    meta = run.read_meta()
     status = run.status()
-    ranks = meta.rehearsal.ranks if meta.rehearsal is not None else range(max(meta.world_size, 1))
+    rehearsal = meta.config.rehearsal
+    ranks = rehearsal.ranks if rehearsal is not None else range(max(meta.config.world_size, 1))
     tails = log_tails(run, ranks) if state.events == 0 else {}
     return RunModel.of(state, meta, status, tails)

@@ -12,9 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+import msgspec
+
 from shardtop.config import ConfigError, apply_cpu_defaults, resolve, split_overrides
 from shardtop.launch import missing_engines
 from shardtop.rehearse.spec import RehearsalSpec
+from shardtop.rundir.run_config import RehearsalConfig, RunConfig
 from shardtop.rundir.run_directory import RunDirectory
 
 CPU = "CPU"
@@ -37,15 +40,19 @@ def first_gpu_name() -> str:
     return gpus[0].name if gpus else ""
 
 
-def rehearsal_section(world: int, ranks: tuple[int, ...], on: str) -> dict[str, Any]:
-    """``config.rehearsal`` as ``run.json`` holds it (``RunMeta`` reads it back)."""
-    return {"world_size": world, "ranks": list(ranks), "on": on}
-
-
 def preset_config(
     settings: list[str], world: int, ranks: tuple[int, ...], gpu_count: Callable[[], int],
     gpu_name: Callable[[], str] = first_gpu_name,
 ) -> dict[str, Any]:
+    """The resolved config of a preset rehearsed as ``ranks`` of a job of ``world`` devices, as ``run.json``
+    holds it (``preset_run_config``'s)."""
+    return preset_run_config(settings, world, ranks, gpu_count, gpu_name).as_json()
+
+
+def preset_run_config(
+    settings: list[str], world: int, ranks: tuple[int, ...], gpu_count: Callable[[], int],
+    gpu_name: Callable[[], str] = first_gpu_name,
+) -> RunConfig:
     """The resolved config of a preset rehearsed as ``ranks`` of a job of ``world`` devices."""
     preset, overrides = split_overrides(settings)
     config = resolve(preset, [*overrides, ("devices", str(world))])
@@ -75,8 +82,8 @@ def preset_config(
     config["accelerator"] = accelerator
     config["devices"] = world
     config["world_size"] = world
-    config["rehearsal"] = rehearsal_section(world, ranks, device_words(gpus, accelerator, gpu_name))
-    return config
+    rehearsal = RehearsalConfig(world_size=world, ranks=ranks, on=device_words(gpus, accelerator, gpu_name))
+    return msgspec.structs.replace(RunConfig.of(config), rehearsal=rehearsal)
 
 
 @dataclass(frozen=True)
@@ -106,24 +113,21 @@ def start_one(
 
         gpus = gpu_count()
         on = device_words(gpus, "cuda" if gpus else "cpu", first_gpu_name)
-        job = start_command(command, runs_dir=runs_dir, name=name,
-                            rehearsal=rehearsal_section(world, ranks, on), mem_limit=mem_limit)
+        rehearsal = RehearsalConfig(world_size=world, ranks=ranks, on=on)
+        job = start_command(command, runs_dir=runs_dir, name=name, rehearsal=rehearsal, mem_limit=mem_limit)
         return Started(job.run, lambda out, every: follow_command(job, out, every=every))
     from shardtop.headless import follow
-    from shardtop.launch import start
-    from shardtop.rundir.run_directory import ensure_root, runs_root
+    from shardtop.launch import create_run, start
+    from shardtop.rundir.run_directory import runs_root
 
-    config = preset_config(settings, world, ranks, gpu_count)
-    root = ensure_root(runs_root(runs_dir))
-    run = RunDirectory.create(
-        root, config["preset"],
-        {"config": config, "command": ["shardtop", "rehearse", *settings, f"devices={world}",
-                                       "rank=" + ",".join(str(r) for r in ranks)]},
-    )
+    config = preset_run_config(settings, world, ranks, gpu_count)
+    on = config.rehearsal.on if config.rehearsal is not None else ""
+    run = create_run(runs_root(runs_dir), config, ["shardtop", "rehearse", *settings, f"devices={world}",
+                                                   "rank=" + ",".join(str(r) for r in ranks)])
     start(run)
 
     def follow_preset(out: TextIO, every: int) -> int:
-        print(f"[{run.id}] rehearsing {config['preset']}: {config['rehearsal']['on']}, rank(s) "
+        print(f"[{run.id}] rehearsing {config.preset}: {on}, rank(s) "
               f"{', '.join(str(r) for r in ranks)} of {world}, one after another; run directory {run.path}",
               file=out, flush=True)
         return follow(run, out, every=every)

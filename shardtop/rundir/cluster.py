@@ -8,7 +8,8 @@ on a SLURM cluster the job and step ids the scheduler sets.  No torch here.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+
+import msgspec
 
 HEARTBEAT_S = 5.0
 """How often a supervisor of ``shardtop run`` touches its record while its command runs."""
@@ -22,9 +23,8 @@ def host_name() -> str:
     return os.uname().nodename
 
 
-@dataclass(frozen=True)
-class SlurmIds:
-    """The SLURM job, step and node of this process ("" outside SLURM)."""
+class SlurmIds(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The SLURM job, step and node of this process ("" outside SLURM); ``run.json`` holds only what is known."""
 
     job_id: str = ""
     step_id: str = ""
@@ -41,8 +41,3 @@ class SlurmIds:
 
     def __bool__(self) -> bool:
         return bool(self.job_id)
-
-    def as_meta(self) -> dict[str, str]:
-        """For ``run.json``: only what is known."""
-        fields = {"job_id": self.job_id, "step_id": self.step_id, "node": self.node}
-        return {k: v for k, v in fields.items() if v}

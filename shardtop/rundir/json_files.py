@@ -14,6 +14,11 @@ from typing import Any
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """``data`` as JSON, replacing ``path`` whole (``write_atomic``)."""
+    write_atomic(path, _json(data))
+
+
+def write_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` whole or not at all; a failed write (a full disk) leaves no ``.tmp`` file behind."""
     tmp = _write_tmp(path, data)
     try:
@@ -24,6 +29,11 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 
 def write_json_once(path: Path, data: dict[str, Any]) -> bool:
+    """``data`` as JSON, in ``path`` unless it exists (``write_once``)."""
+    return write_once(path, _json(data))
+
+
+def write_once(path: Path, data: bytes) -> bool:
     """Create ``path`` with ``data`` unless it exists: two writers never both win. True if this one did.
 
     The file is written under a private name and hard-linked into place (atomic
@@ -44,8 +54,8 @@ def write_json_once(path: Path, data: dict[str, Any]) -> bool:
         except FileExistsError:
             return False
         try:
-            with os.fdopen(fd, "w") as f:
-                f.write(tmp.read_text())
+            with os.fdopen(fd, "wb") as f:
+                f.write(tmp.read_bytes())
         except BaseException:
             path.unlink(missing_ok=True)  # half a record is worse than none
             raise
@@ -54,14 +64,17 @@ def write_json_once(path: Path, data: dict[str, Any]) -> bool:
         os.unlink(tmp)
 
 
-def _write_tmp(path: Path, data: dict[str, Any]) -> Path:
+def _json(data: dict[str, Any]) -> bytes:
+    return (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode()
+
+
+def _write_tmp(path: Path, data: bytes) -> Path:
     """``data`` in a new hidden file beside ``path``; removed again if it cannot be written whole."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True, default=str)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

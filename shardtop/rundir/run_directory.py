@@ -27,10 +27,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from shardtop.rundir.cluster import SlurmIds, host_name
-from shardtop.rundir.json_files import write_json_atomic, write_json_once
+from shardtop.rundir.json_files import write_atomic, write_json_once, write_once
 from shardtop.rundir.liveness import is_running, process_start_time
+from shardtop.rundir.run_config import RunConfig
 from shardtop.rundir.run_members import Member, iter_members, read_members, supervised_end
+from shardtop.rundir.run_meta import RunMeta, decode, encode
 from shardtop.rundir.run_status import ExitReason, PeersStopped, RankExit, RunExit, RunStatus, ended_state
 
 RUNS_DIR_ENV = "SHARDTOP_RUNS_DIR"
@@ -151,20 +155,21 @@ class RunDirectory:
         return self.logs_dir / f"rank-{rank}.log"
 
     @classmethod
-    def create(cls, root: Path, preset: str, meta: dict[str, Any]) -> RunDirectory:
-        """A new, empty run directory (0700) with its ``run.json``; a RunError if the root cannot hold it."""
+    def create(cls, root: Path, name: str, meta: RunMeta) -> RunDirectory:
+        """A new, empty run directory (0700) whose id says ``name``, with ``meta`` as its ``run.json`` (its id,
+        host, user and start time filled in); a RunError if the root cannot hold it."""
         ensure_root(root)
         try:
-            return cls._create(root, preset, meta)
+            return cls._create(root, name, meta)
         except RunError:
             raise
         except OSError as e:
             raise RunError(_unusable(root, e)) from None
 
     @classmethod
-    def _create(cls, root: Path, preset: str, meta: dict[str, Any]) -> RunDirectory:
+    def _create(cls, root: Path, name: str, meta: RunMeta) -> RunDirectory:
         for _ in range(10):
-            path = root / new_run_id(preset)
+            path = root / new_run_id(name)
             try:
                 path.mkdir(mode=0o700)
                 break
@@ -176,18 +181,13 @@ class RunDirectory:
         run = cls(path)
         run.events_dir.mkdir(mode=0o700)
         run.logs_dir.mkdir(mode=0o700)
-        base = {
-            "id": run.id,
-            "preset": preset,
-            "created": time.time(),
-            "host": host_name(),
-            "user": getpass.getuser(),
-        }
-        run.write_meta({**base, **meta})
+        run.write_meta(msgspec.structs.replace(
+            meta, id=run.id, created=time.time(), host=host_name(), user=getpass.getuser()
+        ))
         return run
 
     @classmethod
-    def create_or_join(cls, path: Path, meta: dict[str, Any]) -> tuple[RunDirectory, bool]:
+    def create_or_join(cls, path: Path, meta: RunMeta) -> tuple[RunDirectory, bool]:
         """The run in ``path``: made here with ``meta`` if nobody made it yet, else joined.
 
         Any number of processes, on any number of hosts sharing the directory, may
@@ -208,30 +208,32 @@ class RunDirectory:
         run = cls(path)
         created = False
         if not run.meta_path.exists():
-            base = {"id": run.id, "created": time.time(), "host": host_name(), "user": getpass.getuser()}
             slurm = SlurmIds.from_env()
-            if slurm:
-                base["slurm"] = slurm.as_meta()
-            created = write_json_once(run.meta_path, {**base, **meta})
+            made = msgspec.structs.replace(
+                meta, id=run.id, created=time.time(), host=host_name(), user=getpass.getuser(),
+                slurm=slurm if slurm else None,
+            )
+            created = write_once(run.meta_path, encode(made))
             if created:
                 os.chmod(path, 0o700)
         for sub in (run.events_dir, run.logs_dir):
             sub.mkdir(mode=0o700, exist_ok=True)
         return run, created
 
-    def read_meta(self) -> dict[str, Any]:
-        """The run's metadata; ``{}`` where it cannot be read or is not a JSON object."""
+    def read_meta(self) -> RunMeta:
+        """What the run is; the empty record where ``run.json`` cannot be read or is not a JSON object."""
         try:
-            data = json.loads(self.meta_path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
+            data = self.meta_path.read_bytes()
+        except OSError:
+            return RunMeta()
+        return decode(data)
 
-    def write_meta(self, meta: dict[str, Any]) -> None:
-        write_json_atomic(self.meta_path, meta)
+    def write_meta(self, meta: RunMeta) -> None:
+        write_atomic(self.meta_path, encode(meta))
 
     def update_meta(self, **fields: Any) -> None:
-        self.write_meta({**self.read_meta(), **fields})
+        """``run.json`` with these fields of ``RunMeta`` changed (``pid=...``), written whole."""
+        self.write_meta(msgspec.structs.replace(self.read_meta(), **fields))
 
     def read_exit(self) -> RunExit | None:
         try:
@@ -276,7 +278,7 @@ class RunDirectory:
         storage): its files changed within the last minute.
         """
         meta = self.read_meta()
-        if meta.get("host", host_name()) == host_name() and any(is_running(p, t) for p, t in _run_processes(meta)):
+        if _here(meta) and any(is_running(p, t) for p, t in meta.processes):
             return True
         return any(m.alive() for m in iter_members(self.path))  # stops at the first one alive
 
@@ -294,15 +296,9 @@ class RunDirectory:
         if not self.meta_path.exists():
             name = _program_name(sys.argv)
             world_size = os.environ.get("WORLD_SIZE", "1")
-            self.create_or_join(
-                self.path,
-                {
-                    "config": {"program": name, "world_size": int(world_size) if world_size.isdigit() else 1},
-                    "command": list(sys.argv),
-                    "external": True,
-                },
-            )
-        if not self.read_meta().get("external"):
+            config = RunConfig(program=name, world_size=int(world_size) if world_size.isdigit() else 1)
+            self.create_or_join(self.path, RunMeta(config=config, command=tuple(sys.argv), external=True))
+        if not self.read_meta().external:
             return
         pid = os.getpid()
         entry = {"rank": rank, "pid": pid, "started": process_start_time(pid), "host": host_name()}
@@ -311,7 +307,7 @@ class RunDirectory:
     def processes(self) -> list[tuple[int, float | None]]:
         """(pid, start time) of this run's processes *on this host*: the only ones we may signal."""
         meta = self.read_meta()
-        procs = _run_processes(meta) if meta.get("host", host_name()) == host_name() else []
+        procs = meta.processes if _here(meta) else []
         procs.extend((m.pid, m.started) for m in self.members() if m.is_local and m.ended is None)
         return procs
 
@@ -327,13 +323,10 @@ class RunDirectory:
         return RunStatus(ended_state(record), record)
 
 
-def _run_processes(meta: dict[str, Any]) -> list[tuple[int, float | None]]:
-    procs = []
-    if meta.get("pid"):
-        procs.append((int(meta["pid"]), meta.get("pid_started")))
-    for entry in meta.get("rank_pids", []):
-        procs.append((int(entry["pid"]), entry.get("started")))
-    return procs
+def _here(meta: RunMeta) -> bool:
+    """Whether the run was made on this host (a run that does not say counts as this host's): only then
+    do the pids it recorded mean this host's processes."""
+    return meta.host in ("", host_name())
 
 
 def _program_name(argv: list[str]) -> str:
@@ -347,7 +340,7 @@ def list_runs(root: Path) -> list[RunDirectory]:
     if not root.is_dir():
         return []
     runs = [RunDirectory(p) for p in root.iterdir() if p.is_dir() and (p / "run.json").exists()]
-    return sorted(runs, key=lambda r: (r.read_meta().get("created", 0.0), r.id))
+    return sorted(runs, key=lambda r: (r.read_meta().created or 0.0, r.id))
 
 
 def find_run(root: Path, ref: str | None) -> RunDirectory:

@@ -13,7 +13,6 @@ import sys
 import traceback
 from pathlib import Path
 
-from shardtop.rundir.run_config import RunConfig
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.runner.context import RankContext
 
@@ -26,7 +25,7 @@ def run_rank(run_dir: Path, rank: int) -> int:
     from shardtop.runner.programs import load_program
 
     run = RunDirectory(run_dir)
-    config = RunConfig.parse(run.read_meta().get("config"))
+    config = run.read_meta().config
     ctx = RankContext(
         run_dir=run.path,
         rank=rank,
@@ -50,7 +49,7 @@ def run_rank(run_dir: Path, rank: int) -> int:
         program = load_program(config.program)  # its imports are not the run's memory
         # The probe's file, thread and OOM reserve exist before the cap: an OOM anywhere is recorded.
         probe = prepare(ctx.run_dir, rank=rank, world_size=ctx.world_size, local_rank=ctx.local_rank,
-                        device=ctx.device, program=config.preset, engine=str(config.settings.get("engine", "")))
+                        device=ctx.device, program=config.preset, engine=config.engine)
         if rank == config.first_rank:
             from shardtop.runner.plan_at_setup import plan_event
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from shardtop.inject.rehearsal_env import Rehearsed, first_gpu
+from shardtop.rundir import run_meta
 from shardtop.rundir.liveness import process_start_time
 from shardtop.rundir.run_config import RunConfig
 from shardtop.rundir.run_directory import RUN_DIR_ENV, RunDirectory
@@ -156,7 +157,7 @@ def _supervise(run: RunDirectory) -> int:
 def _own(run: RunDirectory) -> None:
     """Record this process as the run's supervisor where the launcher did not (started by hand, or
     the launcher died before recording it)."""
-    if run.read_meta().get("pid") != os.getpid():
+    if run.read_meta().pid != os.getpid():
         run.update_meta(pid=os.getpid(), pgid=os.getpgid(0), pid_started=process_start_time(os.getpid()))
 
 
@@ -166,7 +167,7 @@ class ConfigMissing(Exception):
 
 def read_config(run: RunDirectory) -> RunConfig:
     """The run's configuration, with the ranks to start; ``ConfigMissing`` where it names none."""
-    config = RunConfig.parse(run.read_meta().get("config"))
+    config = run.read_meta().config
     if not config.world_size:
         raise ConfigMissing(f"{run.meta_path} gives no world_size: the number of ranks to start")
     return config
@@ -248,11 +249,9 @@ def _start(run: RunDirectory, config: RunConfig, batch: list[int]) -> list[RankP
         )
         log.close()
         ranks.append(RankProcess(rank, proc))
-    run.update_meta(
-        rank_pids=[
-            {"rank": r.rank, "pid": r.proc.pid, "started": process_start_time(r.proc.pid)} for r in ranks
-        ]
-    )
+    run.update_meta(rank_pids=tuple(
+        run_meta.RankProcess(rank=r.rank, pid=r.proc.pid, started=process_start_time(r.proc.pid)) for r in ranks
+    ))
     started = ", ".join(f"{r.rank} (pid {r.proc.pid})" for r in ranks)
     print(f"started {plural(len(ranks), 'rank')}: {started}", flush=True)
     return ranks

@@ -147,8 +147,7 @@ def scenario_runs(
 
 
 def _program(run: RunDirectory) -> str:
-    config = run.read_meta().get("config") or {}
-    return str(config.get("program") or "")
+    return run.read_meta().config.program
 
 
 def _run_ranks(
@@ -228,11 +227,11 @@ def killed_before_the_probe(base: Path, timeout: float = 120) -> RealRun:
         killed: set[int] = set()
         while len(killed) < 2 and time.monotonic() < deadline:
             for run in list_runs(runs_dir):
-                for entry in run.read_meta().get("rank_pids", []):
-                    if entry["pid"] not in killed:
+                for entry in run.read_meta().rank_pids:
+                    if entry.pid not in killed:
                         with contextlib.suppress(ProcessLookupError):
-                            os.kill(entry["pid"], signal.SIGKILL)
-                        killed.add(entry["pid"])
+                            os.kill(entry.pid, signal.SIGKILL)
+                        killed.add(entry.pid)
             time.sleep(0.01)
         out, _ = launcher.communicate(timeout=timeout)
         _runs[key] = _only_run(runs_dir, launcher.returncode, out)

@@ -16,12 +16,14 @@ from pathlib import Path
 import pytest
 
 from shardtop import cli
+from shardtop.rundir.run_config import RunConfig
 from shardtop.rundir.run_directory import RunDirectory, list_runs
+from shardtop.rundir.run_meta import RunMeta
 from tests.support.cli import ROOT, shardtop
 
 
 def finished_run(root: Path, preset: str = "fsdp2-mlp") -> RunDirectory:
-    run = RunDirectory.create(root, preset, {"config": {"world_size": 2}})
+    run = RunDirectory.create(root, preset, RunMeta(preset=preset, config=RunConfig(world_size=2)))
     run.write_exit(0, reason="finished", ending="finished")
     return run
 
@@ -90,7 +92,7 @@ def test_interval_out_of_range_is_refused(tmp_path: Path) -> None:
 def test_runs_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     """``shardtop runs | head -1``: head leaves after one line, shardtop must not print a traceback."""
     for _ in range(1200):  # well past a pipe's 64 KiB buffer
-        RunDirectory.create(tmp_path, "fsdp2-mlp", {})
+        RunDirectory.create(tmp_path, "fsdp2-mlp", RunMeta(preset="fsdp2-mlp"))
     env = {**os.environ, "SHARDTOP_RUNS_DIR": str(tmp_path)}
     runs = subprocess.Popen(
         [sys.executable, "-m", "shardtop", "runs", "--limit", "0"],

@@ -66,7 +66,7 @@ def test_stop_ends_every_process_of_the_run_and_nothing_else(runs_dir: Path) -> 
         )
         run = _wait_for_steps(runs_dir)
         meta = run.read_meta()
-        pids = [meta["pid"], *(p["pid"] for p in meta["rank_pids"])]
+        pids = [meta.pid, *(p.pid for p in meta.rank_pids)]
         assert all(psutil.pid_exists(p) for p in pids)
         r = shardtop("stop", run.id, "--grace", "20", runs_dir=runs_dir)
         assert r.returncode == 0, r.stderr

@@ -128,7 +128,7 @@ def test_shardtop_run_dir_naming_a_new_directory(runs_base: Path) -> None:
     ran = run_own(runs_base / "unused", "python", str(SCRIPTS / "oom_in_module.py"), "--ask", "4",
                   env={"SHARDTOP_RUN_DIR": str(target)})
     assert ran.code == 0, ran.describe()
-    assert ran.run.path == target and ran.run.read_meta()["id"] == "first-try"
+    assert ran.run.path == target and ran.run.read_meta().id == "first-try"
     assert (target.stat().st_mode & 0o777) == 0o700
     assert not (runs_base / "unused").exists()
     report = cli("report", str(target), runs_dir=runs_base / "unused")

@@ -20,6 +20,7 @@ from shardtop.inject import command_env
 from shardtop.rundir.event_files import read_all
 from shardtop.rundir.events import Hello, Step
 from shardtop.rundir.run_directory import RunDirectory
+from shardtop.rundir.run_meta import RunMeta
 from tests.support.own_job_runs import SCRIPTS, run_own, user_env
 
 LOADED = (
@@ -94,7 +95,7 @@ def test_a_python_without_shardtop_installed_finds_the_bootstrap(tmp_path: Path)
 def test_pythonpath_alone_carries_the_probe_to_another_host(tmp_path: Path) -> None:
     """A rank that a launcher started on another host with only PYTHONPATH passed on (as the deepspeed
     launcher over a hostfile does): the bootstrap knows its run from where it lies."""
-    run, _ = RunDirectory.create_or_join(tmp_path / "shared" / "run", {"own_job": True})
+    run, _ = RunDirectory.create_or_join(tmp_path / "shared" / "run", RunMeta(own_job=True))
     bootstrap = command_env({}, run.path)["PYTHONPATH"]
     env = {**user_env(), "PYTHONPATH": os.pathsep.join([bootstrap, user_env()["PYTHONPATH"]])}
     assert not [k for k in env if k.startswith("SHARDTOP_")]

@@ -29,6 +29,7 @@ from shardtop.rundir.json_files import write_json_atomic
 from shardtop.rundir.liveness import process_start_time
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.rundir.run_members import end_supervisor, supervisor_record, write_supervisor
+from shardtop.rundir.run_meta import RunMeta
 from tests.support.cli import ROOT
 from tests.support.own_job_runs import cli, user_env
 
@@ -36,8 +37,8 @@ from tests.support.own_job_runs import cli, user_env
 def _make_or_join(path: str, start: float, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     while time.time() < start:
         time.sleep(0.001)
-    run, created = RunDirectory.create_or_join(Path(path), {"preset": f"maker-{os.getpid()}"})
-    out.put((created, run.read_meta()["preset"]))
+    run, created = RunDirectory.create_or_join(Path(path), RunMeta(preset=f"maker-{os.getpid()}"))
+    out.put((created, run.read_meta().preset))
 
 
 def test_processes_racing_for_a_new_directory_make_one_run(tmp_path: Path) -> None:
@@ -69,7 +70,7 @@ def test_a_script_with_the_probe_makes_its_run_in_a_new_directory(tmp_path: Path
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run = RunDirectory(target)
     meta = run.read_meta()
-    assert meta["external"] is True and meta["id"] == "dir" and meta["config"]["program"] == "attach_raw"
+    assert meta.external is True and meta.id == "dir" and meta.config.program == "attach_raw"
     events, _ = read_all(run.events_dir)
     assert sorted(e.rank for e in events if isinstance(e, Hello)) == [0, 1]
     assert sorted(e.step for e in events if isinstance(e, Step)) == [1, 1, 2, 2]
@@ -97,7 +98,7 @@ def _record(run: RunDirectory, host: str, pid: int, *, code: int | None = None, 
 
 
 def test_a_run_of_two_hosts_is_running_until_both_commands_ended(tmp_path: Path) -> None:
-    run, _ = RunDirectory.create_or_join(tmp_path / "run", {"own_job": True})
+    run, _ = RunDirectory.create_or_join(tmp_path / "run", RunMeta(own_job=True))
     _record(run, "node-a", 101, code=0)
     _record(run, "node-b", 202)  # still touching its record
     assert run.status().state == "running"
@@ -109,17 +110,17 @@ def test_a_run_of_two_hosts_is_running_until_both_commands_ended(tmp_path: Path)
 
 
 def test_the_first_failing_host_decides_and_a_signal_reads_interrupted(tmp_path: Path) -> None:
-    run, _ = RunDirectory.create_or_join(tmp_path / "run", {"own_job": True})
+    run, _ = RunDirectory.create_or_join(tmp_path / "run", RunMeta(own_job=True))
     _record(run, "node-a", 101, code=1, age=10)
     _record(run, "node-b", 202, code=143, sig=signal.SIGTERM, age=5)
     assert run.status().describe() == "failed (exit 1)"
-    other, _ = RunDirectory.create_or_join(tmp_path / "other", {"own_job": True})
+    other, _ = RunDirectory.create_or_join(tmp_path / "other", RunMeta(own_job=True))
     _record(other, "node-a", 101, code=143, sig=signal.SIGTERM)
     assert other.status().describe() == "interrupted (SIGTERM)"
 
 
 def test_stop_never_signals_a_pid_another_host_recorded(tmp_path: Path) -> None:
-    run, _ = RunDirectory.create_or_join(tmp_path / "run", {"external": True})
+    run, _ = RunDirectory.create_or_join(tmp_path / "run", RunMeta(external=True))
     me = os.getpid()
     entry = {"rank": 3, "pid": me, "started": process_start_time(me), "host": "another-node"}
     (run.path / ".rank-3.pid.json").write_text(json.dumps(entry))
@@ -130,7 +131,7 @@ def test_stop_never_signals_a_pid_another_host_recorded(tmp_path: Path) -> None:
 
 
 def test_a_supervisor_record_of_this_host(tmp_path: Path) -> None:
-    run, _ = RunDirectory.create_or_join(tmp_path / "run", {"own_job": True})
+    run, _ = RunDirectory.create_or_join(tmp_path / "run", RunMeta(own_job=True))
     record = supervisor_record(run.path)
     write_supervisor(record, pid=os.getpid(), started=process_start_time(os.getpid()), command=["x"], cwd="/")
     assert run.status().state == "running" and run.processes()[-1][0] == os.getpid()
@@ -156,7 +157,7 @@ def test_bad_command_lines_are_refused_and_nothing_is_made(tmp_path: Path, args:
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     (tmp_path / "a-file").write_text("mine")
-    ended, _ = RunDirectory.create_or_join(tmp_path / "ended", {"own_job": True})
+    ended, _ = RunDirectory.create_or_join(tmp_path / "ended", RunMeta(own_job=True))
     ended.write_exit(0, reason="finished", ending="finished")
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     done = cli("run", "--headless", *(a.format(tmp=tmp_path) for a in args), runs_dir=tmp_path / "runs")
@@ -189,7 +190,7 @@ def test_the_command_survives_its_terminal_and_stop_ends_it(tmp_path: Path) -> N
         foreground.send_signal(signal.SIGHUP)  # what a dropped SSH connection does to the terminal's processes
         foreground.wait(timeout=30)
         (run,) = [RunDirectory(p) for p in runs_dir.iterdir()]
-        supervisor = run.read_meta()["pid"]
+        supervisor = run.read_meta().pid
         assert os.getsid(supervisor) == supervisor  # a session of its own: no terminal to lose
         marker.unlink()
         time.sleep(0.5)

@@ -48,7 +48,7 @@ def test_a_preset_run_records_its_plan_and_the_report_pairs_it_per_rank(preset: 
     events, _ = read_all(real.path / "events")
     plans = [e for e in events if isinstance(e, Planned)]
     assert len(plans) == 1 and plans[0].rank == 0 and plans[0].made_by == "preset", real.describe()
-    config = real.run.read_meta()["config"]
+    config = real.run.read_meta().config.settings
     assert plans[0].devices == int(config["devices"]) and plans[0].accelerator == "cpu"
 
     plan = report_json(real)["plan"]

@@ -64,7 +64,7 @@ def test_planned_model_states_per_rank_match_a_real_cpu_run(
     preset: str, real_base: Path, raw_grads: list[dict[str, int]]
 ) -> None:
     real = story(real_base, preset)
-    config: dict[str, Any] = real.run.read_meta()["config"]
+    config: dict[str, Any] = dict(real.run.read_meta().config.settings)
     plan = plan_config(config, devices=int(config["devices"]), accelerator="cpu", gpu=None)
     planned = plan.asked.per_rank
     last = _last_shards(real.path)

@@ -192,7 +192,7 @@ def test_a_sigterm_of_a_rank_reads_interrupted(runs_dir: Path) -> None:
         run = the_run(runs_dir)
         wait_until(lambda: any(isinstance(e, Step) and e.rank == 1 for e in read_all(run.events_dir)[0]), 180,
              "rank 1's first step")
-        (rank_1,) = [p["pid"] for p in run.read_meta()["rank_pids"] if p["rank"] == 1]
+        (rank_1,) = [p.pid for p in run.read_meta().rank_pids if p.rank == 1]
         os.kill(rank_1, signal.SIGTERM)
         out, _ = launched.communicate(timeout=120)
     finally:

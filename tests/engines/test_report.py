@@ -19,7 +19,9 @@ from shardtop.report.json_report import REPORT_SCHEMA_VERSION
 from shardtop.report.tree_summary import TREE_MAX_ROWS, summarize_tree
 from shardtop.rundir.event_files import EventWriter, event_file
 from shardtop.rundir.events import Exit, Hello, Tree, tree_paths
+from shardtop.rundir.run_config import RunConfig
 from shardtop.rundir.run_directory import RunDirectory
+from shardtop.rundir.run_meta import RunMeta
 from shardtop.units import count_words as count
 from tests.diagnose_scripts.real_runs import RealRun, runs_base, story
 from tests.support.cli import report as report_of
@@ -197,9 +199,9 @@ def test_report_of_a_truncated_event_file(real: Any, tmp_path: Path) -> None:
 
 def test_report_of_a_run_with_no_events_yet(tmp_path: Path) -> None:
     root = tmp_path / "runs"
-    run = RunDirectory.create(
-        root, "fsdp2-mlp", {"config": {"world_size": 2}, "command": ["shardtop", "launch", "fsdp2-mlp"]}
-    )
+    run = RunDirectory.create(root, "fsdp2-mlp", RunMeta(
+        preset="fsdp2-mlp", config=RunConfig(world_size=2), command=("shardtop", "launch", "fsdp2-mlp")
+    ))
     (run.logs_dir / "rank-0.log").write_text(
         "Traceback (most recent call last):\n  ...\nModuleNotFoundError: No module named 'deepspeed'\n"
     )
@@ -238,7 +240,7 @@ def test_report_and_diagnosis_import_neither_torch_nor_textual() -> None:
 
 
 def test_a_failure_that_is_no_oom_shows_its_error(tmp_path: Path) -> None:
-    run = RunDirectory.create(tmp_path / "runs", "script", {"command": ["python", "train.py"]})
+    run = RunDirectory.create(tmp_path / "runs", "script", RunMeta(preset="script", command=("python", "train.py")))
     writer = EventWriter(event_file(run.events_dir, 0), 0)
     writer.write(Hello(pid=1, world_size=1, engine="plain"))
     error = "RuntimeError: Expected all tensors to be on the same device, but found cpu and cuda:0"

@@ -17,11 +17,13 @@ import psutil
 import pytest
 
 from shardtop.config import resolve
-from shardtop.launch import resolve_devices, start, stop
+from shardtop.launch import create_run, resolve_devices, start, stop
 from shardtop.read.whole_run import read_run
 from shardtop.rundir.event_files import read_all
 from shardtop.rundir.events import Step
+from shardtop.rundir.run_config import RunConfig
 from shardtop.rundir.run_directory import RunDirectory, list_runs
+from shardtop.rundir.run_meta import RunMeta
 from tests.support.cli import ROOT, shardtop
 from tests.support.waiting import wait_until
 
@@ -45,14 +47,15 @@ def alive(pid: int) -> bool:
 
 def run_pids(run: RunDirectory) -> tuple[int, list[int]]:
     meta = run.read_meta()
-    return int(meta["pid"]), [int(r["pid"]) for r in meta["rank_pids"]]
+    assert meta.pid is not None
+    return meta.pid, [r.pid for r in meta.rank_pids]
 
 
 def test_start_leaves_no_child_and_the_record_tells_a_kill_from_a_stop(tmp_path: Path) -> None:
     """Rank 0 hangs (SIGSTOP), rank 1 is killed by SIGKILL (as the kernel's OOM killer would):
     the supervisor stops rank 0 after the grace period, and exit.json says who did what."""
     config = resolve_devices(resolve("ddp-baseline", [("max_steps", str(MAX_STEPS))]), lambda: 0)
-    run = RunDirectory.create(tmp_path, "ddp-baseline", {"config": config, "command": ["test"]})
+    run = create_run(tmp_path, RunConfig.of(config), ["test"])
     children_before = {p.pid for p in psutil.Process().children(recursive=True)}
     supervisor = start(run)
     try:
@@ -64,8 +67,8 @@ def test_start_leaves_no_child_and_the_record_tells_a_kill_from_a_stop(tmp_path:
         assert os.getpgid(supervisor.pid) == supervisor.pgid == supervisor.pid, "it leads its own group"
         assert os.getsid(supervisor.pid) == supervisor.pid, "and its own session: no terminal to lose"
         meta = run.read_meta()
-        assert (meta["pid"], meta["pgid"]) == (supervisor.pid, supervisor.pgid)
-        assert meta["pid_started"] == pytest.approx(proc.create_time(), abs=0.01)
+        assert (meta.pid, meta.pgid) == (supervisor.pid, supervisor.pgid)
+        assert meta.pid_started == pytest.approx(proc.create_time(), abs=0.01)
         wait_until(lambda: stepping(run), 120, "both ranks to train")
         _, (rank0, rank1) = run_pids(run)
         os.kill(rank0, signal.SIGSTOP)
@@ -218,7 +221,8 @@ def test_supervisor_killed_with_sigkill_takes_its_ranks_along(
 
 def test_a_supervisor_that_fails_records_why(tmp_path: Path) -> None:
     """A damaged run.json (no world size): the supervisor fails before any rank, and says so in exit.json."""
-    run = RunDirectory.create(tmp_path, "ddp-baseline", {"config": {"preset": "ddp-baseline"}})
+    damaged = RunMeta(preset="ddp-baseline", config=RunConfig(preset="ddp-baseline"))
+    run = RunDirectory.create(tmp_path, "ddp-baseline", damaged)
     supervisor = start(run)
     wait_until(lambda: run.read_exit() is not None, 60, "the exit record")
     record = run.read_exit()

@@ -60,7 +60,7 @@ async def test_launch_from_home_then_stop_with_confirmation(tmp_path: Path) -> N
             await wait_for(pilot, lambda: isinstance(app.screen, RunScreen), what="the run view")
             run = app.screen.run_dir  # type: ignore[attr-defined]
             assert run is not None and (run.path / "run.json").exists()
-            assert run.read_meta()["config"]["max_steps"] == 3000
+            assert run.read_meta().config.settings["max_steps"] == 3000
             assert run.status().state == "running"
 
             screen = app.screen

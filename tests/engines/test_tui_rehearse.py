@@ -55,8 +55,9 @@ async def test_the_prompt_rehearses_what_this_machine_cannot_launch(tmp_path: Pa
             run = app.screen.run_dir  # type: ignore[attr-defined]
             assert run is not None
             meta = run.read_meta()
-            assert meta["config"]["rehearsal"]["world_size"] == devices and meta["config"]["rehearsal"]["ranks"] == [0]
-            assert meta["command"][:2] == ["shardtop", "rehearse"] and meta["config"]["max_steps"] == 2
+            rehearsal = meta.config.rehearsal
+            assert rehearsal is not None and rehearsal.world_size == devices and rehearsal.ranks == (0,)
+            assert meta.command[:2] == ("shardtop", "rehearse") and meta.config.settings["max_steps"] == 2
             header = app.screen.query_one(RunHeader)
             await wait_for(pilot, lambda: header.info is not None and header.info.rehearsal, what="the header")
             assert header.info is not None and header.info.ranks.startswith(f"rank 0 of {devices}, rehearsed on CPU")

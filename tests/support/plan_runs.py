@@ -13,7 +13,6 @@ from pathlib import Path
 from shardtop.plan.cards import card
 from shardtop.rundir.event_files import EventWriter, event_file, read_all
 from shardtop.rundir.events import Memory
-from shardtop.rundir.run_config import RunConfig
 from shardtop.rundir.run_directory import RunDirectory
 from shardtop.runner.plan_at_setup import plan_event
 
@@ -21,7 +20,7 @@ from shardtop.runner.plan_at_setup import plan_event
 def with_plan(run_dir: Path) -> RunDirectory:
     """``run_dir`` (a copy: it is written into) with the plan of its preset, as its rank 0 would write it."""
     run = RunDirectory(run_dir)
-    config = RunConfig.parse(run.read_meta().get("config"))
+    config = run.read_meta().config
     events, _ = read_all(run.events_dir)
     gpu = next((g for e in events if isinstance(e, Memory) and e.gpus for g in e.gpus), None)
     recorded = card(gpu.name.removeprefix("NVIDIA ").strip(), gpu.total, "local GPU") if gpu is not None else None

@@ -14,6 +14,7 @@ from shardtop.rundir.event_lines import encode
 from shardtop.rundir.events import Hello, Oom, Step
 from shardtop.rundir.liveness import process_start_time
 from shardtop.rundir.run_directory import RunDirectory
+from shardtop.rundir.run_meta import RunMeta
 from shardtop.tui.watch.gpu_feed import GpuFeed
 from shardtop.tui.watch.log_tail import LogTail
 from shardtop.tui.watch.run_catalog import RunCatalog
@@ -101,7 +102,7 @@ def test_the_feeds_only_read_a_run_whose_supervisor_vanished(tmp_path: Path) -> 
 
 
 def test_log_tail_returns_complete_lines_only(tmp_path: Path) -> None:
-    run = RunDirectory.create(tmp_path, "p", {})
+    run = RunDirectory.create(tmp_path, "p", RunMeta(preset="p"))
     log = run.rank_log(0)
     log.write_text("one\ntw")
     tail = LogTail(run)
@@ -115,7 +116,8 @@ def test_log_tail_returns_complete_lines_only(tmp_path: Path) -> None:
 def test_catalog_names_the_rank_behind_a_pid(tmp_path: Path) -> None:
     copy_runs(tmp_path, "cpu/fsdp2-mlp")
     live = RunDirectory.create(
-        tmp_path, "zero3-linear", {"pid": os.getpid(), "pid_started": process_start_time(os.getpid())}
+        tmp_path, "zero3-linear",
+        RunMeta(preset="zero3-linear", pid=os.getpid(), pid_started=process_start_time(os.getpid())),
     )
     append(live.path, 1, Hello(pid=4242, world_size=2, rank=1, host="gpu-box", t=time.time()))
     append(live.path, 0, Hello(pid=4243, world_size=2, rank=0, host="gpu-box-2", t=time.time()))

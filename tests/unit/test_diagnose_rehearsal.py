@@ -19,12 +19,13 @@ import pytest
 
 from shardtop.diagnose import diagnose
 from shardtop.read.run_fold import fold
-from shardtop.read.run_meta import Rehearsal, RunMeta
 from shardtop.read.run_model import RunModel
 from shardtop.read.whole_run import read_run
 from shardtop.rundir.events import Event, Exit, Hello, Memory, Phase, Shards, Tree
 from shardtop.rundir.memory_figures import GpuMemory
+from shardtop.rundir.run_config import RehearsalConfig, RunConfig
 from shardtop.rundir.run_directory import RunDirectory
+from shardtop.rundir.run_meta import RunMeta
 from tests.support.recorded import copy_runs, live_copy
 
 GiB = 1 << 30
@@ -135,8 +136,8 @@ def _stamp(event: Event, rank: int) -> Event:
 
 def rehearsed(events: list[Event], ranks: tuple[int, ...], world: int, real: bool = False) -> RunModel:
     """The events read as a rehearsal of ``ranks`` of ``world`` on one H200 (``real``: as a real run)."""
-    rehearsal = None if real else Rehearsal(world_size=world, ranks=ranks, on="1 × NVIDIA H200")
-    return RunModel.of(fold(events), RunMeta(world_size=world, rehearsal=rehearsal))
+    rehearsal = None if real else RehearsalConfig(world_size=world, ranks=ranks, on="1 × NVIDIA H200")
+    return RunModel.of(fold(events), RunMeta(config=RunConfig(world_size=world, rehearsal=rehearsal)))
 
 
 def one_after_another(peaks: tuple[int, int], gpus: tuple[GpuMemory, ...] = ()) -> list[Event]:

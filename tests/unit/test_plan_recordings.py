@@ -91,7 +91,7 @@ def _timeline_phase(phase: str, step: int) -> str:
 
 def _recording(path: Path) -> Recording | None:
     run = RunDirectory(path)
-    config = run.read_meta()["config"]
+    config = run.read_meta().config.settings
     if config.get("accelerator") != "cuda":
         return None
     events, _ = read_all(run.events_dir)

@@ -24,7 +24,7 @@ from textual.worker import get_current_worker
 
 from shardtop.config import ConfigError, Preset, list_presets
 from shardtop.gpus import GpuSource, HostProbe, gpu_count
-from shardtop.rundir.run_directory import RunDirectory, RunError, ensure_root
+from shardtop.rundir.run_directory import RunDirectory, RunError
 from shardtop.tui.screens.attached import while_attached
 from shardtop.tui.watch.gpu_feed import GpuFeed, GpuSnapshot
 from shardtop.tui.watch.run_catalog import RunCatalog, RunsSnapshot
@@ -324,12 +324,10 @@ class ControlledHomeScreen(HomeScreen):
 
 def launch_run(runs_root: Path, request: LaunchRequest) -> RunDirectory:
     """Create the run directory and start the run, as ``shardtop launch`` does (no child is left here)."""
-    from shardtop.launch import start
+    from shardtop.launch import create_run, start
+    from shardtop.rundir.run_config import RunConfig
 
-    root = ensure_root(runs_root)
-    run = RunDirectory.create(
-        root, request.config["preset"], {"config": request.config, "command": ["shardtop", "launch", *request.settings]}
-    )
+    run = create_run(runs_root, RunConfig.of(request.config), ["shardtop", "launch", *request.settings])
     start(run)
     return run
 

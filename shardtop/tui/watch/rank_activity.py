@@ -53,7 +53,7 @@ def rank_activity(
     ``shardtop run`` has one log per host, its ranks' output together, whose last line stands for the
     host's ranks.  ``now``: the time, for how long a build has run."""
     now = time.time() if now is None else now
-    local = {p.rank: p for p in model.meta.rank_processes} if model.meta.host == host_name() else {}
+    local = {p.rank: p for p in model.meta.rank_pids} if model.meta.host == host_name() else {}
     out = []
     for r in model.ranks[:SHOWN_RANKS]:
         doing = r.state.phase or r.status.words

@@ -17,11 +17,11 @@ from typing import Any
 
 from shardtop.diagnose import Finding, diagnose, rule_failed
 from shardtop.read.follower import RunFollower
-from shardtop.read.run_meta import RunMeta
 from shardtop.read.run_model import RunModel
 from shardtop.read.run_state import RunState
 from shardtop.read.shard_model import ShardModel
 from shardtop.rundir.run_directory import RunDirectory
+from shardtop.rundir.run_meta import RunMeta
 from shardtop.rundir.run_status import RunStatus
 from shardtop.tui.watch.log_tail import LogLine, LogTail
 from shardtop.tui.watch.rank_activity import RankActivity, rank_activity
