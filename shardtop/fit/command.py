@@ -22,7 +22,7 @@ from typing import TextIO
 from shardtop.config import ConfigError
 from shardtop.fit.configuration import Configuration, Knob
 from shardtop.fit.measure import Trial
-from shardtop.fit.predict import Prediction, TracedPlan
+from shardtop.fit.predict import PlannedOnly, Prediction, TracedPlan, planned_only
 from shardtop.fit.request import Allowance, FitRequest, allowance, read_fit_request
 from shardtop.fit.result import FitResult, SetupResult, Use
 from shardtop.fit.search import MAX_BATCH, BoundarySearch
@@ -70,6 +70,8 @@ class Target:
     predictions: tuple[Prediction, ...]
     searchable: bool
     """The micro-batch is a knob: each set-up's boundary is searched (else each is tried at its own batch)."""
+    planned_only: tuple[PlannedOnly, ...] = ()
+    """Strategies the plan gives a larger batch that the stack has no knob for."""
 
 
 @dataclass
@@ -129,7 +131,16 @@ def _preset_target(request: FitRequest, machine: Machine, allowed: Allowance) ->
     confs = stack.configurations(cuda)
     found = predictions({None: plan}, confs, devices=request.devices, gpu=allowed.judged)
     return Target(title=stack.preset, stack=stack, knobs=stack.knobs(cuda), predictions=tuple(found),
-                  searchable=True)
+                  searchable=True, planned_only=_unexposed(plan, found, request, allowed))
+
+
+def _unexposed(plan: TracedPlan, found: Sequence[Prediction], request: FitRequest,
+               allowed: Allowance) -> tuple[PlannedOnly, ...]:
+    """The plan's other strategies that would take a larger batch than any set-up fit can try."""
+    searched = {p.strategy for p in found}
+    best = max((p.largest_batch or 0 for p in found), default=0)
+    return tuple(p for p in planned_only(plan, devices=request.devices, gpu=allowed.judged, beyond=best)
+                 if p.strategy not in searched)
 
 
 def command_stack(command: list[str], cuda: bool) -> CommandStack:
@@ -167,7 +178,8 @@ def _command_target(stack: CommandStack, request: FitRequest, machine: Machine, 
     confs = stack.configurations(cuda, os.environ)
     found = predictions(plans, confs, devices=request.devices, gpu=allowed.judged)
     return Target(title=shlex.join(stack.shape.argv), stack=stack, knobs=knobs, predictions=tuple(found),
-                  searchable=stack.given_batch is not None and any(k.kind == "micro-batch" and k.found for k in knobs))
+                  searchable=stack.given_batch is not None and any(k.kind == "micro-batch" and k.found for k in knobs),
+                  planned_only=_unexposed(plans[given.checkpointing], found, request, allowed))
 
 
 def order(found: Sequence[Prediction]) -> list[Prediction]:
@@ -215,7 +227,7 @@ def fit(
     result = FitResult(
         title=target.title, devices=request.devices, gpu=_gpu_words(request, allowed), limit=allowed.limit,
         on=machine.on, knobs=target.knobs, setups=tuple(setups), seconds=progress.spent,
-        budget_s=request.budget_s,
+        budget_s=request.budget_s, planned_only=target.planned_only,
     )
     result = replace(result, use=_use(result, target, request, directory))
     from shardtop.fit.render import render_json, render_text

@@ -76,6 +76,32 @@ def predict(conf: Configuration, desc: ModelDescription, strategy: Strategy, *, 
     )
 
 
+@dataclass(frozen=True)
+class PlannedOnly:
+    """A strategy the plan compares that the stack has no knob for: planned, never rehearsed."""
+
+    strategy: str
+    largest_batch: int | None
+
+
+PLANNED_ONLY_SHOWN = 3
+
+
+def planned_only(plan: TracedPlan, *, devices: int, gpu: Gpu, beyond: int | None) -> list[PlannedOnly]:
+    """The plan's alternatives that would take a larger micro-batch than ``beyond`` (the set-up as given's
+    planned batch; None: it fits none), the largest first, a few."""
+    from shardtop.plan.options import alternatives
+
+    on_gpu = plan.accelerator == "cuda"
+    found = []
+    for strategy in alternatives(plan.strategy, devices, plan.accelerator)[1:]:
+        p = predict(Configuration(as_given=False), plan.description, strategy, devices=devices, on_gpu=on_gpu, gpu=gpu)
+        if p.largest_batch is not None and p.largest_batch > (beyond or 0):
+            found.append(PlannedOnly(strategy.label, p.largest_batch))
+    found.sort(key=lambda p: -(p.largest_batch or 0))
+    return found[:PLANNED_ONLY_SHOWN]
+
+
 def strategy_for(base: Strategy, conf: Configuration) -> Strategy:
     """The plan's strategy for a set-up: the one as given, at another ZeRO stage or offload."""
     if conf.zero_stage is None:

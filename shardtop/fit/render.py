@@ -80,6 +80,10 @@ def render_text(result: FitResult, directory: Path | None = None) -> str:
         elif (fills := _fills_line(s)) is not None:
             lines.append(f"  {s.configuration.label}:{fills[1:]}")
     lines += [f"  {STEP_NOTE}", ""]
+    if result.planned_only:
+        lines.append("Planned only (no knob of the stack sets them; never rehearsed):")
+        lines += [f"  {p.strategy}: micro-batch {p.largest_batch}" for p in result.planned_only]
+        lines.append("")
     pick = result.pick
     if pick is None or pick.largest is None or result.use is None:
         lines.append(f"Pick: none of the set-ups fits {plural(result.devices, 'GPU')} of {result.gpu}.")
@@ -176,6 +180,7 @@ def render_json(result: FitResult) -> str:
         "pick": None if pick is None or pick.largest is None or result.use is None else {
             "configuration": pick.configuration.label, "batch": pick.largest.batch,
             "use": result.use.line, "changes": list(result.use.changes)},
+        "planned_only": [{"strategy": p.strategy, "largest_batch": p.largest_batch} for p in result.planned_only],
         "rehearsals": result.rehearsals,
         "seconds": round(result.seconds, 3),
         "budget_seconds": result.budget_s,

@@ -11,7 +11,7 @@ from typing import Literal
 
 from shardtop.fit.configuration import Configuration, Knob
 from shardtop.fit.measure import Trial
-from shardtop.fit.predict import Prediction
+from shardtop.fit.predict import PlannedOnly, Prediction
 
 Ending = Literal["found", "budget", "failed", "ruled out", "not reached", "nothing fits"]
 """How a set-up's search ended: the boundary found; the budget spent first; a rehearsal failed for another
@@ -82,6 +82,8 @@ class FitResult:
     seconds: float
     budget_s: float
     use: Use | None = None
+    planned_only: tuple[PlannedOnly, ...] = ()
+    """Strategies the plan gives a larger micro-batch that the stack has no knob for: never rehearsed."""
 
     @property
     def rehearsals(self) -> int:

@@ -8,7 +8,7 @@ import re
 
 from shardtop.fit.configuration import Configuration, Knob
 from shardtop.fit.measure import RankMeasure, Trial
-from shardtop.fit.predict import Prediction
+from shardtop.fit.predict import PlannedOnly, Prediction
 from shardtop.fit.render import render_json, render_text
 from shardtop.fit.result import FitResult, SetupResult, Use
 from shardtop.rundir.memory_figures import MemoryKinds, MemorySplit
@@ -49,6 +49,7 @@ def result() -> FitResult:
              Knob("sharding", False, "no DeepSpeed config on the line"))
     return FitResult(title="torchrun train.py", devices=8, gpu="64 MiB", limit=LIMIT, on="CPU", knobs=knobs,
                      setups=setups(), seconds=61.0, budget_s=600.0,
+                     planned_only=(PlannedOnly("ZeRO-3, fp32, optimizer offload", 40),),
                      use=Use("torchrun train.py --per_device_train_batch_size 24 --gradient_checkpointing true",
                              ("--per_device_train_batch_size 24", "--gradient_checkpointing true")))
 
@@ -78,6 +79,8 @@ def test_the_table_says_each_set_up_its_boundary_and_the_pick() -> None:
     assert "  run:    torchrun train.py --per_device_train_batch_size 24 --gradient_checkpointing true" in text
     assert all(f"  r{n}" in text for n in range(1, 7)), "every rehearsal is named as its run"
     assert "not exposed: no DeepSpeed config on the line" in text
+    assert "Planned only (no knob of the stack sets them; never rehearsed):\n  ZeRO-3, fp32, optimizer offload: " \
+           "micro-batch 40" in text
 
 
 def test_a_search_the_budget_cut_short_says_at_least() -> None:
@@ -94,6 +97,7 @@ def test_the_json_holds_what_the_table_says_and_what_its_page_lists() -> None:
     assert first["plan"]["largest_batch"] == 30 and first["fills"]["at"] == "oom" and first["fills"]["batch"] == 25
     assert [t["batch"] for t in first["trials"]] == [30, 15, 24, 25]
     assert data["pick"]["batch"] == 24 and data["rehearsals"] == 6
+    assert data["planned_only"] == [{"strategy": "ZeRO-3, fp32, optimizer offload", "largest_batch": 40}]
     assert data["configurations"][2]["ending"] == "ruled out" and data["configurations"][2]["trials"] == []
     page = (ROOT / "docs" / "fit-json.md").read_text()
     documented = set(re.findall(r"^\| `([a-z_]+)` \|", page, flags=re.MULTILINE))
