@@ -6,7 +6,8 @@
 #   gpu/record.sh PART...     PART: presets1 presets2 scenarios1 scenarios2 own benches (= probe_cost terminal)
 #                             rehearse_story2 rehearse_presets rehearse_own clients client_plans compiled
 #                             over_time story2_fixed_six workspaces unmeasured split_rechecks
-#                             presets_again oom_recheck what_is_kept script_tensors kept_places startup oom_stories clients_cost
+#                             presets_again oom_recheck what_is_kept script_tensors kept_places startup oom_stories
+#                             fit clients_cost
 #
 # presets1/scenarios1 and the rehearse_* parts need one GPU, presets2/scenarios2 two. Run from the project root with the
 # wheels of ../shared/gpu/wheels.sh in .whl/; everything lands under $OUT (or ./gpu-out):
@@ -209,12 +210,24 @@ over_time() {  # memory that grows: a loop keeping its logits under a 24 GiB cap
 }
 
 oom_stories() {  # OOMs that sharding does not fix, each beside a run that comes close without it
-  local keeps="tests/own_scripts/eval_keeps_graphs.py --cuda --cap-gib 20 --dim 2048 --hidden 8192 --vocab 32000 --tokens 4096"
+  local keeps="tests/own_scripts/eval_keeps_graphs.py --cuda --cap-gib 20 --dim 2048 --hidden 8192 --vocab 32000 --tokens 4096 --batches 20"
   step 90 "outputs kept with their graphs" python3 -m shardtop run --headless --name eval-keeps-graphs -- python3 $keeps
   step 90 "outputs kept, evaluated under no_grad" python3 -m shardtop run --headless --name eval-no-grad -- python3 $keeps --no-grad
   local vocab="tests/own_scripts/large_vocab_loss.py --cuda --cap-gib 20 --seq 2048 --dim 1024"
   step 90 "logits of a 256k vocabulary" python3 -m shardtop run --headless --name large-vocab -- python3 $vocab --vocab 256000
   step 90 "logits of a 32k vocabulary" python3 -m shardtop run --headless --name small-vocab -- python3 $vocab --vocab 32000
+}
+
+fit() {  # (BUDGET_S=1800 gpu/record.sh fit) shardtop fit on one GPU: story 2 fixed at six 16 GiB GPUs (the preset has no offload key: fit says which
+  # strategy the plan gives a batch to), and an HF Trainer FSDP2 Llama of about 1 B parameters at eight 80 GiB GPUs,
+  # activation checkpointing off and on; every rehearsal is a run, fit's result is fits/*/fit.json in the runs dir
+  step 120 "fit story 2 fixed, six 16 GiB GPUs" python3 -m shardtop fit zero3-linear-fixed devices=6 gpu=16GiB \
+    budget=20m
+  step 1500 "fit an HF Trainer FSDP2 Llama of 1 B parameters, eight 80 GiB GPUs" python3 -m shardtop fit devices=8 \
+    gpu=A100-80GB budget=24m -- torchrun --nproc_per_node 8 tests/own_scripts/fit_hf_trainer.py \
+    --output_dir /tmp/fit-hf-llama --report_to none --save_strategy no --bf16 --fsdp "full_shard auto_wrap" \
+    --fsdp_config '{"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}' \
+    --per_device_train_batch_size 4 --max_steps 2 --vocab 32000 --hidden 2048 --layers 16 --heads 16 --seq 2048
 }
 
 probe_cost() { step 150 "probe cost" python3 bench/bench_probe.py --device cuda --profile 25; }

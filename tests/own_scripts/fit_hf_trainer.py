@@ -6,7 +6,9 @@
 
 A small Llama built from its config (nothing is downloaded) on random tokens.  Its vocabulary and
 sequence make the logits, and so each sample, large beside the model: under a memory cap one more sample
-can be what runs out.  ``--vocab``, ``--seq``, ``--hidden`` and ``--layers`` size it.
+can be what runs out.  ``--vocab``, ``--seq``, ``--hidden``, ``--layers`` and ``--heads`` size it: on a
+GPU, ``--vocab 32000 --hidden 2048 --layers 16 --heads 16 --seq 2048`` is a Llama of about 1 B parameters
+(``gpu/record.sh fit`` fits it under ``--fsdp``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class ModelArguments:
     seq: int = 64
     hidden: int = 64
     layers: int = 2
+    heads: int = 4
     samples: int = 4096
 
 
@@ -43,7 +46,8 @@ def main() -> None:
     model_args, training = HfArgumentParser((ModelArguments, TrainingArguments)).parse_args_into_dataclasses()
     config = LlamaConfig(
         vocab_size=model_args.vocab, hidden_size=model_args.hidden, intermediate_size=4 * model_args.hidden,
-        num_hidden_layers=model_args.layers, num_attention_heads=4, num_key_value_heads=4,
+        num_hidden_layers=model_args.layers, num_attention_heads=model_args.heads,
+        num_key_value_heads=model_args.heads,
         max_position_embeddings=model_args.seq, tie_word_embeddings=False,
     )
     torch.manual_seed(0)
