@@ -18,6 +18,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,8 +73,8 @@ class Real:
 def real_runs(commands: list[list[str]], runs: Path) -> list[Real]:
     """Each ``shardtop`` command line run at once, each into a runs directory of its own."""
     started = []
-    for i, words in enumerate(commands):
-        where = runs / f"real-{i}"
+    for words in commands:
+        where = Path(tempfile.mkdtemp(prefix="real-", dir=runs))
         env = {**os.environ, **CPU, "SHARDTOP_RUNS_DIR": str(where), "PYTHONUNBUFFERED": "1"}
         started.append((where, subprocess.Popen([sys.executable, "-m", "shardtop", *words], cwd=ROOT, env=env,
                                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
