@@ -25,7 +25,7 @@ from shardtop.fit.measure import Trial
 from shardtop.fit.predict import PlannedOnly, Prediction, TracedPlan, planned_only
 from shardtop.fit.request import Allowance, FitRequest, allowance, read_fit_request
 from shardtop.fit.result import FitResult, SetupResult, Use
-from shardtop.fit.search import MAX_BATCH, BoundarySearch
+from shardtop.fit.search import BoundarySearch
 from shardtop.fit.stacks import CommandStack, PresetStack
 from shardtop.fit.trial import REHEARSED_RANKS, Rehearser, rank_threads
 from shardtop.units import format_bytes
@@ -289,19 +289,16 @@ def _time_left(progress: Progress, durations: list[float]) -> bool:
 def _search_one(target: Target, rehearser: Rehearser, prediction: Prediction, limit: int, progress: Progress,
                 durations: list[float], head: str, left: int) -> SetupResult:
     conf = prediction.configuration
-    stack = target.stack
-    fixed = None if target.searchable else (stack.given_batch if isinstance(stack, CommandStack) else None)
-    start = fixed or prediction.largest_batch or 1
-    search = BoundarySearch(start=start, limit=limit, plan_slope=prediction.slope, ceiling=fixed or MAX_BATCH)
+    if not target.searchable:
+        return _as_given_batch(target, rehearser, prediction, limit, progress, durations, head)
+    search = BoundarySearch(start=prediction.largest_batch or 1, limit=limit, plan_slope=prediction.slope)
     trials: list[Trial] = []
     while (batch := search.next_batch()) is not None:
-        if fixed is not None and trials:
-            break
         if not _time_left(progress, durations):
             return SetupResult(prediction, tuple(trials), "budget", note="the budget was spent before the boundary")
         why = "the plan's" if not trials else "where the line through what was measured meets the limit"
         progress.say(f"{head}: rehearsing micro-batch {batch} ({why}); {left} more set-up(s) after this one")
-        trial = _rehearse(stack, rehearser, conf, batch if fixed is None else None)
+        trial = _rehearse(target.stack, rehearser, conf, batch)
         durations.append(trial.seconds)
         trials.append(trial)
         search = search.after(trial.probe)
@@ -309,9 +306,24 @@ def _search_one(target: Target, rehearser: Rehearser, prediction: Prediction, li
     if search.failed is not None:
         return SetupResult(prediction, tuple(trials), "failed", note=trials[-1].detail)
     if not any(t.outcome == "fits" for t in trials):
-        return SetupResult(prediction, tuple(trials), "nothing fits",
-                           note="not even one sample fits" if fixed is None else "its own micro-batch does not fit")
+        return SetupResult(prediction, tuple(trials), "nothing fits", note="not even one sample fits")
     return SetupResult(prediction, tuple(trials), "found")
+
+
+def _as_given_batch(target: Target, rehearser: Rehearser, prediction: Prediction, limit: int, progress: Progress,
+                    durations: list[float], head: str) -> SetupResult:
+    """A command whose micro-batch fit cannot change: the set-up rehearsed once, at the command's own batch."""
+    if durations and not _time_left(progress, durations):
+        return SetupResult(prediction, (), "not reached", note="the budget was spent first")
+    progress.say(f"{head}: rehearsing the command's own micro-batch (no knob changes it)")
+    trial = _rehearse(target.stack, rehearser, prediction.configuration, None)
+    durations.append(trial.seconds)
+    progress.say(f"{head}: {_told(trial, limit)} in {trial.seconds:.0f} s; run {trial.run_id}")
+    if trial.outcome == "failed":
+        return SetupResult(prediction, (trial,), "failed", note=trial.detail)
+    if trial.outcome != "fits":
+        return SetupResult(prediction, (trial,), "nothing fits", note="its own micro-batch does not fit")
+    return SetupResult(prediction, (trial,), "found")
 
 
 def _rehearse(stack: PresetStack | CommandStack, rehearser: Rehearser, conf: Configuration,

@@ -17,6 +17,8 @@ from shardtop.words import aligned, plural
 
 SCHEMA = 1
 """``fit`` in the JSON: its format's version."""
+OWN_BATCH = 0
+"""The batch of a rehearsal at a command's own micro-batch, where no knob of it changes that."""
 STEP_NOTE = "step: one rehearsed rank's, the slower one's median after the first; collectives not run"
 
 
@@ -31,6 +33,8 @@ def largest_words(s: SetupResult) -> str:
     fit = s.largest
     if fit is None:
         return "none" if s.ending == "nothing fits" else "-"
+    if fit.batch == OWN_BATCH:
+        return "its own"
     return str(fit.batch) if s.too_large is not None and s.too_large.batch == fit.batch + 1 else f"≥ {fit.batch}"
 
 

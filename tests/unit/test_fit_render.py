@@ -104,3 +104,10 @@ def test_the_json_holds_what_the_table_says_and_what_its_page_lists() -> None:
     keys = set(data) | set(first) | set(first["plan"]) | set(first["trials"][0]) | set(first["trials"][0]["ranks"][0])
     keys |= set(first["fills"]) | set(data["pick"]) | set(data["knobs"][0])
     assert keys - documented == set(), "every key is on docs/fit-json.md"
+
+
+def test_a_command_whose_batch_no_knob_changes_is_tried_at_its_own() -> None:
+    own = SetupResult(setups()[1].prediction, (trial(0, True, 50 * MiB, "r7"),), "found")
+    text = render_text(FitResult(title="t", devices=2, gpu="g", limit=LIMIT, on="CPU", knobs=(), setups=(own,),
+                                 seconds=1.0, budget_s=2.0, use=Use("t", ())))
+    assert "micro-batch its own, peak 50 MiB (78.1 %)" in text
