@@ -23,6 +23,7 @@ from typing import Any
 
 from shardtop.config import ConfigError, on_machine
 from shardtop.rundir.cluster import host_name
+from shardtop.rundir.engines import ZERO_ENGINES
 from shardtop.rundir.liveness import is_running, process_start_time
 from shardtop.rundir.run_config import RunConfig
 from shardtop.rundir.run_directory import RunDirectory, RunError
@@ -81,7 +82,7 @@ def missing_engines(engine: str) -> list[str]:
         except (ImportError, ValueError):
             return True
 
-    needed = ["torch", "lightning"] + (["deepspeed"] if engine.startswith("zero") else [])
+    needed = ["torch", "lightning"] + (["deepspeed"] if engine in ZERO_ENGINES else [])
     return [name for name in needed if missing(name)]
 
 

@@ -16,19 +16,23 @@ from dataclasses import dataclass
 
 from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.run_model import RunModel
+from shardtop.rundir.engines import (
+    DDP,
+    DEEPSPEED,
+    FSDP1,
+    FSDP2,
+    FSDP_ENGINES,
+    PLAIN,
+    WHOLE_MODEL_ENGINES,
+    ZERO1,
+    ZERO2,
+    ZERO3,
+    family,
+)
 from shardtop.units import format_bytes
 
-NAMES = {"fsdp1": "FSDP", "fsdp2": "FSDP2", "zero1": "DeepSpeed ZeRO-1", "zero2": "DeepSpeed ZeRO-2",
-         "zero3": "DeepSpeed ZeRO-3", "deepspeed": "DeepSpeed", "ddp": "DDP", "plain": "no engine"}
-
-
-def family(engine: str) -> str:
-    """fsdp, zero or what the engine is: FSDP asked and FSDP2 run is what was asked."""
-    if engine.startswith("fsdp"):
-        return "fsdp"
-    if engine.startswith("zero") or engine == "deepspeed":
-        return "zero"
-    return engine
+NAMES = {FSDP1: "FSDP", FSDP2: "FSDP2", ZERO1: "DeepSpeed ZeRO-1", ZERO2: "DeepSpeed ZeRO-2",
+         ZERO3: "DeepSpeed ZeRO-3", DEEPSPEED: "DeepSpeed", DDP: "DDP", PLAIN: "no engine"}
 
 
 @dataclass(frozen=True)
@@ -54,12 +58,12 @@ def find_engine_not_asked(m: RunModel) -> EngineNotAsked | None:
 
 def explain_engine_not_asked(e: EngineNotAsked) -> Explanation:
     asked, engine = NAMES.get(e.asked, e.asked), NAMES.get(e.engine, e.engine)
-    whole = f" ({format_bytes(e.model_bytes)})" if e.model_bytes and e.engine in ("ddp", "plain") else ""
+    whole = f" ({format_bytes(e.model_bytes)})" if e.model_bytes and e.engine in WHOLE_MODEL_ENGINES else ""
     detail = (
         f"The launcher's configuration asked for {asked}, and the ranks hold the model with {engine}"
         f"{': each of the ' + str(e.world_size) + ' ranks holds the whole model' + whole if whole else ''}."
     )
-    if e.device.startswith("cpu") and family(e.asked) == "fsdp":
+    if e.device.startswith("cpu") and e.asked in FSDP_ENGINES:
         fix = ("accelerate runs FSDP only on accelerator devices and trains with DDP on CPU processes: run on "
                "GPUs to shard, or read this run's memory as DDP's.")
     else:

@@ -14,25 +14,20 @@ from typing import Literal
 from shardtop.read.memory_kinds import bytes_by_kind, kinds_sentence
 from shardtop.read.oom_story import OomStory
 from shardtop.read.run_model import RunModel
+from shardtop.rundir.engines import DDP, FSDP1, FSDP2, ZERO1, ZERO2, ZERO3
+from shardtop.rundir.engines import FSDP_ENGINES as FSDP_ENGINES  # for oom_fix.py
+from shardtop.rundir.engines import OPTIMIZER_SHARDING_ENGINES as OPTIMIZER_SHARDING_ENGINES  # for oom_fix.py
 from shardtop.rundir.events import PhaseName
 from shardtop.rundir.memory_figures import MemorySplit
 from shardtop.units import format_bytes
 
-SHARDED_ENGINES = frozenset({"fsdp1", "fsdp2", "zero3"})
-"""Engines that split parameters across ranks."""
-
-FSDP_ENGINES = frozenset({"fsdp1", "fsdp2"})
-
-OPTIMIZER_SHARDING_ENGINES = frozenset({"zero1", "zero2", "zero3", "fsdp1", "fsdp2"})
-"""Engines that partition optimizer state across the data-parallel ranks."""
-
 ENGINE_WORDS = {
-    "fsdp1": "FSDP",
-    "fsdp2": "FSDP2 (fully_shard)",
-    "zero1": "DeepSpeed ZeRO-1",
-    "zero2": "DeepSpeed ZeRO-2",
-    "zero3": "DeepSpeed ZeRO-3",
-    "ddp": "DDP",
+    FSDP1: "FSDP",
+    FSDP2: "FSDP2 (fully_shard)",
+    ZERO1: "DeepSpeed ZeRO-1",
+    ZERO2: "DeepSpeed ZeRO-2",
+    ZERO3: "DeepSpeed ZeRO-3",
+    DDP: "DDP",
 }
 
 Driver = Literal["lightning", "raw", "unknown"]

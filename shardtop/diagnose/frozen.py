@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardtop.diagnose.facts import ENGINE_WORDS, FSDP_ENGINES, ITEMSIZES, Driver, driver_of, fmt
+from shardtop.diagnose.facts import ENGINE_WORDS, ITEMSIZES, Driver, driver_of, fmt
 from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.run_model import RunModel
+from shardtop.rundir.engines import FSDP_ENGINES
 from shardtop.words import list_names
 
 FROZEN_GRAD_SHARE = 0.5

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardtop.diagnose.facts import FSDP_ENGINES, Driver, OomEvidence, driver_of, first_oom_evidence, fmt
+from shardtop.diagnose.facts import Driver, OomEvidence, driver_of, first_oom_evidence, fmt
 from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.rank_facts import RankFacts
 from shardtop.read.run_model import RunModel
 from shardtop.read.tree_facts import covering_rows
+from shardtop.rundir.engines import FSDP2, FSDP_ENGINES
 from shardtop.rundir.events import Shards
 from shardtop.words import list_names
 
@@ -169,7 +170,7 @@ def explain_single_unit(e: SingleUnit) -> Explanation:
         )
     if e.oom is not None:
         detail += f" Rank {e.oom.rank} ran out of memory during {e.oom.phase}."
-    if e.engine == "fsdp2":
+    if e.engine == FSDP2:
         fix = (
             f"Call fully_shard on each {e.block_type} before the root: "
             f"`for block in {e.block_container}: fully_shard(block)`, then `fully_shard(model)`"
@@ -316,7 +317,7 @@ class NoDataParallel(Evidence):
 
 
 def find_no_data_parallel(m: RunModel) -> NoDataParallel | None:
-    if m.engine != "fsdp2" or m.world_size < 2:
+    if m.engine != FSDP2 or m.world_size < 2:
         return None
     r = m.first_engine_rank()
     if r is None or r.shards is None or r.shards.info.get("data_parallel_size") != 1:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardtop.diagnose.facts import FSDP_ENGINES
 from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.diagnose.fsdp import fsdp_rank
 from shardtop.read.run_model import RunModel
+from shardtop.rundir.engines import FSDP_ENGINES
 
 FP16_NAMES = frozenset({"float16", "torch.float16", "half", "fp16"})
 """How the probe may spell float16 in ``param_dtype``."""

@@ -19,6 +19,7 @@ from shardtop.diagnose.finding import Evidence, Explanation, Rule, Severity
 from shardtop.read.oom_story import OomStory
 from shardtop.read.rank_facts import RankFacts
 from shardtop.read.run_model import RunModel
+from shardtop.rundir.engines import FSDP1, FSDP2, FSDP_ENGINES, SHARDED_ENGINES, ZERO3
 from shardtop.rundir.events import Shards
 
 WHOLE_SHARE = 0.9
@@ -33,7 +34,7 @@ HOST_WARN_SHARE = 0.5
 
 HELD_WHOLE_STATES = frozenset({"unsharded", "replicated"})
 
-ENGINES_THAT_NEED_NO_COPY = frozenset({"fsdp1", "fsdp2", "zero3"})
+ENGINES_THAT_NEED_NO_COPY = SHARDED_ENGINES
 """Engines whose ranks need only their shard: the whole model on every rank is avoidable."""
 
 
@@ -120,7 +121,7 @@ def _reported(ranks: list[RankFacts], field: str) -> int | None:
 
 
 def _fix(e: WholeOnHost) -> str:
-    if e.engine == "zero3":
+    if e.engine == ZERO3:
         if e.driver == "lightning":
             return (
                 "Build the layers in configure_model(): Lightning calls it inside deepspeed.zero.Init, "
@@ -130,19 +131,19 @@ def _fix(e: WholeOnHost) -> str:
             "Build the model under `with deepspeed.zero.Init(config_dict_or_path=ds_config):`: "
             "each rank only ever materialises its partition."
         )
-    if e.driver == "lightning" and e.engine in ("fsdp1", "fsdp2"):
+    if e.driver == "lightning" and e.engine in FSDP_ENGINES:
         return (
             "Build the layers in configure_model() instead of __init__: Lightning's FSDP strategies create them "
             "on the meta device there and materialise each rank's shard only, after sharding."
         )
-    if e.engine == "fsdp2":
+    if e.engine == FSDP2:
         return (
             'Build the model on the meta device (`with torch.device("meta"): model = Net()`), call fully_shard, '
             "then `model.to_empty(device=...)` and initialise or load the weights shard by shard "
             "(torch.distributed.checkpoint, or `set_model_state_dict` with `broadcast_from_rank0=True` from a "
             "checkpoint loaded on rank 0 only)."
         )
-    if e.engine == "fsdp1":
+    if e.engine == FSDP1:
         return (
             'Build the model on the meta device on every rank but rank 0 (`with torch.device("meta"):`) and pass '
             "`sync_module_states=True, param_init_fn=lambda m: m.to_empty(device=device, recurse=False)` to FSDP: "

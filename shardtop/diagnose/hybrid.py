@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardtop.diagnose.facts import ENGINE_WORDS, FSDP_ENGINES, Driver, driver_of, fmt
+from shardtop.diagnose.facts import ENGINE_WORDS, Driver, driver_of, fmt
 from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.run_model import RunModel
+from shardtop.rundir.engines import FSDP2, FSDP_ENGINES
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def explain_hybrid_shard(e: HybridShard) -> Explanation:
         detail += " With shard groups of one rank nothing is sharded: every rank holds the whole model, as under DDP."
     elif e.hosts > 1 and s == e.ranks_per_host:
         detail += " Each shard group is one node: only gradients cross nodes, which is what HYBRID_SHARD is for."
-    if e.engine == "fsdp2":
+    if e.engine == FSDP2:
         fix = (
             f"To shard over every rank, give fully_shard a 1-D mesh: `init_device_mesh(device_type, ({n},))`; or a "
             f"2-D (replicate, shard) mesh with a larger shard dimension. Each rank then holds 1/{n} (or 1/shard) of "

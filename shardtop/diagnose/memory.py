@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 from shardtop.diagnose.facts import (
     ENGINE_WORDS,
-    OPTIMIZER_SHARDING_ENGINES,
     KindsEvidence,
     OomEvidence,
     fmt,
@@ -16,6 +15,7 @@ from shardtop.diagnose.facts import (
 from shardtop.diagnose.finding import Evidence, Explanation, Rule, Severity
 from shardtop.diagnose.oom_fix import LIGHTER_OPTIMIZER, OutOfMemory, held_at_oom, offload_words, oom_fix
 from shardtop.read.run_model import RunModel
+from shardtop.rundir.engines import OPTIMIZER_SHARDING_ENGINES
 from shardtop.words import module_label
 
 OPTIM_STATE_RATIO = 0.95

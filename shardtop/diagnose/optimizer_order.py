@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from shardtop.diagnose.facts import ENGINE_WORDS, Driver, driver_of, fmt
 from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.run_model import RunModel
+from shardtop.rundir.engines import DDP, FSDP1, FSDP2
 
 WRAPPING = {
-    "fsdp1": "FSDP wrapped the model, which flattened its parameters into FlatParameters",
-    "fsdp2": "fully_shard replaced its parameters with sharded DTensors",
-    "ddp": "DDP wrapped the model",
+    FSDP1: "FSDP wrapped the model, which flattened its parameters into FlatParameters",
+    FSDP2: "fully_shard replaced its parameters with sharded DTensors",
+    DDP: "DDP wrapped the model",
 }
 
 
@@ -81,12 +82,12 @@ def explain_optimizer_before_wrap(e: OptimizerBeforeWrap) -> Explanation:
             "Create the optimizer in configure_optimizers() from self.parameters(): Lightning calls it after the "
             "strategy has wrapped the model."
         )
-    elif e.engine == "fsdp2":
+    elif e.engine == FSDP2:
         fix = (
             "Build the optimizer after fully_shard: `fully_shard(model)`, "
             "then `optimizer = torch.optim.AdamW(model.parameters(), ...)`."
         )
-    elif e.engine == "fsdp1":
+    elif e.engine == FSDP1:
         fix = (
             "Build the optimizer after wrapping: `model = FSDP(model, ...)`, "
             "then `optimizer = torch.optim.AdamW(model.parameters(), ...)`."

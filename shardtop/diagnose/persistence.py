@@ -14,6 +14,7 @@ from shardtop.diagnose.facts import Driver, driver_of, fmt
 from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.run_model import RunModel
 from shardtop.read.tree_facts import covering_rows
+from shardtop.rundir.engines import ZERO3
 from shardtop.rundir.events import Shards
 from shardtop.words import list_names
 
@@ -48,7 +49,7 @@ class Persistent(Evidence):
 
 
 def find_persistent(m: RunModel) -> Persistent | None:
-    if m.engine != "zero3" or not m.full_bytes or m.tree is None:
+    if m.engine != ZERO3 or not m.full_bytes or m.tree is None:
         return None
     r = next((r for r in m.engine_ranks if m.aligned(r.shards)), None)
     if r is None or r.shards is None:
@@ -63,7 +64,7 @@ def find_persistent(m: RunModel) -> Persistent | None:
         data_parallel_size=dp,
         threshold=_int(s.info.get("persistence_threshold")),
         persistent_params=_int(s.info.get("persistent_params")) or 0,
-        params=sum(u.params for u in s.units if u.kind == "zero3"),
+        params=sum(u.params for u in s.units if u.kind == ZERO3),
         persistent_bytes=kept,
         model_bytes=m.full_bytes,
         modules=_persistent_modules(m, r.shards),

@@ -27,6 +27,7 @@ from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.rank_facts import RankFacts
 from shardtop.read.run_model import RunModel
 from shardtop.read.tree_facts import covering_rows
+from shardtop.rundir.engines import MANUAL
 from shardtop.rundir.events import Shards
 from shardtop.units import times
 from shardtop.words import list_names, module_label
@@ -239,7 +240,7 @@ def find_imbalance(m: RunModel) -> Imbalance | None:
         others=tuple(c for c in found if c is not main),
         modules=_modules_on(m, main),
         oom=_oom_on(m, main),
-        manual=main.kind == "devices" or m.engine == "manual",
+        manual=main.kind == "devices" or m.engine == MANUAL,
     )
 
 

@@ -16,6 +16,7 @@ from shardtop.diagnose.facts import Driver, OomEvidence, driver_of, fmt, oom_avo
 from shardtop.diagnose.finding import Evidence, Explanation, Rule, Severity
 from shardtop.diagnose.fsdp import fsdp_rank, managed_bytes
 from shardtop.read.run_model import RunModel
+from shardtop.rundir.engines import FSDP2
 from shardtop.words import list_names
 
 KEPT_STRATEGIES = frozenset({"SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"})
@@ -57,7 +58,7 @@ class NotResharded(Evidence):
 
 
 def find_not_resharded(m: RunModel) -> NotResharded | None:
-    if m.engine != "fsdp2":
+    if m.engine != FSDP2:
         return None
     r = fsdp_rank(m)
     if r is None or r.shards is None or not m.full_bytes:
@@ -67,7 +68,7 @@ def find_not_resharded(m: RunModel) -> NotResharded | None:
     shard_size = shard if isinstance(shard, int) else 1
     if shard_size < 2:
         return None  # nothing is sharded, so nothing is kept gathered that would not be anyway
-    fsdp2 = [i for i, u in enumerate(s.units) if u.kind == "fsdp2" and u.numel]
+    fsdp2 = [i for i, u in enumerate(s.units) if u.kind == FSDP2 and u.numel]
     roots = [i for i in fsdp2 if s.units[i].root]
     kept = [i for i in fsdp2 if s.units[i].strategy in KEPT_STRATEGIES and not (len(roots) == 1 and i in roots)]
     managed = managed_bytes(m, s)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from shardtop.diagnose.facts import ENGINE_WORDS, Driver, driver_of, fmt
 from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.run_model import RunModel
+from shardtop.rundir.engines import ZERO1, ZERO2
 
 REPLICATED_MIN_BYTES = 8 << 20
 """Sharding the parameters is worth a finding when it frees at least 8 MiB per rank."""
@@ -47,7 +48,7 @@ class ReplicatedParams(Evidence):
 
 
 def find_replicated_params(m: RunModel) -> ReplicatedParams | None:
-    if m.engine not in ("zero1", "zero2"):
+    if m.engine not in (ZERO1, ZERO2):
         return None
     r = next((r for r in m.engine_ranks if m.aligned(r.shards)), None)
     if r is None or r.shards is None or r.optim_bytes is None:
@@ -56,7 +57,7 @@ def find_replicated_params(m: RunModel) -> ReplicatedParams | None:
     dp = s.info.get("data_parallel_size")
     if not isinstance(dp, int) or dp < 2:
         return None
-    stage = 2 if m.engine == "zero2" else 1
+    stage = 2 if m.engine == ZERO2 else 1
     frozen = sum(b for b, u in zip(s.bytes, s.unit, strict=True) if u < 0)
     trainable = r.param_bytes - frozen
     grads = r.grad_bytes if r.grad_bytes is not None else (trainable // dp if stage == 2 else trainable)

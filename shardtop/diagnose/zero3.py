@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from shardtop.diagnose.facts import (
     ENGINE_WORDS,
-    SHARDED_ENGINES,
     Driver,
     OomEvidence,
     driver_of,
@@ -17,6 +17,7 @@ from shardtop.diagnose.facts import (
 from shardtop.diagnose.finding import Evidence, Explanation, Rule
 from shardtop.read.run_model import RunModel
 from shardtop.read.tree_facts import covering_rows
+from shardtop.rundir.engines import FSDP_ENGINES, ZERO3
 from shardtop.rundir.events import Shards
 from shardtop.words import list_names
 
@@ -117,7 +118,7 @@ def run_precision(info: Mapping[str, object]) -> str:
 
 
 def find_built_whole(m: RunModel) -> BuiltWhole | None:
-    if m.engine != "zero3" or not m.full_bytes or m.tree is None:
+    if m.engine != ZERO3 or not m.full_bytes or m.tree is None:
         return None
     whole: dict[int, int] = {}
     rows_of: dict[int, list[bool]] = {}
@@ -361,9 +362,9 @@ class SingleRank(Evidence):
     oom_under_zero_init: bool
 
 
-def find_single_rank(m: RunModel) -> SingleRank | None:
-    """Sharding on one rank: ZeRO-3's and FSDP's alike (each rule below keeps its engines)."""
-    if m.world_size != 1 or m.engine not in SHARDED_ENGINES or not m.ranks:
+def find_single_rank(m: RunModel, engines: Collection[str]) -> SingleRank | None:
+    """Sharding on one rank with one of ``engines``: ZeRO-3's and FSDP's read alike, each its own rule."""
+    if m.world_size != 1 or m.engine not in engines or not m.ranks:
         return None
     r = m.ranks[0]
     oom = first_oom_evidence(m, ("setup",))
@@ -403,7 +404,7 @@ def explain_single_rank(e: SingleRank) -> Explanation:
             f" Rank {oom.rank} ran out of memory during set-up{where}{what}: the whole model "
             f"({fmt(e.model_bytes)}) {size} the {fmt(oom.cap)} the rank may use."
         )
-    if e.engine == "zero3":
+    if e.engine == ZERO3:
         detail += " ZeRO-3 is data parallelism with every tensor split N ways: its saving needs N ≥ 2 GPUs."
         more = (
             "with the layers built in configure_model() (Lightning) or under deepspeed.zero.Init, so no rank "
@@ -429,15 +430,5 @@ def explain_single_rank(e: SingleRank) -> Explanation:
     )
 
 
-def find_zero3_single_rank(m: RunModel) -> SingleRank | None:
-    e = find_single_rank(m)
-    return e if e is not None and e.engine == "zero3" else None
-
-
-def find_fsdp_single_rank(m: RunModel) -> SingleRank | None:
-    e = find_single_rank(m)
-    return e if e is not None and e.engine != "zero3" else None
-
-
-ZERO3_SINGLE_RANK = Rule("zero3-single-rank", find_zero3_single_rank, explain_single_rank)
-FSDP_SINGLE_RANK = Rule("fsdp-single-rank", find_fsdp_single_rank, explain_single_rank)
+ZERO3_SINGLE_RANK = Rule("zero3-single-rank", partial(find_single_rank, engines=(ZERO3,)), explain_single_rank)
+FSDP_SINGLE_RANK = Rule("fsdp-single-rank", partial(find_single_rank, engines=FSDP_ENGINES), explain_single_rank)

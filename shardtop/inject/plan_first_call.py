@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from shardtop.inject import PLAN_ONLY_ENV
+from shardtop.rundir.engines import FSDP1, FSDP2, ZERO_ENGINES
 
 
 class PlanState:
@@ -167,11 +168,11 @@ def _accelerator(root: Any) -> str:
         return "cuda"
     torch = sys.modules.get("torch")
     wanted = os.environ.get("DS_ACCELERATOR", "")
-    if STATE.engine.startswith("zero") and wanted != "cpu" and torch is not None and torch.cuda.is_available():
+    if STATE.engine in ZERO_ENGINES and wanted != "cpu" and torch is not None and torch.cuda.is_available():
         return "cuda"  # DeepSpeed moves the model to the GPU itself
-    if STATE.engine == "fsdp1" and torch is not None and torch.cuda.is_available():
+    if STATE.engine == FSDP1 and torch is not None and torch.cuda.is_available():
         return "cuda"
-    if STATE.engine == "fsdp2" and torch is not None and torch.cuda.is_available():
+    if STATE.engine == FSDP2 and torch is not None and torch.cuda.is_available():
         return "cpu" if STATE.mesh_device == "cpu" else "cuda"  # fully_shard moves each unit to its mesh's device
     return "cpu"
 
@@ -201,7 +202,7 @@ def write_plan(described: tuple[Any, list[str]], *, complete: bool) -> None:
     if root is not None:
         rows = {id(m): i for i, m in enumerate(walk(root)[0])}
     facts = dict(STATE.facts)
-    if STATE.engine == "fsdp2" and fsdp2_sharding(STATE.reshard, root):
+    if STATE.engine == FSDP2 and fsdp2_sharding(STATE.reshard, root):
         facts["sharding"] = fsdp2_sharding(STATE.reshard, root)
     classes = facts.pop("policy_classes", ())
     units = [rows[id(m)] for m in STATE.units if id(m) in rows]

@@ -18,10 +18,12 @@ from typing import Any
 from shardtop.plan.strategies import (
     ADAMW,
     SGD_MOMENTUM,
+    SINGLE,
     Optimizer,
     Strategy,
     ZeroSettings,
 )
+from shardtop.rundir.engines import DDP, FSDP_ENGINES, ZERO_ENGINES
 
 BUILT_WHOLE_NOTE = ("built outside deepspeed.zero.Init: DeepSpeed moves the whole model to each device before "
                     "partitioning it")
@@ -31,7 +33,7 @@ BUILT_WHOLE_NOTE = ("built outside deepspeed.zero.Init: DeepSpeed moves the whol
 class Asked:
     """What the script handed its engine, as plain values."""
 
-    engine: str = "single"
+    engine: str = SINGLE
     """zero1, zero2, zero3, fsdp1, fsdp2, ddp or single."""
     entry: str = ""
     deepspeed: Mapping[str, Any] = field(default_factory=dict)
@@ -126,15 +128,15 @@ def _zero(a: Asked, optimizer: Optimizer, driver: str) -> tuple[Strategy, list[s
 def strategy_of(a: Asked) -> tuple[Strategy, list[str]]:
     """The plan's ``Strategy`` for what the script asked, and what had to be assumed, in words."""
     driver = "lightning" if a.trainer_precision else "loop"
-    declared = a.deepspeed.get("optimizer") if a.engine.startswith("zero") else None
+    declared = a.deepspeed.get("optimizer") if a.engine in ZERO_ENGINES else None
     name = str(declared.get("type", "")) if isinstance(declared, Mapping) else a.optimizer
     optimizer, note = _optimizer(name, a.momentum)
     notes = [note] if note else []
-    if a.engine.startswith("zero"):
+    if a.engine in ZERO_ENGINES:
         strategy, more = _zero(a, optimizer, driver)
         return strategy, notes + more
     autocast = _precision(a.trainer_precision) if a.trainer_precision else "fp32"
-    if a.engine in ("fsdp1", "fsdp2"):
+    if a.engine in FSDP_ENGINES:
         # Lightning's "-true" gives FSDP a MixedPrecision of the model's own dtype: no fp32 copies behind it
         precision = autocast if autocast.endswith("-true") else a.half or autocast
         if a.policy_unknown:
@@ -151,5 +153,5 @@ def strategy_of(a: Asked) -> tuple[Strategy, list[str]]:
             build_note="the whole model was on the device before the engine sharded it" if a.on_device else "",
         )
         return strategy, notes
-    engine = a.engine if a.engine in ("ddp", "single") else "single"
+    engine = a.engine if a.engine in (DDP, SINGLE) else SINGLE
     return Strategy(engine=engine, precision=autocast, optimizer=optimizer, driver=driver), notes

@@ -12,6 +12,7 @@ memory an offload would free is the same memory it moves to.  Torch-free.
 from __future__ import annotations
 
 from shardtop.plan.strategies import LIGHTNING_ZERO, Strategy, ZeroSettings
+from shardtop.rundir.engines import MANUAL, ZERO_ENGINES
 
 
 def offloads(s: Strategy) -> bool:
@@ -22,14 +23,14 @@ def offloads(s: Strategy) -> bool:
 def alternatives(asked: Strategy, devices: int, accelerator: str = "cuda") -> list[Strategy]:
     """The asked strategy first, then the alternatives that apply on ``accelerator``, each label once."""
     precision = asked.precision
-    zero = asked.zero if asked.engine.startswith("zero") else (
+    zero = asked.zero if asked.engine in ZERO_ENGINES else (
         LIGHTNING_ZERO if asked.driver == "lightning" else ZeroSettings())
     common = Strategy(engine="ddp", precision=precision, optimizer=asked.optimizer, driver=asked.driver,
                       zero=zero, node_size=asked.node_size)
     out = [asked]
     if asked.built_whole:
         out.append(asked.with_(built_whole=False, build_note=""))
-    if asked.engine != "manual":
+    if asked.engine != MANUAL:
         other = "bf16-mixed" if precision == "fp32" else "fp32"
         out.append(asked.with_(precision=other, half_in_units_only=False, built_whole=False, build_note=""))
     fsdp: dict[str, object] = {"units": (), "root_wrapped": True}

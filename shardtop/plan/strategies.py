@@ -11,8 +11,14 @@ Torch-free.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Final
 
-ENGINES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp1", "fsdp2", "manual")
+from shardtop.rundir.engines import DDP, FSDP1, FSDP2, FSDP_ENGINES, MANUAL, ZERO1, ZERO2, ZERO3, ZERO_ENGINES
+
+SINGLE: Final = "single"
+"""The plan's one device: no engine, no data parallelism (a run's ``plain``)."""
+ENGINES = (SINGLE, DDP, ZERO1, ZERO2, ZERO3, FSDP1, FSDP2, MANUAL)
+"""The engines a plan compares (``rundir/engines.py`` spells them)."""
 FSDP_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 
@@ -85,25 +91,25 @@ class Strategy:
     @property
     def label(self) -> str:
         name = {
-            "single": "one device",
-            "ddp": "DDP",
-            "zero1": "ZeRO-1",
-            "zero2": "ZeRO-2",
-            "zero3": "ZeRO-3",
-            "fsdp1": f"FSDP {self.sharding or 'FULL_SHARD'}",
-            "fsdp2": "FSDP2" + (" (no reshard after forward)" if self.sharding == "SHARD_GRAD_OP" else ""),
-            "manual": "manual placement",
+            SINGLE: "one device",
+            DDP: "DDP",
+            ZERO1: "ZeRO-1",
+            ZERO2: "ZeRO-2",
+            ZERO3: "ZeRO-3",
+            FSDP1: f"FSDP {self.sharding or 'FULL_SHARD'}",
+            FSDP2: "FSDP2" + (" (no reshard after forward)" if self.sharding == "SHARD_GRAD_OP" else ""),
+            MANUAL: "manual placement",
         }[self.engine]
         extras = [self.precision]
-        if self.offload_params and self.offload_optimizer and self.engine.startswith("zero"):
+        if self.offload_params and self.offload_optimizer and self.engine in ZERO_ENGINES:
             extras.append("param + optimizer offload")
         elif self.offload_params:
-            extras.append("CPU offload" if self.engine.startswith("fsdp") else "param offload")
+            extras.append("CPU offload" if self.engine in FSDP_ENGINES else "param offload")
         elif self.offload_optimizer:
             extras.append("optimizer offload")
         if self.half_in_units_only and self.precision != "fp32":
             extras.append("half precision in units only")
-        if self.built_whole and self.engine != "ddp":
+        if self.built_whole and self.engine != DDP:
             extras.append("model built whole first")
         return f"{name}, {', '.join(extras)}"
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from shardtop.probe.host import host_facts
 from shardtop.rundir.cluster import SlurmIds
+from shardtop.rundir.engines import DEEPSPEED, FSDP1, FSDP2
 from shardtop.rundir.events import Hello
 
 
@@ -40,9 +41,9 @@ def engine_asked(env: Mapping[str, str]) -> str:
     """The engine accelerate's launcher (or the Trainer's ``--fsdp`` / ``--deepspeed``) asked for."""
     if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
         stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
-        return f"zero{stage}" if stage in ("1", "2", "3") else "deepspeed"
+        return f"zero{stage}" if stage in ("1", "2", "3") else DEEPSPEED
     if env.get("ACCELERATE_USE_FSDP", "").lower() == "true":
-        return "fsdp2" if env.get("FSDP_VERSION") == "2" else "fsdp1"
+        return FSDP2 if env.get("FSDP_VERSION") == "2" else FSDP1
     return ""
 
 

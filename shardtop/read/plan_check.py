@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from shardtop.rundir.engines import MANUAL, ZERO3
 from shardtop.rundir.events import TIMELINE, Planned, PlannedRank
 
 if TYPE_CHECKING:
@@ -168,7 +169,7 @@ def measured(r: RankFacts, engine: str, manual: bool) -> Measured:
     params = grads = optimizer = None
     if held is not None:
         params = on_device(r, held.bytes, manual) or 0
-        if engine == "zero3":  # whole copies of the small parameters, held next to the partitions
+        if engine == ZERO3:  # whole copies of the small parameters, held next to the partitions
             whole = held.info.get("gathered_bytes")
             params += whole if isinstance(whole, int) else 0
         if held.stage == "step":
@@ -184,7 +185,7 @@ def measured(r: RankFacts, engine: str, manual: bool) -> Measured:
 
 
 def check_plan(plan: Planned, ranks: Sequence[RankFacts], engine: str) -> PlanCheck:
-    manual = plan.engine == "manual"
+    manual = plan.engine == MANUAL
     p = plan.per_rank
     checks = []
     for r in ranks:

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from shardtop.rundir.engines import Engine
 from shardtop.rundir.record_fields import read_fields
 
 Accelerator = Literal["cpu", "cuda"]
@@ -90,8 +91,8 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The program its ranks run: a preset's (``zero3-linear``) or the user's script's name."""
     preset: str = ""
     """The preset it runs; empty for a user's own script."""
-    engine: str = ""
-    """The engine the preset trains with (``zero3``, ``fsdp2``...); empty for a user's own script."""
+    engine: Engine | None = None
+    """The engine the preset trains with; None for a user's own script."""
     world_size: Count = 0
     """Ranks the launcher starts (0: not known, e.g. a script's own launcher)."""
     devices: Count = 0

@@ -49,7 +49,7 @@ def run_rank(run_dir: Path, rank: int) -> int:
         program = load_program(config.program)  # its imports are not the run's memory
         # The probe's file, thread and OOM reserve exist before the cap: an OOM anywhere is recorded.
         probe = prepare(ctx.run_dir, rank=rank, world_size=ctx.world_size, local_rank=ctx.local_rank,
-                        device=ctx.device, program=config.preset, engine=config.engine)
+                        device=ctx.device, program=config.preset, engine=config.engine or "")
         if rank == config.first_rank:
             from shardtop.runner.plan_at_setup import plan_event
 

@@ -24,6 +24,7 @@ from shardtop.plan.compare import Plan
 from shardtop.plan.description import ModelDescription
 from shardtop.plan.presets import plan_described
 from shardtop.plan.verdict import fits, runs_out_at
+from shardtop.rundir.engines import MANUAL
 from shardtop.rundir.events import when
 from shardtop.rundir.memory_figures import GpuMemory
 from shardtop.units import short_bytes
@@ -76,7 +77,7 @@ def prompt_plan(config: Mapping[str, Any], desc: ModelDescription, gpus: Sequenc
     smallest = min(judged, key=lambda g: g.usable, default=None)
     plan = plan_described(config, desc, devices=devices, accelerator=accelerator, gpu=smallest)
     p = plan.asked.per_rank
-    if plan.asked.strategy.engine == "manual":  # one process: the plan is its busiest device
+    if plan.asked.strategy.engine == MANUAL:  # one process: the plan is its busiest device
         label = "busiest GPU" if accelerator == "cuda" else "the process"
         return PromptPlan(plan, (GpuRow(label, smallest, fits(p, smallest), runs_out_at(p, smallest)),))
     rows: list[GpuRow] = []
