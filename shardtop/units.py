@@ -10,6 +10,12 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 
+def ceil_div(n: int, d: int) -> int:
+    """``n / d`` rounded up: what the fullest of ``d`` ranks holds of ``n`` elements (``ceil_div(10, 4) == 3``),
+    or how many blocks of ``d`` bytes hold ``n``."""
+    return -(-n // d)
+
+
 def format_bytes(n: int | float | None) -> str:
     """``1.96 GiB``, ``512 MiB``, ``3 B``: for people, not for parsing; ``?`` when unknown."""
     if n is None:

@@ -36,20 +36,44 @@ they are measured (``workspaces.py``).  Torch-free.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import msgspec
 
 from shardtop.plan.description import Convolution, ModelDescription
 from shardtop.plan.held import Held, step_temporary
-from shardtop.plan.strategies import Strategy
+from shardtop.plan.strategies import SINGLE, Strategy
 from shardtop.plan.workspaces import conv_workspace, on_rows, run_within
 from shardtop.plan.zero import zero_held
+from shardtop.rundir.engines import DDP, FSDP1, FSDP2, MANUAL, ZERO1, ZERO2, ZERO3
+from shardtop.units import ceil_div
 
 CUDA_WORKSPACES = 2 * 32 * 2**20
 """cuBLAS workspaces, allocated through PyTorch's allocator: one for the forward thread and one
 for autograd's backward thread, 32 MiB each (PyTorch's default on Hopper and newer; 8 MiB before)."""
 
 PHASES = ("set-up", "forward", "backward", "optimizer step")
+
+
+class Phases(NamedTuple):
+    """A rank's peak in each phase of a training step, in bytes (forward and backward: from the second step
+    on, once the optimizer has its state); ``PHASES`` names them."""
+
+    setup: int
+    forward: int
+    backward: int
+    step: int
+
+
+class Timeline(NamedTuple):
+    """A rank's peaks in the order a run meets them, in bytes (``events.TIMELINE`` names them)."""
+
+    setup: int
+    first_forward: int
+    first_backward: int
+    first_step: int
+    next_forward: int
+    next_backward: int
 
 
 @dataclass(frozen=True)
@@ -72,10 +96,8 @@ class PerRank:
     """What the optimizer step allocates for itself (copies of gradients, intermediate results)."""
     unit_grads: int
     """Whole gradients of the unit being reduced in backward, before they are sharded or offloaded."""
-    phases: tuple[int, int, int, int]
-    """Peak of set-up, forward, backward and optimizer step (forward and backward: from the second step on)."""
-    timeline: tuple[int, int, int, int, int, int]
-    """Peaks in the order a run meets them: ``events.TIMELINE``."""
+    phases: Phases
+    timeline: Timeline
     setup_requests: tuple[tuple[str, int], ...] = ()
     """Where the engine's own buffers decide set-up: its requests in order, named for the user, each with
     what set-up needs from the device once it is served."""
@@ -92,82 +114,85 @@ class PerRank:
 
     @property
     def setup(self) -> int:
-        return self.phases[0]
+        return self.phases.setup
 
     def setup_request(self, usable: int | None = None) -> tuple[str, int] | None:
         """The request of set-up at which it first needs more than ``usable``, else the one at its peak;
         None where the engine's buffers do not decide set-up."""
-        over = next((r for r in self.setup_requests if usable is not None and r[1] > usable), None)
-        return over or next((r for r in self.setup_requests if r[1] == self.setup), None)
+        requests = self.setup_requests
+        over = next(((what, needs) for what, needs in requests if usable is not None and needs > usable), None)
+        return over or next(((what, needs) for what, needs in requests if needs == self.setup), None)
 
 
-def per_rank(desc: ModelDescription, s: Strategy, devices: int, *, gpu: bool, batch_scale: float = 1.0) -> PerRank:
-    """Bytes on one rank's device when ``desc`` runs under ``s`` on ``devices`` ranks.
+def per_rank(
+    desc: ModelDescription, strategy: Strategy, devices: int, *, gpu: bool, batch_scale: float = 1.0
+) -> PerRank:
+    """Bytes on one rank's device when ``desc`` runs under ``strategy`` on ``devices`` ranks.
 
     ``batch_scale`` plans another batch size: activations scale with it.
     """
-    if s.engine == "manual":
-        return _manual(desc, s, gpu=gpu, batch_scale=batch_scale)
-    held = _ENGINES[s.engine](desc, s, max(1, devices), gpu)
-    return _phases(desc, s, held, int(_activations(desc, s) * batch_scale), gpu=gpu, batch_scale=batch_scale)
+    if strategy.engine == MANUAL:
+        return _manual(desc, strategy, gpu=gpu, batch_scale=batch_scale)
+    held = _ENGINES[strategy.engine](desc, strategy, max(1, devices), gpu)
+    activations = int(_activations(desc, strategy) * batch_scale)
+    return _phases(desc, strategy, held, activations, gpu=gpu, batch_scale=batch_scale)
 
 
-def convolutions_as_run(desc: ModelDescription, s: Strategy, rows: tuple[int, ...] | None = None
+def convolutions_as_run(desc: ModelDescription, strategy: Strategy, rows: tuple[int, ...] | None = None
                         ) -> tuple[Convolution, ...]:
-    """The model's convolutions (those in ``rows``' subtrees) in the dtype they run in under ``s``."""
+    """The model's convolutions (those in ``rows``' subtrees) in the dtype they run in under ``strategy``."""
     convs = on_rows(desc, rows)
-    if not s.half:
+    if not strategy.half:
         return convs
-    units = tuple(s.units or desc.repeated_blocks)
+    units = tuple(strategy.units or desc.repeated_blocks)
 
     def half(c: Convolution) -> bool:
-        return not s.half_in_units_only or run_within(desc, c, units)
+        return not strategy.half_in_units_only or run_within(desc, c, units)
 
     return tuple(msgspec.structs.replace(c, dtype_bytes=2) if half(c) else c for c in convs)
 
 
-def _conv_workspace(desc: ModelDescription, s: Strategy, rows: tuple[int, ...] | None, *, gpu: bool,
+def _conv_workspace(desc: ModelDescription, strategy: Strategy, rows: tuple[int, ...] | None, *, gpu: bool,
                     batch_scale: float) -> int:
-    return conv_workspace(convolutions_as_run(desc, s, rows), batch_scale=batch_scale).bytes if gpu else 0
+    return conv_workspace(convolutions_as_run(desc, strategy, rows), batch_scale=batch_scale).bytes if gpu else 0
 
 
-def _activations(desc: ModelDescription, s: Strategy, rows: tuple[int, ...] | None = None) -> int:
+def _activations(desc: ModelDescription, strategy: Strategy, rows: tuple[int, ...] | None = None) -> int:
     """Saved activations at the strategy's precision; ``rows``: only those subtrees (manual placement)."""
-    b = desc.dtype_bytes
     if rows is None:
         floats = desc.saved_float_upto[-1]
         other = desc.saved_other_upto[-1] + desc.input_bytes
     else:
         floats = sum(desc.subtree(desc.saved_float_upto, r) for r in rows)
         other = sum(desc.subtree(desc.saved_other_upto, r) for r in rows)
-    if not s.half:
-        return floats * b + other
-    if s.half_in_units_only:
-        units = s.units or tuple(desc.repeated_blocks)
+    if not strategy.half:
+        return floats * desc.dtype_bytes + other
+    if strategy.half_in_units_only:
+        units = strategy.units or tuple(desc.repeated_blocks)
         half = sum(desc.units(desc.saved_float_upto, units).values())
-        return half * 2 + (floats - half) * b + other
+        return half * 2 + (floats - half) * desc.dtype_bytes + other
     return floats * 2 + other
 
 
-def _transient(desc: ModelDescription, s: Strategy) -> int:
+def _transient(desc: ModelDescription, strategy: Strategy) -> int:
     """The largest module output (and, in backward, its gradient) at compute precision."""
-    return desc.largest_output * (2 if s.half and not s.half_in_units_only else desc.dtype_bytes)
+    return desc.largest_output * (2 if strategy.half and not strategy.half_in_units_only else desc.dtype_bytes)
 
 
 def _phases(
-    desc: ModelDescription, s: Strategy, held: Held, activations: int, *, gpu: bool, batch_scale: float = 1.0,
+    desc: ModelDescription, strategy: Strategy, held: Held, activations: int, *, gpu: bool, batch_scale: float = 1.0,
     rows: tuple[int, ...] | None = None,
 ) -> PerRank:
     """``rows``: the subtrees on this device (manual placement), else the whole model."""
     workspace = CUDA_WORKSPACES if gpu else 0
-    conv = _conv_workspace(desc, s, rows, gpu=gpu, batch_scale=batch_scale)
-    transient = int(_transient(desc, s) * batch_scale)
+    conv = _conv_workspace(desc, strategy, rows, gpu=gpu, batch_scale=batch_scale)
+    transient = int(_transient(desc, strategy) * batch_scale)
     persistent_grads = held.grads if held.grads_persist else 0
     first = held.params + held.optimizer_before_step + held.buffers + workspace + persistent_grads
     base = held.params + held.optimizer + held.buffers + workspace + persistent_grads
-    kept = s.grads_kept_through_forward and not (held.grads_persist or held.grads_freed_by_step)
+    kept = strategy.grads_kept_through_forward and not (held.grads_persist or held.grads_freed_by_step)
     grads_forward = held.grads if kept else 0
-    autocast_copies = held.params // desc.dtype_bytes * 2 if s.half and s.engine in ("single", "ddp") else 0
+    autocast_copies = held.params // desc.dtype_bytes * 2 if strategy.half and strategy.engine in (SINGLE, DDP) else 0
     growing = 0 if held.grads_persist else held.grads
     first_forward, first_backward = (
         (held.gathered_forward, held.gathered_backward) if held.first_gathered is None
@@ -185,13 +210,13 @@ def _phases(
         return gathered + held_most + reduced + held.backward_buffers + 2 * transient
 
     step = base + (0 if held.grads_persist else held.grads) + held.step_temporary
-    timeline = (
-        held.setup,
-        first + forward(first_forward),
-        first + backward(first_backward, first_transient),
-        step,
-        base + grads_forward + forward(held.gathered_forward),
-        base + backward(held.gathered_backward, held.backward_transient),
+    timeline = Timeline(
+        setup=held.setup,
+        first_forward=first + forward(first_forward),
+        first_backward=first + backward(first_backward, first_transient),
+        first_step=step,
+        next_forward=base + grads_forward + forward(held.gathered_forward),
+        next_backward=base + backward(held.gathered_backward, held.backward_transient),
     )
     return PerRank(
         params=held.params,
@@ -203,37 +228,37 @@ def _phases(
         host=held.host,
         step_temporary=held.step_temporary,
         unit_grads=held.backward_transient,
-        phases=(held.setup, timeline[4], timeline[5], step),
+        phases=Phases(held.setup, timeline.next_forward, timeline.next_backward, step),
         timeline=timeline,
         setup_requests=held.setup_requests,
         conv_workspace=conv,
     )
 
 
-def state_bytes(desc: ModelDescription, s: Strategy) -> int:
+def state_bytes(desc: ModelDescription, strategy: Strategy) -> int:
     """A torch optimizer's state per element: in the parameters' dtype (``zeros_like``), so half of its
     fp32 size for a model kept in bf16 (Lightning's ``bf16-true``)."""
-    return s.optimizer.state_bytes * desc.dtype_bytes // 4
+    return strategy.optimizer.state_bytes * desc.dtype_bytes // 4
 
 
-def _single(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> Held:
-    b, psi, trained = desc.dtype_bytes, desc.params, desc.trained
+def _single(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> Held:
+    model_bytes, trained = desc.params * desc.dtype_bytes, desc.trained
     return Held(
-        params=psi * b,
-        grads=trained * b,
-        optimizer=trained * state_bytes(desc, s),
-        step_temporary=step_temporary(s, trained, desc.largest_param, gpu),
-        setup=psi * b,
+        params=model_bytes,
+        grads=trained * desc.dtype_bytes,
+        optimizer=trained * state_bytes(desc, strategy),
+        step_temporary=step_temporary(strategy, trained, desc.largest_param, gpu),
+        setup=model_bytes,
     )
 
 
-def _ddp(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> Held:
+def _ddp(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> Held:
     """Whole everywhere, plus gradient buckets as large as the gradients (``gradient_as_bucket_view=False``)."""
-    one = _single(desc, s, n, gpu)
+    one = _single(desc, strategy, ranks, gpu)
     return replace(one, buffers=one.grads, setup=one.setup + one.grads)
 
 
-def _fsdp(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> Held:
+def _fsdp(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> Held:
     """FSDP1 (flat parameters per unit) and FSDP2 (per-parameter shards), one model.
 
     Each unit is sharded over ``S`` ranks (all of them, a node for
@@ -244,81 +269,83 @@ def _fsdp(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> Held:
     gathers half-precision copies.  CPU offload keeps shards, gradients and
     the optimizer step in host memory.
     """
-    b = desc.dtype_bytes
-    h = 2 if s.half else b
-    units = s.units or tuple(desc.repeated_blocks)
-    sizes = desc.units(desc.numel_upto, units)
-    rest = desc.outside(desc.numel_upto, units)
-    root = rest if s.root_wrapped else 0
-    unmanaged = 0 if s.root_wrapped else rest
-    sharded = sum(sizes.values()) + root
-    shard = {"NO_SHARD": 1, "HYBRID_SHARD": min(n, s.node_size)}.get(s.sharding, n)
-    if s.engine == "fsdp1" and n == 1:
-        shard = 1
-    local = -(-sharded // shard)
-    biggest = max(sizes.values(), default=0)
-    k = state_bytes(desc, s)
-    on_device = 0 if s.offload_params else local
-    copies = s.engine == "fsdp2" or shard > 1 or s.half or s.offload_params
+    stored = desc.dtype_bytes  # a shard's value, and a gradient's (mixed precision keeps fp32 shards)
+    gathered_bytes = 2 if strategy.half else stored  # a gathered parameter's value, at compute precision
+    units = strategy.units or tuple(desc.repeated_blocks)
+    unit_numels = desc.units(desc.numel_upto, units)
+    outside_units = desc.outside(desc.numel_upto, units)
+    root = outside_units if strategy.root_wrapped else 0
+    unmanaged = 0 if strategy.root_wrapped else outside_units
+    sharded = sum(unit_numels.values()) + root
+    shard_ranks = {"NO_SHARD": 1, "HYBRID_SHARD": min(ranks, strategy.node_size)}.get(strategy.sharding, ranks)
+    if strategy.engine == FSDP1 and ranks == 1:
+        shard_ranks = 1
+    shard = ceil_div(sharded, shard_ranks)
+    largest_unit = max(unit_numels.values(), default=0)
+    state_per_element = state_bytes(desc, strategy)
+    on_device = 0 if strategy.offload_params else shard
+    copies = strategy.engine == FSDP2 or shard_ranks > 1 or strategy.half or strategy.offload_params
     if not copies:
         gathered_forward = gathered_backward = 0
-    elif s.sharding == "SHARD_GRAD_OP":
-        gathered_forward = gathered_backward = sharded * h
+    elif strategy.sharding == "SHARD_GRAD_OP":
+        gathered_forward = gathered_backward = sharded * gathered_bytes
     else:
-        gathered_forward = (root + biggest) * h
-        gathered_backward = (root + 2 * biggest) * h
-    if s.engine == "fsdp2":
-        unit_grads = 2 * biggest * h
+        gathered_forward = (root + largest_unit) * gathered_bytes
+        gathered_backward = (root + 2 * largest_unit) * gathered_bytes
+    if strategy.engine == FSDP2:
+        unit_grads = 2 * largest_unit * gathered_bytes
     else:
-        unit_grads = biggest * h + (-(-biggest // shard) * b if s.half else 0)
+        sharded_copy = ceil_div(largest_unit, shard_ranks) * stored if strategy.half else 0
+        unit_grads = largest_unit * gathered_bytes + sharded_copy
     unit_grads = int(unit_grads * desc.trained_share)  # frozen parameters (LoRA's base) get no gradient
-    trained = int((on_device + unmanaged) * desc.trained_share)
+    held_numel = on_device + unmanaged
+    trained = int(held_numel * desc.trained_share)
     return Held(
-        params=(on_device + unmanaged) * b,
-        grads=trained * b,
-        optimizer=trained * k,
-        host=(local * (2 * b + k)) if s.offload_params else 0,
+        params=held_numel * stored,
+        grads=trained * stored,
+        optimizer=trained * state_per_element,
+        host=(shard * (2 * stored + state_per_element)) if strategy.offload_params else 0,
         gathered_forward=gathered_forward,
         gathered_backward=gathered_backward,
         backward_transient=unit_grads,
-        step_temporary=step_temporary(s, on_device + unmanaged, desc.largest_param, gpu),
-        setup=desc.params * b if s.built_whole else (on_device + unmanaged) * b + 2 * biggest * b,
+        step_temporary=step_temporary(strategy, held_numel, desc.largest_param, gpu),
+        setup=desc.params * stored if strategy.built_whole else held_numel * stored + 2 * largest_unit * stored,
     )
 
 
-def _manual(desc: ModelDescription, s: Strategy, *, gpu: bool, batch_scale: float) -> PerRank:
+def _manual(desc: ModelDescription, strategy: Strategy, *, gpu: bool, batch_scale: float) -> PerRank:
     """One process, parts of the model on different devices: the most loaded accelerator (or the CPU)."""
     by_device: dict[str, tuple[int, ...]] = {}
-    for device, rows in s.placement:
+    for device, rows in strategy.placement:
         if gpu and not device.startswith("cuda"):
             continue
         by_device[device] = by_device.get(device, ()) + tuple(rows)
     best: PerRank | None = None
     for rows in by_device.values():
         numel = sum(desc.subtree(desc.numel_upto, r) for r in rows)
-        b = desc.dtype_bytes
+        part_bytes = numel * desc.dtype_bytes
         held = Held(
-            params=numel * b,
-            grads=numel * b,
-            optimizer=numel * state_bytes(desc, s),
-            step_temporary=step_temporary(s, numel, desc.largest_param, gpu),
-            setup=numel * b,
+            params=part_bytes,
+            grads=part_bytes,
+            optimizer=numel * state_bytes(desc, strategy),
+            step_temporary=step_temporary(strategy, numel, desc.largest_param, gpu),
+            setup=part_bytes,
         )
-        activations = int(_activations(desc, s, rows) * batch_scale)
-        part = _phases(desc, s, held, activations, gpu=gpu, batch_scale=batch_scale, rows=tuple(rows))
+        activations = int(_activations(desc, strategy, rows) * batch_scale)
+        part = _phases(desc, strategy, held, activations, gpu=gpu, batch_scale=batch_scale, rows=tuple(rows))
         if best is None or part.peak > best.peak:
             best = part
     if best is None:
-        return per_rank(desc, s.with_(engine="single"), 1, gpu=gpu, batch_scale=batch_scale)
+        return per_rank(desc, strategy.with_(engine=SINGLE), 1, gpu=gpu, batch_scale=batch_scale)
     return best
 
 
 _ENGINES = {
-    "single": _single,
-    "ddp": _ddp,
-    "zero1": zero_held,
-    "zero2": zero_held,
-    "zero3": zero_held,
-    "fsdp1": _fsdp,
-    "fsdp2": _fsdp,
+    SINGLE: _single,
+    DDP: _ddp,
+    ZERO1: zero_held,
+    ZERO2: zero_held,
+    ZERO3: zero_held,
+    FSDP1: _fsdp,
+    FSDP2: _fsdp,
 }

@@ -46,6 +46,8 @@ from shardtop.plan.allocator import Alloc, EmptyCache, Free, Step, need
 from shardtop.plan.description import ModelDescription
 from shardtop.plan.held import Held, step_temporary
 from shardtop.plan.strategies import Strategy
+from shardtop.rundir.engines import ZERO3
+from shardtop.units import ceil_div
 
 PARAMETERS = "the parameters' partitions"
 WHOLE = "the whole model, moved to the device"
@@ -61,35 +63,41 @@ PARTITION_COPY = "the copy of the partition"
 STAGING = "the gradient staging buffer for the offloaded optimizer"
 
 
-def zero_held(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> Held:
-    return _stage3(desc, s, n, gpu) if s.engine == "zero3" else _stage1_2(desc, s, n, gpu)
+def zero_held(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> Held:
+    stage = _stage3 if strategy.engine == ZERO3 else _stage1_2
+    return stage(desc, strategy, ranks, gpu)
 
 
-def _stage3(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> Held:
-    z, psi = s.zero, desc.params
-    pb = 2 if s.half else desc.dtype_bytes
-    part = -(-psi // n)
+def _stage3(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> Held:
+    zero, numel = strategy.zero, desc.params
+    param_bytes = 2 if strategy.half else desc.dtype_bytes
+    partition = ceil_div(numel, ranks)
     # The largest sub-group: parameters are added to one until it reaches ``sub_group_size``.
-    sub = min(part, z.sub_group_size + -(-desc.largest_param // n))
-    small = desc.small_upto[-1] * pb
-    bucket = z.reduce_bucket_size * pb if z.contiguous_gradients else 0
-    reduced = min(psi, z.reduce_bucket_size) * pb * (1 if bucket else 2)
-    on_device = not s.offload_optimizer
-    trained = -(-desc.trained // n)  # ZeRO makes fp32 partitions and state for the optimizer's parameters only
-    states = trained * (4 + s.optimizer.state_bytes)
-    module = desc.largest_param * pb if n > 1 else 0
+    sub_group = min(partition, zero.sub_group_size + ceil_div(desc.largest_param, ranks))
+    small = desc.small_upto[-1] * param_bytes
+    bucket = zero.reduce_bucket_size * param_bytes if zero.contiguous_gradients else 0
+    reduced = min(numel, zero.reduce_bucket_size) * param_bytes * (1 if bucket else 2)
+    on_device = not strategy.offload_optimizer
+    # ZeRO makes fp32 partitions and state for the optimizer's parameters only
+    trained = ceil_div(desc.trained, ranks)
+    states = trained * (4 + strategy.optimizer.state_bytes)
+    module = desc.largest_param * param_bytes if ranks > 1 else 0
     # At one rank DeepSpeed gathers nothing: the partition is the parameter (``_no_gather_coalesced``).
-    gathered = (min(psi, z.max_live_parameters + desc.largest_param) + min(psi, z.prefetch_bucket_size)) * pb
-    gathered = gathered if n > 1 else 0
-    fp32_gradient = sub * 4 + max(step_temporary(s, sub, sub, gpu), sub * pb if pb != 4 else 0)
-    setup = need(_stage3_setup(s, psi * pb, part, pb, sub, small, module, bucket))
+    live = min(numel, zero.max_live_parameters + desc.largest_param) + min(numel, zero.prefetch_bucket_size)
+    gathered = live * param_bytes
+    gathered = gathered if ranks > 1 else 0
+    half_copy = sub_group * param_bytes if param_bytes != 4 else 0
+    fp32_gradient = sub_group * 4 + max(step_temporary(strategy, sub_group, sub_group, gpu), half_copy)
+    setup = need(
+        _stage3_setup(strategy, numel * param_bytes, partition, param_bytes, sub_group, small, module, bucket)
+    )
     return Held(
-        params=(0 if s.offload_params else part * pb) + small,
-        grads=trained * pb if on_device else 0,
+        params=(0 if strategy.offload_params else partition * param_bytes) + small,
+        grads=trained * param_bytes if on_device else 0,
         optimizer=states if on_device else 0,
         optimizer_before_step=trained * 4 if on_device else 0,
         buffers=bucket,
-        host=(0 if on_device else states) + (part * pb if s.offload_params else 0),
+        host=(0 if on_device else states) + (partition * param_bytes if strategy.offload_params else 0),
         gathered_forward=gathered,
         gathered_backward=gathered,
         first_gathered=module,
@@ -103,68 +111,70 @@ def _stage3(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> Held:
     )
 
 
-def _stage3_setup(s: Strategy, whole: int, part: int, pb: int, sub: int, small: int, largest: int,
-                  bucket: int) -> list[Step]:
+def _stage3_setup(strategy: Strategy, whole: int, partition: int, param_bytes: int, sub_group: int, small: int,
+                  largest: int, bucket: int) -> list[Step]:
     steps: list[Step] = []
-    if s.built_whole:
+    if strategy.built_whole:
         steps += [Alloc(WHOLE, whole, scattered=True), Free(WHOLE)]
-    if not s.offload_params:
-        steps.append(Alloc(PARAMETERS, part * pb, scattered=True))
-        if not s.built_whole:
+    if not strategy.offload_params:
+        steps.append(Alloc(PARAMETERS, partition * param_bytes, scattered=True))
+        if not strategy.built_whole:
             steps += [Alloc(BUILDING, largest), Free(BUILDING)]
     steps += [Alloc(PERSISTENT, small, scattered=True), Free(PARAMETERS), EmptyCache()]
-    if not s.offload_params:
-        steps.append(Alloc(FLAT, part * pb))
-    if not s.offload_optimizer:
-        converted = pb != 4 or s.offload_params
+    if not strategy.offload_params:
+        steps.append(Alloc(FLAT, partition * param_bytes))
+    if not strategy.offload_optimizer:
+        converted = param_bytes != 4 or strategy.offload_params
         if converted:
-            steps.append(Alloc(CONVERSION, part * 4))
-        steps.append(Alloc(MASTER, part * 4))
+            steps.append(Alloc(CONVERSION, partition * 4))
+        steps.append(Alloc(MASTER, partition * 4))
         if converted:
             steps.append(Free(CONVERSION))
-        steps += [Alloc(FIRST_GRADIENT, sub * 4), Free(FIRST_GRADIENT)]
+        steps += [Alloc(FIRST_GRADIENT, sub_group * 4), Free(FIRST_GRADIENT)]
     steps.append(Alloc(BUCKET, bucket))
-    if not s.offload_optimizer:
-        steps.append(Alloc(GRADIENTS, part * pb))
+    if not strategy.offload_optimizer:
+        steps.append(Alloc(GRADIENTS, partition * param_bytes))
     return steps
 
 
-def _stage1_2(desc: ModelDescription, s: Strategy, n: int, gpu: bool) -> Held:
-    stage = int(s.engine[-1])
-    z, psi = s.zero, desc.params
-    pb = 2 if s.half else desc.dtype_bytes
-    part = -(-psi // n)
-    trained = -(-desc.trained // n)
-    overlap = bool(z.overlap_comm)
-    buckets = z.reduce_bucket_size * pb * (2 if overlap else 1) if z.contiguous_gradients else 0
-    states = trained * (4 + s.optimizer.state_bytes)
-    staging = desc.largest_param * pb if s.offload_optimizer else 0
-    grads = desc.trained * pb if stage == 1 else trained * pb
-    setup = need(_stage1_2_setup(s, psi * pb, part, pb, staging))
+def _stage1_2(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> Held:
+    stage = int(strategy.engine[-1])
+    zero, numel = strategy.zero, desc.params
+    param_bytes = 2 if strategy.half else desc.dtype_bytes
+    partition = ceil_div(numel, ranks)
+    trained = ceil_div(desc.trained, ranks)
+    overlap = bool(zero.overlap_comm)
+    buckets = zero.reduce_bucket_size * param_bytes * (2 if overlap else 1) if zero.contiguous_gradients else 0
+    states = trained * (4 + strategy.optimizer.state_bytes)
+    staging = desc.largest_param * param_bytes if strategy.offload_optimizer else 0
+    grads = desc.trained * param_bytes if stage == 1 else trained * param_bytes
+    setup = need(_stage1_2_setup(strategy, numel * param_bytes, partition, param_bytes, staging))
     return Held(
-        params=psi * pb,
-        grads=0 if s.offload_optimizer and stage == 2 else grads,
-        optimizer=0 if s.offload_optimizer else states,
-        optimizer_before_step=0 if s.offload_optimizer else part * 4,
+        params=numel * param_bytes,
+        grads=0 if strategy.offload_optimizer and stage == 2 else grads,
+        optimizer=0 if strategy.offload_optimizer else states,
+        optimizer_before_step=0 if strategy.offload_optimizer else partition * 4,
         buffers=staging,
         backward_buffers=buckets,
-        host=states if s.offload_optimizer else 0,
+        host=states if strategy.offload_optimizer else 0,
         grads_freed_by_step=True,
-        step_temporary=0 if s.offload_optimizer else part * 4 + step_temporary(s, part, part, gpu),
+        step_temporary=(
+            0 if strategy.offload_optimizer else partition * 4 + step_temporary(strategy, partition, partition, gpu)
+        ),
         setup=setup.held,
         setup_requests=setup.requests,
     )
 
 
-def _stage1_2_setup(s: Strategy, whole: int, part: int, pb: int, staging: int) -> list[Step]:
+def _stage1_2_setup(strategy: Strategy, whole: int, partition: int, param_bytes: int, staging: int) -> list[Step]:
     """The model whole, its flat copy, then the partition's fp32 master copy and first gradient."""
-    master = MASTER if pb == 4 and not s.offload_optimizer else PARTITION_COPY
+    master = MASTER if param_bytes == 4 and not strategy.offload_optimizer else PARTITION_COPY
     steps: list[Step] = [Alloc(WHOLE, whole, scattered=True), Alloc(FLAT, whole), Free(WHOLE),
-                         Alloc(master, part * pb)]
-    if not s.offload_optimizer:
+                         Alloc(master, partition * param_bytes)]
+    if not strategy.offload_optimizer:
         if master != MASTER:
-            steps += [Alloc(MASTER, part * 4), Free(master)]
-        steps += [Alloc(FIRST_GRADIENT, part * 4), Free(FIRST_GRADIENT)]
+            steps += [Alloc(MASTER, partition * 4), Free(master)]
+        steps += [Alloc(FIRST_GRADIENT, partition * 4), Free(FIRST_GRADIENT)]
     else:
         steps.append(Free(master))
     steps.append(Alloc(STAGING, staging))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardtop.probe.allocating_code import Frame, is_marker
+from shardtop.units import ceil_div
 
 BLOCK = 512
 """The CUDA caching allocator rounds every block up to a multiple of 512 bytes."""
@@ -32,7 +33,7 @@ def block_bytes(nbytes: int, cuda: bool) -> int:
     """What a storage of ``nbytes`` occupies: its block on CUDA, itself elsewhere."""
     if nbytes <= 0:
         return 0
-    return -(-nbytes // BLOCK) * BLOCK if cuda else nbytes
+    return ceil_div(nbytes, BLOCK) * BLOCK if cuda else nbytes
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from shardtop.probe.engine_buffers import (
 from shardtop.probe.shards import resolve_target
 from shardtop.probe.shards.table import local_tensor
 from shardtop.rundir.memory_figures import MemoryKinds
+from shardtop.units import ceil_div
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -91,7 +92,7 @@ class _Tally:
         nbytes = storage.nbytes()
         if nbytes:
             self.addresses[address] = kind
-            self.bytes[kind] += -(-nbytes // BLOCK) * BLOCK if self.cuda else nbytes
+            self.bytes[kind] += ceil_div(nbytes, BLOCK) * BLOCK if self.cuda else nbytes
 
     def add_all(self, kind: str, value: Any) -> None:
         for tensor in tensors_in(value):
