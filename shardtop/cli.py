@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
-from shardtop.cli_parser import build_parser
+from shardtop.cli_parser import Arguments, build_parser
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -37,14 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         head, tail = words[:cut], words[cut + 1:]
         if parser.parse_known_args(head)[0].command in ("plan", "rehearse", "fit"):
             words, command = head, tail
-    args, extra = parser.parse_known_args(words)
-    args.plan_command = command
+    args, extra = parser.parse_known_args(words, namespace=Arguments(plan_command=command, whole_process=argv is None))
     if extra:
         if args.command in ("launch", "plan", "rehearse", "fit") and not any(e.startswith("-") for e in extra):
-            args.settings = list(args.settings) + list(extra)
+            args.settings = [*args.settings, *extra]
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    args.whole_process = argv is None
     from shardtop.config import ConfigError
     from shardtop.rundir.run_directory import RunError
 
@@ -128,11 +126,9 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
 
     if args.read_only:
         raise UsageError("--read-only forbids starting a rehearsal.")
-    run_id = rehearse(args.settings, args.plan_command, runs_dir=args.runs_dir, name=args.name,
-                      headless=args.headless or not on_a_terminal(), every=args.every, out=sys.stdout)
-    if isinstance(run_id, int):
-        return run_id
-    return _open_tui(args, run_id=run_id)
+    return rehearse(args.settings, args.plan_command, runs_dir=args.runs_dir, name=args.name,
+                    headless=args.headless or not on_a_terminal(), every=args.every, out=sys.stdout,
+                    watch=lambda run: _open_tui(args, run_id=run))
 
 
 def cmd_attach(args: argparse.Namespace) -> int:

@@ -36,6 +36,20 @@ a running FSDP or DeepSpeed engine, and why a rank ran out of memory.
 """
 
 
+class Arguments(argparse.Namespace):
+    """What the command line says: each command's arguments as argparse reads them, and what ``main`` reads
+    around argparse."""
+
+    command: str | None
+    settings: list[str]
+    """``key=value`` settings (``launch``, ``plan``, ``rehearse``, ``fit``), in the order typed."""
+    plan_command: list[str] | None = None
+    """The user's command after ``--`` (``plan``, ``rehearse``, ``fit``), as typed: argparse never sees it."""
+    whole_process: bool = False
+    """``main`` is the process's entry point (the ``shardtop`` command), not a call from Python: a command may
+    then leave the process its own way (``plan``)."""
+
+
 INTERVAL_RANGE = (0.05, 60.0)
 """Seconds between screen updates that ``--interval`` accepts."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
 from shardtop.config import ConfigError
@@ -22,8 +23,10 @@ def rehearse(
     headless: bool,
     every: int,
     out: TextIO = sys.stdout,
-) -> int | str:
-    """Start the rehearsal; the exit code where it was followed here, else the run to open in the TUI."""
+    watch: Callable[[str], int] | None = None,
+) -> int:
+    """Start the rehearsal and follow it to its end: here, one line per milestone, or, unless ``headless``,
+    in ``watch`` (the TUI, given the run's directory).  Returns the exit code."""
     spec, rest = parse_settings(settings)
     gpu, rest = _gpu_setting(rest)
     mem_limit: int | None = None
@@ -40,9 +43,9 @@ def rehearse(
         return sweep(spec, rest, command, runs_dir=runs_dir, name=name, gpu=gpu, out=out, mem_limit=mem_limit)
     world = spec.worlds[0]
     started = start_one(spec, world, rest, command, runs_dir=runs_dir, name=name, mem_limit=mem_limit)
-    if not headless:
-        return str(started.path)
-    return started.follow(out, every)
+    if headless or watch is None:
+        return started.follow(out, every)
+    return watch(started.path)
 
 
 def _mem_limit_setting(rest: list[str]) -> tuple[int | None, list[str]]:
