@@ -102,11 +102,17 @@ class RankState:
 
     rank: int
     host: str = ""
+    """The host it runs on, as its hello says."""
     hello: Hello | None = None
+    """How it came up: its process, device and engine (None until it says hello)."""
     phase: str = ""
+    """The phase it is in now (an OOM's, once it ran out)."""
     step: int = 0
+    """The highest step it has entered a phase of or finished."""
     last_step: Step | None = None
+    """The last step it finished, with its loss and time."""
     memory: Memory | None = None
+    """Its latest memory sample."""
     peak_memory: Memory | None = None
     """The sample with the highest allocator peak (or allocation) so far."""
     allocated_history: tuple[int, ...] = ()

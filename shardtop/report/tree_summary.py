@@ -86,40 +86,31 @@ def _row(model: ShardModel, line: Line, culprit_row: int | None) -> TreeRow:
         first = members[0]
         label = f"{model.paths[first]} … {model.paths[members[-1]]}"
         kind = f"{len(members)} × {model.type_of(first)}"
-        placed = model.placement(node)
         units = sum(1 for m in members if m in model.unit_roots)
         note = ""
         if culprit_row is not None and model.fold_containing(culprit_row) == node:
             note = f"✗ OOM in {model.paths[culprit_row]}"
         elif units:
             note = f"{units} {model.unit_roots[first].kind} units" if first in model.unit_roots else f"{units} units"
-        return TreeRow(
-            guide=line.guide,
-            label=label,
-            type=kind,
-            params=model.node_params(node),
-            full_bytes=model.node_full_bytes(node),
-            rank_bytes=tuple(model.node_bytes(node, r) for r in model.ranks),
-            state=placed.state,
-            device=placed.device,
-            note=note,
-            path=model.paths[first],
-            count=len(members),
-        )
+    else:
+        members, first = (node,), node
+        label = model.name_of(node) if node else ROOT_LABEL
+        kind = tree.type_names[tree.types[node]]
+        unit = model.unit_roots.get(node)
+        note = "✗ OOM" if node == culprit_row else (f"{unit.kind} unit" if unit is not None else "")
     placed = model.placement(node)
-    unit = model.unit_roots.get(node)
-    note = "✗ OOM" if node == culprit_row else (f"{unit.kind} unit" if unit is not None else "")
     return TreeRow(
         guide=line.guide,
-        label=model.name_of(node) if node else ROOT_LABEL,
-        type=tree.type_names[tree.types[node]],
+        label=label,
+        type=kind,
         params=model.node_params(node),
         full_bytes=model.node_full_bytes(node),
         rank_bytes=tuple(model.node_bytes(node, r) for r in model.ranks),
         state=placed.state,
         device=placed.device,
         note=note,
-        path=model.paths[node],
+        path=model.paths[first],
+        count=len(members),
     )
 
 
