@@ -71,11 +71,16 @@ class _RankFold:
     """
 
     rank: int
-    host: str = ""
+    # By the event that changes them: a hello,
     hello: Hello | None = None
+    host: str = ""
+    # a phase or a step,
     phase: str = ""
     step: int = 0
+    progress_t: float | None = None
     last_step: Step | None = None
+    step_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_SECONDS_KEPT))
+    # a memory sample,
     memory: Memory | None = None
     peak_memory: Memory | None = None
     history: deque[int] = field(default_factory=lambda: deque(maxlen=MEMORY_HISTORY))
@@ -86,15 +91,16 @@ class _RankFold:
     samples: list[PhaseSample] = field(default_factory=list)
     """The latest sample of each recent training step and phase, oldest first."""
     step_memory: list[StepMemory] = field(default_factory=list)
+    # tensors kept across steps, an allocator snapshot,
     kept: Kept | None = None
     snapshots: dict[str, Snapshot] = field(default_factory=dict)
-    progress_t: float | None = None
-    step_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_SECONDS_KEPT))
+    # shards,
     shards: Shards | None = None
     holdings: Holdings | None = None
     setup_shards: Shards | None = None
     setup_holdings: Holdings | None = None
     engine_wrapped: bool = False
+    # an OOM, an exit, a probe fault.
     oom: Oom | None = None
     exit: Exit | None = None
     faults: tuple[Fault, ...] = ()
