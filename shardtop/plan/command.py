@@ -18,7 +18,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardtop.config import (
     ConfigError,
@@ -29,6 +29,9 @@ from shardtop.config import (
 )
 from shardtop.plan.cards import Gpu, UnknownGpu, judged_against, local_gpu, parse_gpu
 from shardtop.words import plural
+
+if TYPE_CHECKING:
+    from shardtop.plan.render import PlanFormat
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,7 @@ def _looks_like_command(word: str) -> bool:
     return word.endswith(".py") or "/" in word or shutil.which(word) is not None
 
 
-def run_plan(settings: Sequence[str], output_format: str) -> str:
+def run_plan(settings: Sequence[str], output_format: PlanFormat) -> str:
     """The plan, rendered: what ``shardtop plan`` prints."""
     from shardtop.plan.presets import plan_config
 

@@ -9,12 +9,16 @@ fits, and what the build does when it matters.
 from __future__ import annotations
 
 import textwrap
+from typing import Literal
 
 from shardtop.plan.compare import Plan
 from shardtop.plan.verdict import Option
 from shardtop.rundir.events import when
 from shardtop.units import count_words, format_bytes, short_bytes
 from shardtop.words import plural
+
+PlanFormat = Literal["text", "markdown", "json"]
+"""What ``shardtop plan --format`` writes: text for a terminal, Markdown for an issue, JSON for scripts."""
 
 COLUMNS = ("peak", "params", "grads", "optim", "activ")
 TEXT_WIDTH = 100

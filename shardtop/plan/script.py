@@ -30,6 +30,7 @@ from shardtop.config import ConfigError
 from shardtop.plan.cards import Gpu, UnknownGpu, local_gpu, parse_gpu
 from shardtop.plan.compare import Plan, make_plan
 from shardtop.plan.description import ModelDescription
+from shardtop.plan.render import PlanFormat
 from shardtop.plan.strategies import Strategy
 
 PLAN_FILE = "plan-rank-0.json"
@@ -87,7 +88,7 @@ def _options(settings: Sequence[str]) -> tuple[int | None, str | None]:
     return devices, gpu
 
 
-def run_script_plan(command: Sequence[str], settings: Sequence[str], output_format: str) -> str:
+def run_script_plan(command: Sequence[str], settings: Sequence[str], output_format: PlanFormat) -> str:
     """What ``shardtop plan -- CMD`` prints."""
     plan, _ = plan_command(command, settings)
     if output_format == "json":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Literal, TextIO
 
 from shardtop.rehearse.spec import RehearsalSpec
 from shardtop.units import format_bytes
@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from shardtop.read.run_model import RunModel
 
 
+MeasuredBy = Literal["allocator", "host RSS"]
+"""What a rank's peak is: the CUDA allocator's (a GPU rank), or the highest resident set of its process (CPU)."""
+
+
 @dataclass(frozen=True)
 class RankPeak:
     """One rehearsed rank of one job size, as its run recorded it."""
@@ -31,8 +35,7 @@ class RankPeak:
     status: RankStateName
     peak: int | None
     """The allocator's peak (GPU), else the highest resident set seen (CPU); None if nothing was measured."""
-    measured_by: str
-    """``allocator`` or ``host RSS``."""
+    measured_by: MeasuredBy
     planned: int | None
     """The plan's peak for this rank over the phases it reached, where the run carries a plan."""
     out_of_memory: bool

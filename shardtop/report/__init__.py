@@ -15,6 +15,8 @@ pure Python.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from shardtop.report.blocks import report_blocks
 from shardtop.report.document import to_markdown, to_text
 from shardtop.report.gather import ReportData, gather
@@ -22,10 +24,14 @@ from shardtop.report.json_report import REPORT_SCHEMA_VERSION, report_dict, to_j
 from shardtop.report.perfetto import render_trace
 from shardtop.rundir.run_directory import RunDirectory
 
-FORMATS = ("text", "markdown", "json", "perfetto")
+ReportFormat = Literal["text", "markdown", "json", "perfetto"]
+"""What ``shardtop report --format`` writes: text for a terminal, Markdown for an issue, JSON for scripts,
+a Perfetto trace of the timeline."""
+
+FORMATS: tuple[ReportFormat, ...] = ("text", "markdown", "json", "perfetto")
 
 
-def render_report(run: RunDirectory, fmt: str = "text") -> str:
+def render_report(run: RunDirectory, fmt: ReportFormat = "text") -> str:
     """The report of ``run`` in ``fmt``: ``text``, ``markdown``, ``json`` or ``perfetto`` (a trace)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown report format {fmt!r}; expected one of {', '.join(FORMATS)}")
@@ -38,4 +44,4 @@ def render_report(run: RunDirectory, fmt: str = "text") -> str:
     return to_markdown(blocks) if fmt == "markdown" else to_text(blocks)
 
 
-__all__ = ["FORMATS", "REPORT_SCHEMA_VERSION", "ReportData", "gather", "render_report", "report_dict"]
+__all__ = ["FORMATS", "REPORT_SCHEMA_VERSION", "ReportData", "ReportFormat", "gather", "render_report", "report_dict"]
