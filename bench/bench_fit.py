@@ -59,7 +59,9 @@ CASES = {
                         "--output_dir", HF_OUT, "--per_device_train_batch_size", "4", "--max_steps", "2"),
                gpu="200MiB"),
 }
-ENV = {"CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+ENV = {"CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+       "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+"""CPU processes, one thread a rank as fit gives a rank of two on two cores; ``torchrun`` of this Python."""
 
 
 def timed(args: list[str], runs: str) -> tuple[float, str]:
