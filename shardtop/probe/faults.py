@@ -17,8 +17,12 @@ import sys
 import traceback
 from collections.abc import Callable
 from types import TracebackType
+from typing import Literal
 
 from shardtop.rundir.events import FAULT_PARTS, Fault
+
+FaultPart = Literal["events", "shards", "memory", "names", "oom", "steps", "run", "split", "snapshots", "kept"]
+"""The probe's parts, each switched off alone when it fails (``Fault.part``; ``FAULT_PARTS`` words them)."""
 
 MAX_ERROR = 2000
 SWITCHED_OFF = "it is switched off"
@@ -48,15 +52,15 @@ class Faults:
     def __init__(self, rank: int, write: Callable[[Fault], object]) -> None:
         self.rank = rank
         self.write = write
-        self.off: set[str] = set()
+        self.off: set[FaultPart] = set()
         """Parts switched off for the rest of the run."""
-        self.told: dict[str, str] = {}
+        self.told: dict[FaultPart, str] = {}
         """What was said about each part that failed (once per part)."""
 
-    def working(self, part: str) -> bool:
+    def working(self, part: FaultPart) -> bool:
         return part not in self.off
 
-    def report(self, part: str, error: BaseException | str, *, then: str = SWITCHED_OFF) -> None:
+    def report(self, part: FaultPart, error: BaseException | str, *, then: str = SWITCHED_OFF) -> None:
         """Tell once per part that it failed; ``then`` says what the probe does about it.
 
         With the default, the part is also switched off.
@@ -72,7 +76,7 @@ class Faults:
             "training goes on.")
         self.write(Fault(part=part, error=text))
 
-    def guard(self, part: str) -> Guard:
+    def guard(self, part: FaultPart) -> Guard:
         """``with faults.guard("shards"): ...`` — an ``Exception`` inside is reported, not raised."""
         return Guard(self, part)
 
@@ -80,7 +84,7 @@ class Faults:
 class Guard:
     """The context manager ``Faults.guard`` returns; ``failed`` says whether the block raised."""
 
-    def __init__(self, faults: Faults, part: str) -> None:
+    def __init__(self, faults: Faults, part: FaultPart) -> None:
         self.faults = faults
         self.part = part
         self.failed = False
