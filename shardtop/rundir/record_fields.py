@@ -23,7 +23,7 @@ def read_fields(
     """``raw`` as a ``record``: each field converted on its own (strictly: ``"2"`` is no number), or left at
     its default where it is missing or of another shape.  ``readers`` read the fields they name their own
     way (None: not from ``raw``)."""
-    found: dict[str, Any] = {}
+    found: dict[str, object] = {}
     for field in msgspec.structs.fields(record):
         reader = readers.get(field.name, _convert(field.type))
         if reader is None or field.encode_name not in raw:
