@@ -45,6 +45,9 @@ DOMINANT_SHARE = 0.5
 
 LOGITS_MIN_VOCAB = 8192
 """A last dimension at least this large is taken for a vocabulary's (logits)."""
+COPY_DEPTH = 1
+"""A copy is made by the frame the OOM was raised in, or its caller: a tensor held further out (a list of
+outputs a loop keeps) is not what the failing request copies."""
 COPY_SLACK = 1 << 20
 """How far a request may be from a tensor's size and still be its copy (allocator rounding, padding)."""
 
@@ -131,11 +134,15 @@ def oom_fix(e: OutOfMemory) -> str:
 
 def logits_copy(e: OutOfMemory) -> tuple[StackTensor, int, int] | None:
     """A tensor of logits on the failing stack (its last dimension a vocabulary's) of which the failing request
-    is a copy at 2, 4 or 8 bytes a value, with that itemsize and the request; None where there is none."""
+    is a copy at 2, 4 or 8 bytes a value, with that itemsize and the request; None where there is none.
+    The tensor must be held by the frame that asked or its caller (``COPY_DEPTH``): a request as large as
+    logits held further out is new logits, not their copy."""
     asked = e.oom.requested_bytes
     if not asked:
         return None
     for tensor in e.stack_tensors:
+        if tensor.depth is None or tensor.depth > COPY_DEPTH:
+            continue
         if len(tensor.shape) < 2 or tensor.shape[-1] < LOGITS_MIN_VOCAB:
             continue
         values = math.prod(tensor.shape)
@@ -172,9 +179,10 @@ def _kept_fix(e: OutOfMemory, kept: int) -> str:
             "checkpointing or sharding only delays it."
         )
     return (
-        f"Most of the memory at the OOM ({fmt(kept)}) is tensors kept from earlier steps, not this step's work: "
-        f"find what keeps a reference to each step's tensors{holder} (a list they are appended to, a hook, a metric "
-        "or a log that stores the tensor rather than `.item()` or a detached CPU copy) and let go of it."
+        f"Most of the memory at the OOM ({fmt(kept)}) is tensors kept from earlier steps or forwards, not the "
+        f"work of the one running: find what keeps a reference to each one's tensors{holder} (a list outputs are "
+        "appended to, a hook, a metric or a log that stores the tensor rather than `.item()` or a detached CPU "
+        "copy) and let go of it, or move what must be kept to the CPU as it is made."
     )
 
 

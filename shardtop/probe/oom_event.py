@@ -83,7 +83,7 @@ def stack_tensors(error: BaseException | None) -> list[StackTensor]:
     import torch
 
     found: dict[int, StackTensor] = {}
-    for frame in _frames(error):
+    for frame, depth in _frames_with_depth(error):
         code = frame.f_code
         where = f"{code.co_name} ({code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno})"
         for name, value in frame.f_locals.items():
@@ -95,7 +95,7 @@ def stack_tensors(error: BaseException | None) -> list[StackTensor]:
                 if nbytes >= STACK_TENSOR_MIN:
                     found[id(item)] = StackTensor(name=f"{name}[{index}]" if many else name, shape=list(item.shape),
                                                   dtype=str(item.dtype).removeprefix("torch."), nbytes=nbytes,
-                                                  where=where)
+                                                  where=where, depth=depth)
     return sorted(found.values(), key=lambda t: -t.nbytes)[:MAX_STACK_TENSORS]
 
 
@@ -136,14 +136,22 @@ def _items(value: Any) -> Any:
 
 def _frames(error: BaseException | None) -> list[Any]:
     """The frames of ``error``'s traceback and of the errors it was raised from or during, once each."""
-    frames: list[Any] = []
+    return [frame for frame, _ in _frames_with_depth(error)]
+
+
+def _frames_with_depth(error: BaseException | None) -> list[tuple[Any, int]]:
+    """The frames of ``_frames``, each with how far it is from the frame its error was raised in (0: that
+    frame, 1: its caller)."""
+    frames: list[tuple[Any, int]] = []
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
+        own: list[Any] = []
         tb = error.__traceback__
         while tb is not None:
-            frames.append(tb.tb_frame)
+            own.append(tb.tb_frame)
             tb = tb.tb_next
+        frames += [(frame, len(own) - 1 - index) for index, frame in enumerate(own)]
         error = error.__cause__ or error.__context__
     return frames
 

@@ -245,6 +245,9 @@ class StackTensor(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     nbytes: int
     where: str
     """``function (file.py:line)`` of the frame."""
+    depth: int | None = None
+    """How far the frame is from the one the error was raised in: 0 that frame, 1 its caller; None where
+    not recorded."""
 
 
 class Oom(Event, tag="oom", frozen=True):

@@ -34,6 +34,7 @@ def test_outputs_kept_with_their_graphs_are_told_and_evaluation_without_grad_is_
     assert oom["kept_by"].startswith("`outputs` in evaluate (eval_keeps_graphs.py:")
     assert "torch.no_grad()" in finding["fix"] and "with their autograd graphs" in finding["fix"]
     assert not any(words in finding["fix"] for words in SHARDING_WORDS), finding["fix"]
+    assert "copy of" not in finding["fix"]  # kept logits are not a loss's copy of them
 
     close = run_own(tmp_path / "close", "python", str(SCRIPTS / "eval_keeps_graphs.py"), "--cap-mib", "300",
                     "--no-grad")

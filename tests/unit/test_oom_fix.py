@@ -1,0 +1,45 @@
+"""The fix an OOM finding offers follows what filled the memory; a logits story only where the failing request
+copies logits the failing code holds."""
+
+from __future__ import annotations
+
+from shardtop.diagnose.facts import KindsEvidence, OomEvidence
+from shardtop.diagnose.oom_fix import OutOfMemory, oom_fix
+from shardtop.rundir.events import StackTensor
+
+MIB = 1 << 20
+LOGITS = [4096, 32000]
+"""4,096 tokens of a 32,000-token vocabulary: 500 MiB in fp32."""
+
+
+def _oom(asked: int, tensors: tuple[StackTensor, ...], by_kind: dict[str, int | None]) -> OutOfMemory:
+    oom = OomEvidence(rank=0, device="cuda:0", phase="forward", step=0, module="head", module_type="Linear",
+                      attributed_by="forward-frame", engine_step=None, requested_bytes=asked,
+                      allocated=sum(v or 0 for v in by_kind.values()), reserved=None, limit=None, total=None,
+                      ranks_out_of_memory=1)
+    split = KindsEvidence(allocated=oom.allocated, by_kind=by_kind, unexplained=0, phase="forward", step=0)
+    return OutOfMemory(oom=oom, found_by="the probe", engine="ddp", world_size=1, block_type="", others=(),
+                       at_oom=split, stack_tensors=tensors)
+
+
+def _logits(name: str, depth: int | None, dtype: str = "float32") -> StackTensor:
+    return StackTensor(name=name, shape=LOGITS, dtype=dtype, nbytes=500 * MIB, where="f (script.py:1)",
+                       depth=depth)
+
+
+def test_a_request_copying_the_logits_the_loss_holds_is_told_as_tokens_times_vocabulary() -> None:
+    fix = oom_fix(_oom(500 * MIB, (_logits("input", 0, "bfloat16"),), {"activations": 900 * MIB}))
+    assert "fp32 copy of `input`" in fix and "4,096 tokens × 32,000" in fix
+
+
+def test_new_logits_as_large_as_ones_a_loop_keeps_further_out_are_not_called_a_copy() -> None:
+    # An evaluation keeping its outputs: the head asks for this batch's logits, as large as each kept one.
+    kept = (_logits("outputs[0]", 4), _logits("outputs[1]", 4))
+    fix = oom_fix(_oom(500 * MIB, kept, {"kept": 19_000 * MIB, "params": 900 * MIB}))
+    assert "copy of" not in fix
+    assert "is tensors kept from earlier steps or forwards" in fix
+
+
+def test_a_stack_tensor_recorded_without_its_depth_is_not_taken_for_the_copied_one() -> None:
+    fix = oom_fix(_oom(500 * MIB, (_logits("logits", None),), {"activations": 900 * MIB}))
+    assert "copy of" not in fix
