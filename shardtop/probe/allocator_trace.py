@@ -17,7 +17,9 @@ Nothing here imports torch, so it is tested on CPU with snapshots built by hand.
    unless more than ``MAX_WORKSPACE_BLOCKS`` blocks of that size live to the end;
 4. else, allocated in an earlier step than the moment split (not in set-up)
    and still alive, by code that makes no parameter, gradient, optimizer state
-   or buffer: kept from earlier steps (``kept``);
+   or buffer: kept from earlier steps (``kept``); so is a block a module's
+   forward made during an earlier forward of the same step (an evaluation
+   loop's, generation's: ``forward_at``) that no census saw saved for backward;
 5. else the code that allocated it: a module's forward (an activation,
    unless saved tensors were followed and this was not one of them), the
    optimizer's temporaries; or, allocated during a backward without a Python
@@ -122,6 +124,7 @@ def split_blocks(
     step_at: Callable[[int], int | None] | None = None,
     workspaces: frozenset[int] = frozenset(),
     end: int | None = None,
+    forward_at: Callable[[int], int] | None = None,
 ) -> BlockSplit:
     """Classify the blocks alive at ``position`` (see the module docstring).
 
@@ -131,7 +134,8 @@ def split_blocks(
     if no census saw it as a gradient it is a temporary of the backward
     (other); one allocated in an earlier step is kept from it.
     ``workspaces``: the block sizes of the libraries' workspaces; ``end``: the
-    trace's length (a block alive there was never freed).
+    trace's length (a block alive there was never freed); ``forward_at``: how many forwards had begun
+    by a trace position (markers labelled ``forward``).
     """
     blocks = tuple(blocks)
     ordered = sorted(censuses, key=lambda c: abs(c.position - position))
@@ -154,6 +158,8 @@ def split_blocks(
                     break
         if kind is None or kind == "activations":
             kind = _uncounted_kind(block, kind, forward, phase_at, step_at, now, first, workspaces, end)
+            if kind == forward and _of_an_earlier_forward(block, position, phase_at, forward_at):
+                kind = "kept"
         split.add(kind, block.size, block.frames)
     return split
 
@@ -209,6 +215,17 @@ def _uncounted_kind(
     if script_made(block.frames):
         return "script"
     return None
+
+
+def _of_an_earlier_forward(
+    block: TracedBlock, position: int, phase_at: Callable[[int], str] | None, forward_at: Callable[[int], int] | None
+) -> bool:
+    """Made in a forward before the one running at ``position``: not this forward's work, and kept by
+    whatever still holds it (a list of outputs)."""
+    if forward_at is None or phase_at is None or block.start < 0 or phase_at(block.start) != "forward":
+        return False
+    made = forward_at(block.start)
+    return made >= 1 and made < forward_at(position)
 
 
 def align_censuses(markers: Sequence[int], censuses: Sequence[Mapping[int, str]]) -> list[Census]:
@@ -272,9 +289,18 @@ def traced_splits(
         index = bisect.bisect_right(line.markers, position) - 1 + offset
         return labels[index] if index >= offset and 0 <= index < len(labels) else ("", None)
 
+    forwards = [0]  # forwards begun by each marker, oldest first
+    for index in range(offset, offset + len(line.markers)):
+        forwards.append(forwards[-1] + (0 <= index < len(labels) and labels[index][0] == "forward"))
+
+    def forward_at(position: int) -> int:
+        """How many forwards had begun by ``position`` (of those whose markers the trace kept)."""
+        index = bisect.bisect_right(line.markers, position)
+        return forwards[min(index, len(forwards) - 1)]
+
     def split_at(position: int) -> BlockSplit:
         return split_blocks(line.blocks, position, aligned, lambda at: label_at(at)[0], lambda at: label_at(at)[1],
-                            workspaces, line.length)
+                            workspaces, line.length, forward_at)
 
     split = split_at(line.peak_position)
     phase, step = label_at(line.peak_position)

@@ -175,6 +175,17 @@ class MemoryExplainer:
         if self._follows():
             self.activations.start()
 
+    def on_forward_again(self, step: int) -> None:
+        """Another forward with no other phase in between (an evaluation loop, generation): a marker with no
+        census ties its start to the trace, so that what an earlier forward made and something still holds
+        is told from this forward's work."""
+        self.activations.note_forward()
+        if self.activations.failed is not None:  # a forward's saved tensors are not told from what it made
+            return
+        if self._explaining and self.history is not None and self.history.ours and self.history.mark():
+            self._labels.append(("forward", step))
+            self._censuses.append({})
+
     def _boundary(self, phase: str, step: int) -> None:
         count = self._end_of_forward() if self.activations.active else None
         if not self._explaining:

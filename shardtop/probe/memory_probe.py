@@ -197,9 +197,10 @@ class MemoryProbe:
             if written is not None:
                 self.write(written)
 
-    def forward_again(self) -> None:
-        """Another forward began with no other phase in between: what its graph holds starts anew."""
-        self.explain(lambda explainer: explainer.activations.note_forward())
+    def forward_again(self, step: int) -> None:
+        """Another forward began with no other phase in between: what its graph holds starts anew, and
+        what the one before made is an earlier forward's."""
+        self.explain(lambda explainer: explainer.on_forward_again(step))
 
     def at_phase(self, phase: str, step: int, graph: Any = None) -> None:
         """A new phase began: at a forward, read the heap (CPU) and check for kept tensors; tell the

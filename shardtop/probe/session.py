@@ -120,7 +120,7 @@ class Probe:
             self.step_index = step
         if phase == self.phase_name:
             if phase == "forward":  # a forward after a forward, as an evaluation loop runs them
-                self.memory_probe.forward_again()
+                self.memory_probe.forward_again(self.step_index)
             return
         self.phase_name = phase
         self._say_pending_hello()  # training has begun: the engine, if any, is in place

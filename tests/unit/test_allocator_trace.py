@@ -419,6 +419,35 @@ def test_an_oom_census_taken_without_a_marker_does_not_shift_the_others() -> Non
     assert at_oom.unexplained == 0 and at_oom.total == 32 * MiB + 2 * WORKSPACE
 
 
+def test_outputs_an_evaluation_loop_keeps_from_earlier_forwards_are_kept_not_activations() -> None:
+    """An evaluation under ``torch.no_grad()`` appends each batch's logits to a list and runs out in the
+    third forward: nothing is saved for backward, so no census sees activations; the logits of the first
+    two forwards are kept by the loop, and only what the third forward made so far is its own work.
+    Without the markers of the forwards after the first (a probe that placed none), all of it would be
+    taken for activations."""
+    trace = Trace()
+    weights = trace.alloc(32 * MiB, [frame("/x/torch/nn/modules/module.py", "_apply"), USER_LOOP])
+    kept: list[int] = []
+    for _ in range(2):
+        trace.mark()  # a forward begins
+        hidden = trace.alloc(16 * MiB, LINEAR_FORWARD)
+        kept.append(trace.alloc(64 * MiB, LINEAR_FORWARD))  # the logits, appended to the loop's list
+        trace.free(hidden)
+    trace.mark()  # the third forward, where the OOM comes
+    trace.alloc(16 * MiB, LINEAR_FORWARD)
+    labels = [("forward", 0)] * 3
+    censuses = [{weights: "params"}, {}, {}]  # the forwards after the first place a marker alone
+    found = traced_splits(trace.snapshot(), 0, censuses, labels, now={weights: "params"})
+    assert found is not None
+    at_oom = found.at_end
+    assert at_oom.kinds["kept"] == 2 * 64 * MiB
+    assert at_oom.kinds["activations"] == 16 * MiB
+    assert at_oom.kinds["params"] == 32 * MiB and at_oom.unexplained == 0
+
+    one_label = traced_splits(trace.snapshot(), 0, censuses[:1], labels[:1], now={weights: "params"})
+    assert one_label is not None and one_label.at_end.kinds.get("kept", 0) == 0  # every forward is the same one
+
+
 def test_what_an_autograd_functions_backward_makes_is_a_temporary_of_the_backward() -> None:
     """DeepSpeed ZeRO-3 runs linear layers through its own autograd Function, whose Python backward makes
     the gradients of input and weight; a user's helper called in the backward is not named."""
