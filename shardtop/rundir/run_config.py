@@ -13,6 +13,7 @@ nothing else of shardtop.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -111,7 +112,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         """The config that ``settings`` (a resolved preset, ``config.resolve``) are: the fields shardtop reads
         taken from them, and all of them kept for the program.  A field of the wrong shape reads as missing."""
         read = read_fields(cls, settings, rehearsal=RehearsalConfig.parse, settings=None)
-        return msgspec.structs.replace(read, settings=dict(settings))
+        return msgspec.structs.replace(read, settings=MappingProxyType(dict(settings)))
 
     @classmethod
     def parse(cls, raw: object) -> RunConfig:
