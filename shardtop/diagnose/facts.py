@@ -15,8 +15,6 @@ from shardtop.read.memory_kinds import bytes_by_kind, kinds_sentence
 from shardtop.read.oom_story import OomStory
 from shardtop.read.run_model import RunModel
 from shardtop.rundir.engines import DDP, FSDP1, FSDP2, ZERO1, ZERO2, ZERO3
-from shardtop.rundir.engines import FSDP_ENGINES as FSDP_ENGINES  # for oom_fix.py
-from shardtop.rundir.engines import OPTIMIZER_SHARDING_ENGINES as OPTIMIZER_SHARDING_ENGINES  # for oom_fix.py
 from shardtop.rundir.events import PhaseName
 from shardtop.rundir.memory_figures import MemorySplit
 from shardtop.units import format_bytes

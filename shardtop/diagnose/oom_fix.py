@@ -17,15 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from shardtop.diagnose.facts import (
-    ENGINE_WORDS,
-    FSDP_ENGINES,
-    OPTIMIZER_SHARDING_ENGINES,
-    KindsEvidence,
-    OomEvidence,
-    fmt,
-)
+from shardtop.diagnose.facts import ENGINE_WORDS, KindsEvidence, OomEvidence, fmt
 from shardtop.diagnose.finding import Evidence
+from shardtop.rundir.engines import FSDP_ENGINES, OPTIMIZER_SHARDING_ENGINES, SHARDED_ENGINES, ZERO3, ZERO_ENGINES
 from shardtop.rundir.events import StackTensor
 
 REDUCE_BUCKET_BYTES = 500_000_000 * 4
@@ -74,9 +68,9 @@ class OutOfMemory(Evidence):
 
 
 def offload_words(engine: str) -> str:
-    if engine.startswith("zero"):
+    if engine in ZERO_ENGINES:
         return "DeepSpeed `offload_optimizer: {device: cpu}`"
-    if engine in ("fsdp1", "fsdp2"):
+    if engine in FSDP_ENGINES:
         return "FSDP `CPUOffload(offload_params=True)`, FSDP2 `CPUOffloadPolicy()`"
     return "DeepSpeed ZeRO-Offload"
 
@@ -187,7 +181,7 @@ def _kept_fix(e: OutOfMemory, kept: int) -> str:
 
 
 def _activations_fix(e: OutOfMemory) -> str:
-    gathered = " (plus the gathered parameters of the running unit)" if e.engine in ("fsdp1", "fsdp2", "zero3") else ""
+    gathered = " (plus the gathered parameters of the running unit)" if e.engine in SHARDED_ENGINES else ""
     block = f"each {e.block_type}" if e.block_type else "each block"
     return (
         f"Activations filled the memory{gathered}: a smaller micro-batch or sequence length, or activation "
@@ -210,7 +204,7 @@ def _state_fix(e: OutOfMemory) -> str:
 
 
 def _params_fix(e: OutOfMemory) -> str:
-    if e.engine in ("fsdp1", "fsdp2", "zero3"):
+    if e.engine in SHARDED_ENGINES:
         return "Parameters filled the memory, sharded already: run on more ranks, or offload them to CPU."
     return "Parameters filled the memory: shard the model (FSDP, ZeRO-3) or offload it."
 
@@ -218,7 +212,7 @@ def _params_fix(e: OutOfMemory) -> str:
 def _setup_fix(e: OutOfMemory) -> str:
     engine = ENGINE_WORDS.get(e.engine, e.engine or "the engine")
     offload = e.oom.device.startswith("cuda")  # a CPU process has nowhere to offload to
-    if e.engine == "zero3":
+    if e.engine == ZERO3:
         return (
             "The model or DeepSpeed's buffers did not fit at set-up: build the layers under deepspeed.zero.Init "
             "(Lightning: in configure_model())" + (", offload parameters or the optimizer to CPU" if offload else "")
