@@ -11,6 +11,7 @@ from typing import Any
 from shardtop.plan.compare import Plan
 from shardtop.plan.render import verdict_lines
 from shardtop.plan.verdict import Option
+from shardtop.rundir.events import HELD_KINDS
 
 PLAN_SCHEMA = "shardtop.plan"
 PLAN_SCHEMA_VERSION = 1
@@ -27,12 +28,7 @@ def _option(o: Option) -> dict[str, Any]:
         "offload": {"params": s.offload_params, "optimizer": s.offload_optimizer},
         "built_whole": s.built_whole,
         "per_rank": {
-            "params": p.params,
-            "grads": p.grads,
-            "optimizer": p.optimizer,
-            "activations": p.activations,
-            "gathered": p.gathered,
-            "buffers": p.buffers,
+            **{kind: getattr(p, kind) for kind in HELD_KINDS},
             "peak": p.peak,
             "phases": dict(zip(("setup", "forward", "backward", "step"), p.phases, strict=True)),
             "host": p.host,

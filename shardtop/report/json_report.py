@@ -20,6 +20,7 @@ from shardtop.read.rank_facts import RankFacts
 from shardtop.read.run_model import RunModel
 from shardtop.read.stalls import Stall
 from shardtop.report.gather import ReportData
+from shardtop.rundir.events import HELD_KINDS
 from shardtop.rundir.memory_figures import GpuMemory
 
 REPORT_SCHEMA = "shardtop.report"
@@ -153,12 +154,7 @@ def _rank_check(c: RankCheck) -> dict[str, Any]:
         "reached": c.reached,
         "complete": c.complete,
         "predicted": {
-            "params": p.params,
-            "grads": p.grads,
-            "optimizer": p.optimizer,
-            "activations": p.activations,
-            "gathered": p.gathered,
-            "buffers": p.buffers,
+            **{kind: getattr(p, kind) for kind in HELD_KINDS},
             "peak": c.predicted_peak,
             "plan_peak": p.peak,
             "plan_peak_phase": p.peak_phase,

@@ -358,6 +358,11 @@ def when(phase: str) -> str:
     return _IN_WORDS.get(phase, f"at {phase}")
 
 
+HELD_KINDS = ("params", "grads", "optimizer", "activations", "gathered", "buffers")
+"""What a plan says a rank holds, kind by kind: the figures of those names of ``PlannedRank`` (and of the
+plan's ``PerRank``), in the order the plan's and the report's JSON give them."""
+
+
 class PlannedRank(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """What ``shardtop plan`` predicts one rank holds on its device, in bytes (``plan.memory.PerRank``)."""
 
