@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shardtop.units import format_bytes
 from tests.support.cli import report
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "h100-oom-stories"
@@ -38,6 +39,8 @@ def test_outputs_kept_with_their_graphs_are_told_with_what_holds_them_and_no_gra
     assert oom["kept_by"].startswith("`outputs` in evaluate (eval_keeps_graphs.py:60), 10 tensors")
     (finding,) = [f for f in data["findings"] if f["code"] == "oom"]
     assert "torch.no_grad()" in finding["fix"] and "with their autograd graphs" in finding["fix"]
+    assert "at the OOM (16.4 GiB)" in finding["fix"] and format_bytes(split["allocated"]) == "19.7 GiB"
+    assert oom["kept_by"].endswith(", 4.88 GiB")
     assert "shard the model" not in finding["fix"] and "activation checkpointing on" not in finding["fix"]
 
 
