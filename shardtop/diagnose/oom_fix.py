@@ -99,7 +99,23 @@ def dominant(e: OutOfMemory) -> tuple[str, int] | None:
 
 
 def oom_fix(e: OutOfMemory) -> str:
-    """The fix of the kind that filled the memory at the OOM; the phase's usual one where none did."""
+    """The fix of the kind that filled the memory at the OOM, the phase's usual one where none did; where the
+    failing request is DeepSpeed's default reduce bucket, with what makes that request smaller."""
+    fix = _fix_of_what_filled(e)
+    if _asks_for_the_bucket(e) and "reduce_bucket_size" not in fix:
+        fix += (
+            f" The failing request itself is DeepSpeed's default reduce bucket (5e8 elements, "
+            f"{fmt(REDUCE_BUCKET_BYTES)} in fp32): a lower `reduce_bucket_size` in `zero_optimization` (e.g. 5e7) "
+            "asks for less."
+        )
+    return fix
+
+
+def _asks_for_the_bucket(e: OutOfMemory) -> bool:
+    return e.engine in ZERO_ENGINES and e.oom.requested_bytes == REDUCE_BUCKET_BYTES
+
+
+def _fix_of_what_filled(e: OutOfMemory) -> str:
     copied = logits_copy(e)
     if copied is not None:
         return _logits_fix(*copied)

@@ -56,6 +56,7 @@ def run_rank(run_dir: Path, rank: int) -> int:
             planned = plan_event(config, ctx.accelerator)  # before the cap: the plan is not the run's memory
             if planned is not None:
                 probe.writer.write(planned)
+        probe.set_memory_limit(ctx.gpu_mem_limit)  # an OOM while the cap is put in place is under it already
         probe.set_memory_limit(apply_memory_limit(ctx))
         program(ctx)
     except SystemExit as e:

@@ -405,17 +405,18 @@ def test_story_1_on_gpus_gpu_0_fills_and_rank_1_uses_it() -> None:
     findings = diagnose(story1_gpu_state())
     assert [f.code for f in findings] == [
         "placement-imbalance",
+        "fsdp-manual-wrap-ignored",  # warnings, the one with a saving first
         "cuda-context-on-wrong-gpu",
-        "fsdp-manual-wrap-ignored",
         "precision-mismatch",
     ]
     place = findings[0]
     assert place.severity == "error"  # the OOM struck the full GPU
     main = place.evidence.main  # type: ignore[attr-defined]
     assert (main.kind, main.heavy, main.sample) == ("gpus", "GPU 0", "step 1, forward")
-    context = findings[1]
+    context = findings[2]
+    assert context.saving_bytes is None  # nothing measured what a context costs
     assert "rank 1's process (pid 4194402)" in context.detail and "set_device" in context.fix
-    wrap = findings[2]
+    wrap = findings[1]
     assert "on cpu, while the units' shards are on cuda:0" in wrap.detail
     assert wrap.modules == ("conv1", "out_layer") and wrap.saving_bytes == 40_400_000 // 2
     assert wrap.fix.startswith("Delete configure_sharded_model") and "Without Lightning" not in wrap.fix
