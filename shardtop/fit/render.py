@@ -111,8 +111,8 @@ def render_text(result: FitResult, directory: Path | None = None) -> str:
 
 def _ending_words(s: SetupResult) -> str:
     words = {
-        "budget": "the budget ran out before its boundary was found",
-        "not reached": "not rehearsed: the budget was spent first",
+        "budget": "stopped before its boundary",
+        "not reached": "not rehearsed",
         "ruled out": "not rehearsed, the plan rules it out",
         "failed": "a rehearsal failed for another reason than memory",
         "nothing fits": "nothing fits",

@@ -87,7 +87,7 @@ def test_a_search_the_budget_cut_short_says_at_least() -> None:
     cut = SetupResult(setups()[0].prediction, setups()[0].trials[1:3], "budget", note="the budget was spent")
     text = render_text(FitResult(title="t", devices=2, gpu="g", limit=LIMIT, on="CPU", knobs=(), setups=(cut,),
                                  seconds=1.0, budget_s=2.0, use=Use("t", ())))
-    assert "micro-batch ≥ 24" in text and "the budget ran out before its boundary was found" in text
+    assert "micro-batch ≥ 24" in text and "stopped before its boundary (the budget was spent)" in text
 
 
 def test_the_json_holds_what_the_table_says_and_what_its_page_lists() -> None:
