@@ -8,12 +8,18 @@ from pathlib import Path
 
 from textual.widgets import Input
 
-from shardtop.config import ConfigError
+from shardtop.config import ConfigError, load_preset
 from shardtop.tui.app import ShardtopApp
-from shardtop.tui.screens.launch_prompt import FitSearchRequest, LaunchPrompt, check_fit
-from tests.support.launch_prompt import app_at, gpu_prompt, open_prompt
+from shardtop.tui.screens.launch_prompt import (
+    FitSearchRequest,
+    LaunchPrompt,
+    LaunchRequest,
+    RehearsalRequest,
+    check_fit,
+)
+from tests.support.launch_prompt import app_at, open_prompt, two_h200s
 from tests.support.recorded import H200_HOST, RecordedHost, recorded_h200
-from tests.support.waiting import wait_for
+from tests.support.waiting import settled, wait_for
 
 SMALL = (80, 24)
 
@@ -43,7 +49,7 @@ class Listening(ShardtopApp):
 
     said: list[str]
 
-    def notify(self, message: str, **kwargs: object) -> None:  # type: ignore[override]
+    def notify(self, message: str, **kwargs: object) -> None:
         self.said.append(message)
         super().notify(message, **kwargs)  # type: ignore[arg-type]
 
@@ -64,11 +70,12 @@ async def test_ctrl_f_without_the_devices_says_so_and_starts_nothing(tmp_path: P
 async def test_ctrl_f_leaves_the_prompt_with_the_fit_to_start(tmp_path: Path) -> None:
     """As on a machine with two H200s: the card is this machine's; the prompt hands the fit's settings on."""
     app = app_at(tmp_path / "runs")
-    answers: list[object] = []
+    answers: list[LaunchRequest | RehearsalRequest | FitSearchRequest | None] = []
     async with app.run_test(size=SMALL) as pilot:
-        prompt = await gpu_prompt(app, pilot, "fsdp2-mlp")
-        prompt.dismiss = answers.append  # type: ignore[method-assign]
+        await settled(pilot)
+        app.push_screen(LaunchPrompt(load_preset("fsdp2-mlp"), lambda: 2, two_h200s()), answers.append)
+        await pilot.pause()
         await pilot.press(*"devices=64 max_steps=2", "ctrl+f")
         await wait_for(pilot, lambda: answers, what="the prompt's answer")
-    assert isinstance(prompt, LaunchPrompt)
     assert answers == [FitSearchRequest(("fsdp2-mlp", "devices=64", "max_steps=2"))]
+    assert not (tmp_path / "runs" / "fits").exists(), "the prompt starts nothing itself: the home screen does"

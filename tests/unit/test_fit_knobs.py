@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,7 +43,7 @@ def test_training_arguments_on_the_line_take_steps_and_checkpointing() -> None:
 
 
 def test_a_deepspeed_config_copy_at_another_stage() -> None:
-    given = {"train_micro_batch_size_per_gpu": 4, "train_batch_size": 64,
+    given: dict[str, Any] = {"train_micro_batch_size_per_gpu": 4, "train_batch_size": 64,
              "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}, "overlap_comm": True}}
     copy = deepspeed_config_at(given, Configuration(zero_stage=2, offload_optimizer=True), 11)
     assert copy["zero_optimization"] == {"stage": 2, "overlap_comm": True,
