@@ -95,10 +95,9 @@ def rank_measure(r: RankFacts) -> RankMeasure:
     )
 
 
-def trial_of(model: RunModel, batch: int, *, min_steps: int, seconds: float, path: str) -> Trial:
+def trial_of(model: RunModel, batch: int, *, min_steps: int, seconds: float, run_id: str, path: str) -> Trial:
     """The trial a finished (or stopped) rehearsal's run model tells."""
     ranks = tuple(rank_measure(r) for r in model.ranks)
-    run_id = path.rstrip("/").rsplit("/", 1)[-1]
     if any(r.state == "out of memory" for r in ranks):
         return Trial(batch, "out of memory", ranks, run_id, path, seconds)
     missing = [r for r in model.expected_ranks if r not in {m.rank for m in ranks}]

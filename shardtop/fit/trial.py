@@ -100,4 +100,4 @@ class Rehearser:
                 break
             time.sleep(POLL_S)
         return trial_of(read_run(run), batch, min_steps=min_steps, seconds=time.monotonic() - started_at,
-                        path=str(run.path))
+                        run_id=run.id, path=str(run.path))
