@@ -68,6 +68,8 @@ def main() -> None:
     args = parser.parse_args()
     cuda = args.device == "cuda"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SCRIPTS), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    # the launchers (torchrun, deepspeed) of the environment running this, as its activation would find them
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     if not cuda:
         env.update(CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
     print(f"device {args.device}, {args.pairs} pairs, {args.short} and {args.long} steps", flush=True)

@@ -23,7 +23,9 @@ Nothing here imports torch, so it is tested on CPU with snapshots built by hand.
 5. else the code that allocated it: a module's forward (an activation,
    unless saved tensors were followed and this was not one of them), the
    optimizer's temporaries; or, allocated during a backward without a Python
-   frame (autograd's engine made it on its own thread) or by the Python
+   frame (autograd's engine made it on its own thread; in a forward's label
+   too, where the loss's backward runs before the model's first backward
+   hook marks the phase) or by the Python
    ``backward`` of an autograd Function (DeepSpeed ZeRO-3's linear): a
    temporary of the backward, such as an activation's gradient or a weight's
    on its way to the engine's buffer (other);
@@ -209,7 +211,10 @@ def _uncounted_kind(
         return "kept"
     if framed is not None:
         return framed
-    in_backward = block.start >= 0 and phase_at is not None and phase_at(block.start) == "backward"
+    phase = phase_at(block.start) if block.start >= 0 and phase_at is not None else ""
+    # a backward begins before the model's modules mark it: what the script computed after the model (the
+    # loss) is differentiated first, on autograd's thread, with no Python frame
+    in_backward = phase == "backward" or (phase == "forward" and not block.frames)
     if in_backward:  # the backward's own, or autograd's called from the script: not the script's tensors
         return "other" if backward_made(block.frames) else None
     if script_made(block.frames):

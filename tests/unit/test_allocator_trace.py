@@ -172,6 +172,30 @@ def test_the_backward_peak_names_autograds_temporary() -> None:
     assert split.phase == "backward"
 
 
+def test_the_losss_backward_before_the_models_first_backward_hook_is_the_backwards_temporary() -> None:
+    """A plain loop's loss over a large vocabulary: ``loss.backward()`` differentiates the cross-entropy on
+    autograd's thread (no Python frame) before the model's first module backward marks the phase, so the
+    trace still reads "forward" there. Those blocks are the backward's temporaries, not unexplained; the
+    fp32 copy the script made of the logits stays the script's."""
+    trace = Trace()
+    weights = trace.alloc(8 * MiB, [frame("/x/torch/nn/modules/module.py", "_apply"), USER_LOOP])
+    trace.mark()  # forward
+    logits = trace.alloc(64 * MiB, LINEAR_FORWARD)
+    upcast = trace.alloc(128 * MiB, [frame("/home/u/train.py", "main", 67)])
+    grad_of_log_softmax = trace.alloc(128 * MiB, [])
+    trace.free(grad_of_log_softmax)
+    trace.mark()  # the first module backward marks the phase
+    labels = [("forward", 1), ("backward", 1)]
+    censuses = [{weights: "params"}, {weights: "params", logits: "activations"}]
+    found = peak_split(trace.snapshot(), 0, censuses, labels)
+    assert found is not None
+    split, _ = found
+    assert (split.phase, split.allocated) == ("forward", 8 * MiB + 64 * MiB + 2 * 128 * MiB)
+    assert split.by_kind.other == 128 * MiB and split.by_kind.script == 128 * MiB
+    assert split.unexplained == 0 and split.by_kind.params == 8 * MiB
+    assert upcast
+
+
 def test_a_forward_block_no_census_saw_saved_is_other_when_saved_tensors_were_followed() -> None:
     trace = Trace()
     trace.mark()
