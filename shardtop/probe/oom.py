@@ -323,7 +323,10 @@ def built_path(frames: Sequence[StackFrame], names: dict[int, str]) -> tuple[str
     frame = next((f for f in reversed(frames) if f.being_built is not None), None)
     if frame is None:
         return None, None
-    return resolve_paths([model_being_built(frames), frame.being_built], names)[1], frame
+    model = model_being_built(frames)
+    if model is frame.being_built:  # built on its own (a layer made in a loop): no model to name it in
+        return None, frame
+    return resolve_paths([model, frame.being_built], names)[1], frame
 
 
 def _unique(items: Iterable[Any]) -> list[Any]:
@@ -375,7 +378,7 @@ def attribute(
         path, built = built_path(frames, names)
         if built is not None:  # no path where it is not attached to its parent yet
             module, module_type = path, user_type_name(built.being_built)
-            attributed_by = "init-frame" if built.zero_init else "build-frame"
+            attributed_by = "init-frame" if any(f.zero_init for f in frames) else "build-frame"
     allocated: int | None = None
     reserved: int | None = None
     total: int | None = None
