@@ -228,6 +228,12 @@ def patch_trainer(module: ModuleType) -> None:
     trainer.__init__ = __init__
 
 
+def patch_dynamo(module: ModuleType) -> None:
+    from shardtop.inject.model_hooks import dynamo_loaded
+
+    dynamo_loaded(module)
+
+
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "torch": patch_torch,
     "torch.nn.parallel.distributed": patch_ddp,
@@ -236,5 +242,6 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "torch.distributed._composable.fsdp": patch_fully_shard,  # torch 2.4-2.5 (and its re-export later)
     "deepspeed": patch_deepspeed,
     "lightning.pytorch.trainer.trainer": patch_trainer,
+    "torch._dynamo": patch_dynamo,
 }
 """Module name -> what to do once it loaded."""

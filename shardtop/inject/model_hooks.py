@@ -23,6 +23,7 @@ Per step that is three Python calls and one event each.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -116,13 +117,34 @@ def set_root(module: Any, count: int | None = None, *, stage: SnapshotStage) -> 
         handle.remove()
     STATE.root = module
     STATE.root_params = parameter_count(module) if count is None else count
-    from shardtop.probe.eager import eager
-
     STATE.root_hooks = [
-        module.register_forward_pre_hook(eager(_root_forward)),
-        module.register_forward_hook(eager(_root_output)),
+        module.register_forward_pre_hook(_as_hook(_root_forward)),
+        module.register_forward_hook(_as_hook(_root_output)),
     ]
     attach(module, stage=stage, engine=STATE.engine, strategy=STATE.strategy)
+
+
+DYNAMO = "torch._dynamo"
+"""What ``torch.compile`` loads; loading it costs a rank about a second of CPU, so the probe never does."""
+
+
+def _as_hook(fn: Any) -> Any:
+    """``fn`` made eager (``probe/eager.py``) where dynamo has loaded; as it is where it has not, since nothing
+    can trace it then: ``dynamo_loaded`` makes it eager in place if dynamo loads later."""
+    if DYNAMO not in sys.modules:
+        return fn
+    from shardtop.probe.eager import eager
+
+    return eager(fn)
+
+
+def dynamo_loaded(_module: Any) -> None:
+    """``torch._dynamo`` has just loaded (``torch.compile``, most often): the root's hooks, registered while it
+    had not, become eager where they stand among the module's hooks."""
+    for handle, fn in zip(STATE.root_hooks, (_root_forward, _root_output), strict=False):
+        hooks = handle.hooks_dict_ref()
+        if hooks is not None and handle.id in hooks:
+            hooks[handle.id] = _as_hook(fn)
 
 
 # -- phases and steps -------------------------------------------------------------------

@@ -2,11 +2,12 @@
 multi-process gloo runs draw the line.  Batch B, run as the pick's own command says, finishes its steps on
 both ranks; batch B + 1 runs out of memory.
 
-The suite runs one preset (a preset exposes only its batch, so one set-up) and a torchrun FSDP2 script, each
-fitted once and each answer checked by two real two-rank runs under the same cap; both runs of a pair go
-at once (each rank has its own cap; memory does not depend on what else runs).  The whole matrix — a second
-preset, a second cap each, the HF Trainer script with its two set-ups (activation checkpointing off and
-on) — takes about eight minutes on two cores, past what the suite may spend: ``SHARDTOP_FIT_MATRIX=1``
+The suite runs a torchrun FSDP2 script, fitted once, its answer checked by two real two-rank runs under
+the same cap; both runs of the pair go at once (each rank has its own cap; memory does not depend on what
+else runs).  A preset's fit runs in the suite through the launch prompt (``test_tui_fit.py``).  The whole
+matrix — presets (a preset exposes only its batch, so one set-up) at two caps each against real runs, a
+second cap for the script, the HF Trainer script with its two set-ups (activation checkpointing off and
+on) — takes about nine minutes on two cores, past what the suite may spend: ``SHARDTOP_FIT_MATRIX=1``
 runs it (its figures of 2026-12-06 are in bench/RESULTS.md).
 """
 
@@ -128,6 +129,7 @@ def preset_fit(tmp_path_factory: pytest.TempPathFactory) -> Fitted:
     return fit(tmp_path_factory.mktemp("fit-preset"), *PRESET, "devices=2", "gpu=128MiB")
 
 
+@on_request
 @pytest.mark.timeout(900)
 def test_a_presets_largest_batch_is_where_real_runs_draw_the_line(preset_fit: Fitted) -> None:
     data = preset_fit.data

@@ -32,6 +32,7 @@ from shardtop.rundir.run_members import end_supervisor, supervisor_record, write
 from shardtop.rundir.run_meta import RunMeta
 from tests.support.cli import ROOT
 from tests.support.own_job_runs import cli, user_env
+from tests.support.terminal import hangup_ends_it
 
 
 def _make_or_join(path: str, start: float, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
@@ -180,7 +181,7 @@ def test_the_command_survives_its_terminal_and_stop_ends_it(tmp_path: Path) -> N
     foreground = subprocess.Popen(
         [sys.executable, "-m", "shardtop", "run", "--headless", "--", sys.executable, "-c", script],
         env={**user_env(), "SHARDTOP_RUNS_DIR": str(runs_dir)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        cwd=ROOT,
+        cwd=ROOT, preexec_fn=hangup_ends_it,
     )
     try:
         deadline = time.time() + 60

@@ -25,6 +25,7 @@ from shardtop.rundir.run_config import RunConfig
 from shardtop.rundir.run_directory import RunDirectory, list_runs
 from shardtop.rundir.run_meta import RunMeta
 from tests.support.cli import ROOT, shardtop
+from tests.support.terminal import hangup_ends_it
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -98,7 +99,7 @@ def test_the_run_outlives_the_terminal_that_launched_it(tmp_path: Path) -> None:
     launcher = subprocess.Popen(
         [sys.executable, "-m", "shardtop", "launch", "ddp-baseline", "--headless", f"max_steps={MAX_STEPS}"],
         env={**os.environ, "SHARDTOP_RUNS_DIR": str(runs_dir), "CUDA_VISIBLE_DEVICES": ""},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, preexec_fn=hangup_ends_it,
     )
     try:
         wait_until(lambda: list_runs(runs_dir) and stepping(list_runs(runs_dir)[0]), 120, "the run to train")

@@ -1,8 +1,10 @@
 """Run a test function on N real gloo ranks, each in its own process.
 
 ``run_ranks("tests.support.shard_workers:fsdp1_full_shard", 2, tmp_path, n_layers=4)``
-starts ``python -m tests.support.distributed`` once per rank with the usual torch
-distributed environment; each rank calls the function with ``rank``,
+runs ``tests.support.distributed`` once per rank with the usual torch distributed
+environment, each rank a process forked from one that imported torch once
+(``rank_forks.py``), or a ``python`` of its own where ``env`` changes what that
+process read at its start; each rank calls the function with ``rank``,
 ``world_size``, ``out_dir`` and the keyword arguments, and whatever the
 function returns (JSON-able) comes back, one entry per rank.
 
@@ -21,7 +23,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.support.rank_forks import RankForks, usable
+
 ROOT = Path(__file__).resolve().parents[2]
+FORKS = RankForks()
+"""Where the ranks come from: forks of a process that imported torch once (``rank_forks.py``)."""
 
 
 def free_port() -> int:
@@ -42,9 +48,8 @@ def run_ranks(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     port = str(free_port())
-    procs = []
-    for rank in range(world_size):
-        rank_env = {
+    envs = [
+        {
             **os.environ,
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": port,
@@ -57,28 +62,15 @@ def run_ranks(
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
             **(env or {}),
         }
-        log = open(out_dir / f"rank-{rank}.out", "w")
-        procs.append(
-            (
-                subprocess.Popen(
-                    [sys.executable, "-m", "tests.support.distributed", target, str(out_dir), json.dumps(kwargs)],
-                    env=rank_env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=ROOT,
-                ),
-                log,
-            )
-        )
-    failed = []
-    for rank, (proc, log) in enumerate(procs):
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for p, _ in procs:
-                p.kill()
-            failed.append(rank)
-        log.close()
+        for rank in range(world_size)
+    ]
+    argv = [target, str(out_dir), json.dumps(kwargs)]
+    logs = [out_dir / f"rank-{rank}.out" for rank in range(world_size)]
+    if all(usable(e) for e in envs):
+        codes = FORKS.run(argv, list(zip(envs, logs, strict=True)), timeout)
+        failed = [rank for rank, code in enumerate(codes) if code is None]
+    else:
+        failed = _started_fresh(argv, envs, logs, timeout)
     results = []
     for rank in range(world_size):
         path = out_dir / f"rank-{rank}.result.json"
@@ -92,6 +84,24 @@ def run_ranks(
         )
         raise AssertionError(f"ranks {sorted(set(failed))} of {target} failed:\n{logs}")
     return results
+
+
+def _started_fresh(argv: list[str], envs: list[dict[str, str]], logs: list[Path], timeout: float) -> list[int]:
+    """Each rank a ``python`` of its own (an environment the fork server cannot give); the ranks past ``timeout``."""
+    procs = []
+    for rank_env, path in zip(envs, logs, strict=True):
+        with open(path, "w") as log:
+            procs.append(subprocess.Popen([sys.executable, "-m", "tests.support.distributed", *argv], env=rank_env,
+                                          stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
+    failed = []
+    for rank, proc in enumerate(procs):
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            failed.append(rank)
+    return failed
 
 
 def _main() -> None:
