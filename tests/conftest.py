@@ -61,25 +61,33 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     return True
 
 
-QUICK_WORKERS = 3
-"""Processes for a run of the suite, where pytest-xdist is installed: one more than two cores, since a
-Pilot-driven test spends about a fifth of its time waiting for the app to go idle."""
+QUICK_WORKERS = 4
+"""Processes for a run of the suite, where pytest-xdist is installed: one per group of the engines' layer
+and one for the quick layers, on two cores.  The suite keeps two cores busy only that way: many engines
+tests wait on processes that sleep, and a Pilot-driven test spends about a fifth of its time waiting for
+the app to go idle."""
 ENGINES_GROUP = "engines"
-"""The engines' tests that train, rehearse, plan and fit run in one of those processes, one after another,
-in their order: their ranks take the cores themselves, and their module fixtures start many runs at once."""
+"""The engines' tests that train, plan and diagnose run in one of those processes, one after another, in
+their order: their ranks take the cores themselves, and their module fixtures start many runs at once."""
+REHEARSALS_GROUP = "engines-rehearsals"
+"""Those of the modules in ``REHEARSALS`` run in a second: rehearsals, fits and the clients' plans."""
 PROCESSES_GROUP = "engines-processes"
-"""The engines' tests of these modules run one after another in a second process, beside the first group:
-they start, signal, stop and supervise runs, and read what those left, so they spend most of their time
-waiting on processes that mostly wait themselves (a rank's step in most of them is a sleep).  With one
-process for the whole layer, the suite used about one core of two.  The quick layers' tests share the
-third process (and the other two, once they are done)."""
+"""Those of the modules in ``PROCESSES`` run one after another in a third process: they start, signal,
+stop and supervise runs, and read what those left, so they spend most of their time waiting on processes
+that mostly wait themselves (a rank's step in most of them is a sleep).  With one process for the whole
+layer the suite kept about one core of two busy.  The quick layers' tests share the fourth process (and
+the others, once they are done)."""
+REHEARSALS = frozenset({
+    "test_rehearse_engines.py", "test_fit.py", "test_rehearse_cli.py", "test_rehearsal_patches.py",
+    "test_rehearse_clients.py", "test_client_plans.py",
+})
 PROCESSES = frozenset({
     "test_supervisor.py", "test_own_job.py", "test_own_job_rundir.py", "test_own_job_bootstrap.py",
     "test_own_job_hosts.py", "test_reliability.py", "test_stop_race.py", "test_launch.py", "test_cli.py",
     "test_tui_launch_stop.py", "test_tui_fit.py", "test_tui_rehearse.py", "test_quiet_screen.py",
     "test_first_frame_terminal.py", "test_prometheus_export.py", "test_stalls.py", "test_packaging.py",
     "test_launch_plan.py", "test_user_script.py", "test_steps_counted.py", "test_job_unchanged.py",
-    "test_memory_growth_runs.py", "test_main_job.py", "test_rehearse_clients.py", "test_client_plans.py",
+    "test_memory_growth_runs.py", "test_main_job.py",
 })
 
 
@@ -100,7 +108,7 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if cores > 1:
-        config.option.numprocesses = min(QUICK_WORKERS, cores + 1)
+        config.option.numprocesses = min(QUICK_WORKERS, 2 * cores)
         if config.option.dist == "no":
             # loadgroup keeps each group of the engines' tests together; worksteal lets a process that runs dry take
             # tests from a busy one (lengths vary tenfold)
@@ -196,7 +204,7 @@ def pytest_configure_node(node: Any) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test with the layer of the directory it lives in; the engines' tests go to two processes."""
+    """Mark every test with the layer of the directory it lives in; the engines' tests go to three processes."""
     grouped = config.pluginmanager.hasplugin("xdist")
     if getattr(config, "workerinput", {}).get("loadgroup"):
         config.option.loadgroup = True
@@ -208,7 +216,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if layer in LAYERS:
             item.add_marker(getattr(pytest.mark, layer))
         if layer == "engines" and grouped:
-            group = PROCESSES_GROUP if Path(item.path).name in PROCESSES else ENGINES_GROUP
+            name = Path(item.path).name
+            group = PROCESSES_GROUP if name in PROCESSES else REHEARSALS_GROUP if name in REHEARSALS else ENGINES_GROUP
             item.add_marker(pytest.mark.xdist_group(group))
 
 

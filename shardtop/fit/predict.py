@@ -20,6 +20,7 @@ from shardtop.plan.cards import Gpu
 from shardtop.plan.description import ModelDescription
 from shardtop.plan.memory import per_rank
 from shardtop.plan.strategies import Strategy
+from shardtop.rundir.engines import ZERO3
 
 RULED_OUT = 1.25
 """A set-up whose planned peak at one sample passes the limit by more than a quarter is not rehearsed: the
@@ -111,7 +112,7 @@ def strategy_for(base: Strategy, conf: Configuration) -> Strategy:
                           build_note="")
     return base.with_(engine=f"zero{conf.zero_stage}", offload_optimizer=conf.offload_optimizer,
                       offload_params=conf.offload_params and conf.zero_stage == 3,
-                      built_whole=base.built_whole and base.engine == "zero3" and conf.zero_stage == 3)
+                      built_whole=base.built_whole and base.engine == ZERO3 and conf.zero_stage == 3)
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ from shardtop.fit.command_line import FIT_STEPS
 from shardtop.fit.configuration import Configuration
 from shardtop.fit.measure import Trial, trial_of
 from shardtop.fit.stacks import CommandStack, PresetStack, alloc_env
-from shardtop.rehearse.spec import RehearsalSpec
+from shardtop.rehearse.spec import AskedRank, RehearsalSpec
 from shardtop.rundir.run_directory import RunDirectory
 
 POLL_S = 0.5
-REHEARSED_RANKS: tuple[int | str, ...] = (0, "last")
+REHEARSED_RANKS: tuple[AskedRank, ...] = (0, "last")
 STOP_GRACE_S = 5.0
 
 

@@ -9,19 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from shardtop.config import ConfigError
 
 MAX_WORLD = 1 << 20
 """The largest world a rehearsal takes (no job has a million ranks)."""
-RANK_WORDS = ("last", "all")
+RankWord = Literal["last", "all"]
+"""``last``: the rank that holds the uneven last shard; ``all``: every rank of the job."""
+RANK_WORDS: tuple[RankWord, ...] = get_args(RankWord)
+AskedRank = int | RankWord
+"""A rank as ``rank=`` names it: its number, or a word."""
 
 
 @dataclass(frozen=True)
 class RehearsalSpec:
     worlds: tuple[int, ...]
     """The job sizes to rehearse, in the order asked."""
-    ranks: tuple[int | str, ...] = (0,)
+    ranks: tuple[AskedRank, ...] = (0,)
     """Rank numbers, ``last`` or ``all``, as asked."""
 
     def ranks_of(self, world: int) -> tuple[int, ...]:
@@ -33,7 +38,6 @@ class RehearsalSpec:
             elif asked == "last":
                 wanted = (world - 1,)
             else:
-                assert isinstance(asked, int)
                 if asked >= world:
                     raise ConfigError(
                         f"rank={asked}: a job of devices={world} has ranks 0 to {world - 1}; "
@@ -58,12 +62,13 @@ def _worlds(text: str) -> tuple[int, ...]:
     return tuple(worlds)
 
 
-def _ranks(text: str) -> tuple[int | str, ...]:
-    ranks: list[int | str] = []
+def _ranks(text: str) -> tuple[AskedRank, ...]:
+    ranks: list[AskedRank] = []
     for part in text.split(","):
         part = part.strip().lower()
-        if part in RANK_WORDS:
-            ranks.append(part)
+        word = next((w for w in RANK_WORDS if w == part), None)
+        if word is not None:
+            ranks.append(word)
         elif part.isdigit() and int(part) < MAX_WORLD:
             ranks.append(int(part))
         else:
@@ -76,7 +81,7 @@ def _ranks(text: str) -> tuple[int | str, ...]:
 def parse_settings(settings: Iterable[str]) -> tuple[RehearsalSpec, list[str]]:
     """``devices=`` and ``rank=`` taken out of the settings; the rest (preset and keys) as they came."""
     worlds: tuple[int, ...] | None = None
-    ranks: tuple[int | str, ...] = (0,)
+    ranks: tuple[AskedRank, ...] = (0,)
     rest: list[str] = []
     for arg in settings:
         key, eq, value = arg.partition("=")
