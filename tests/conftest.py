@@ -61,7 +61,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     return True
 
 
-QUICK_WORKERS = 4
+WORKERS = 4
 """Processes for a run of the suite, where pytest-xdist is installed: one per group of the engines' layer
 and one for the quick layers, on two cores.  The suite keeps two cores busy only that way: many engines
 tests wait on processes that sleep, and a Pilot-driven test spends about a fifth of its time waiting for
@@ -93,7 +93,7 @@ PROCESSES = frozenset({
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
-    """Run the suite on ``QUICK_WORKERS`` processes: ``-m "not engines"`` answers in a minute or so on two
+    """Run the suite on ``WORKERS`` processes: ``-m "not engines"`` answers in a minute or so on two
     cores, and the whole suite runs its quick layers beside the engines' layer instead of after it.
 
     Only where pytest-xdist is installed, the command names no ``-n`` (``-n 0``: one process), asks
@@ -108,7 +108,7 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if cores > 1:
-        config.option.numprocesses = min(QUICK_WORKERS, 2 * cores)
+        config.option.numprocesses = min(WORKERS, 2 * cores)
         if config.option.dist == "no":
             # loadgroup keeps each group of the engines' tests together; worksteal lets a process that runs dry take
             # tests from a busy one (lengths vary tenfold)
