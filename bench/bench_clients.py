@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,6 +66,8 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=20)
     parser.add_argument("--long", type=int, default=200)
     parser.add_argument("--clients", default="hf,zero3,plain")
+    parser.add_argument("--budget", type=float, default=0.0,
+                        help="seconds for each client: no pair starts that would end past it (0: no limit)")
     args = parser.parse_args()
     cuda = args.device == "cuda"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SCRIPTS), str(ROOT), os.environ.get("PYTHONPATH", "")]))
@@ -75,21 +78,30 @@ def main() -> None:
     print(f"device {args.device}, {args.pairs} pairs, {args.short} and {args.long} steps", flush=True)
     for name in args.clients.split(","):
         seconds: dict[tuple[bool, int], list[float]] = {}
+        started, pairs = time.monotonic(), 0
         with tempfile.TemporaryDirectory() as tmp:
             for pair in range(args.pairs):
+                spent = time.monotonic() - started
+                if args.budget and pair and spent + spent / pair > args.budget:
+                    print(f"{name}: {pair} pairs in {spent:.0f} s; another would pass --budget", flush=True)
+                    break
                 for steps in (args.short, args.long):
                     for probed in (False, True) if pair % 2 == 0 else (True, False):
                         runs = Path(tmp) / f"{name}-{pair}-{steps}-{probed}"
                         took = loop_seconds(client_command(name, steps, cuda), probed, runs, env)
                         seconds.setdefault((probed, steps), []).append(took)
+                        print(f"  {name} pair {pair} {steps} steps {'probed' if probed else 'alone '}: "
+                              f"loop {took:.3f} s", flush=True)
+                pairs = pair + 1
         ratios, fixed = [], []
-        for i in range(args.pairs):
+        for i in range(pairs):
             alone = (seconds[(False, args.long)][i] - seconds[(False, args.short)][i]) / (args.long - args.short)
             probed = (seconds[(True, args.long)][i] - seconds[(True, args.short)][i]) / (args.long - args.short)
             ratios.append(probed / alone)
             fixed.append(seconds[(True, args.short)][i] - seconds[(False, args.short)][i]
                          - (probed - alone) * args.short)
-        print(f"{name}: per-step ratio {statistics.median(ratios):.4f} (spread {min(ratios):.4f}..{max(ratios):.4f});"
+        print(f"{name}, {pairs} pairs: per-step ratio {statistics.median(ratios):.4f}"
+              f" (spread {min(ratios):.4f}..{max(ratios):.4f});"
               f" fixed cost {statistics.median(fixed):+.3f} s (spread {min(fixed):+.3f}..{max(fixed):+.3f});"
               f" alone per step {statistics.median(seconds[(False, args.long)]) / args.long * 1000:.2f} ms",
               flush=True)

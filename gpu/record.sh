@@ -231,9 +231,9 @@ fit() {  # (BUDGET_S=1800 gpu/record.sh fit) shardtop fit on one GPU: story 2 fi
 }
 
 probe_cost() { step 150 "probe cost" python3 bench/bench_probe.py --device cuda --profile 25; }
-clients_cost() {  # what shardtop run costs real clients, fixed and per step (CLIENTS=hf,zero3,plain)
-  step 540 "clients alone and under shardtop run" python3 bench/bench_clients.py --device cuda --pairs ${PAIRS:-5} \
-    --short 20 --long 200 --clients "${CLIENTS:-hf,zero3,plain}"
+clients_cost() {  # what shardtop run costs real clients, fixed and per step (CLIENTS=hf,zero3,plain; CLIENT_S: each one's time)
+  step 580 "clients alone and under shardtop run" python3 bench/bench_clients.py --device cuda --pairs ${PAIRS:-5} \
+    --short ${SHORT:-50} --long ${LONG:-500} --clients "${CLIENTS:-hf,zero3,plain}" --budget "${CLIENT_S:-0}"
 }
 terminal() { step 150 "terminal traffic" python3 bench/bench_ssh.py --nvml real --seconds 15 --dump "$OUT/ssh-bytes"; }
 benches() { probe_cost; terminal; }
