@@ -184,7 +184,7 @@ def test_the_server_answers_metrics_and_nothing_else() -> None:
         server.start()
         base = f"http://{server.address}"
         assert _get(base + "/metrics") == (200, "text/plain; version=0.0.4; charset=utf-8", "shardtop_x 1\n")
-        assert server.served.is_set()
+        assert server.served.wait(10)  # set by the server's thread once it has written the answer
         assert _get(base + "/")[0] == 404 and _get(base + "/metrics/x")[0] == 404
     finally:
         server.close()
