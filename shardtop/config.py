@@ -145,8 +145,9 @@ def list_presets() -> list[Preset]:
     return [load_preset(n) for n in preset_names()]
 
 
-def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, object]:
+    """``{"model": {"n_layers": 4}}`` as ``{"model.n_layers": 4}``: the dotted keys an override names."""
+    out: dict[str, object] = {}
     for k, v in data.items():
         key = f"{prefix}{k}"
         if isinstance(v, Mapping):
@@ -276,7 +277,7 @@ def split_overrides(args: Iterable[str]) -> tuple[str | None, list[tuple[str, st
     return preset, pairs
 
 
-def settable_keys(preset: Preset) -> dict[str, Any]:
+def settable_keys(preset: Preset) -> dict[str, object]:
     """The dotted keys a user may set for ``preset``, with the preset's values."""
     return {k: v for k, v in flatten(preset.defaults).items() if k.split(".")[0] not in FIXED_KEYS}
 

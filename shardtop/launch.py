@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,7 +137,7 @@ def rehearsal_command(settings: Sequence[str]) -> str:
 
 
 def resolve_devices(
-    config: dict[str, Any], gpu_count: Callable[[], int], cpu: Callable[[], CpuRoom] = cpu_room
+    config: Mapping[str, Any], gpu_count: Callable[[], int], cpu: Callable[[], CpuRoom] = cpu_room
 ) -> dict[str, Any]:
     """Fix ``accelerator`` to cpu/cuda and ``world_size`` to a number as this machine runs the preset
     (``config.on_machine``, which ``shardtop plan`` shares), or say why it cannot run here."""

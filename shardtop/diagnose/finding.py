@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
+from shardtop.rundir.json_files import JsonObject
+
 Severity = Literal["error", "warning", "info"]
 
 SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
@@ -26,7 +28,7 @@ risks the training, ``info`` is worth knowing."""
 class Evidence:
     """What a rule saw.  Each rule subclasses it with the fields its words need."""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return dataclasses.asdict(self)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardtop.fit.configuration import Configuration
+from shardtop.rundir.json_files import JsonObject
 
 BATCH_FLAGS = (
     "--per_device_train_batch_size", "--per-device-train-batch-size", "--train_micro_batch_size_per_gpu",
@@ -162,7 +163,7 @@ def micro_batch(config: Mapping[str, Any]) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def deepspeed_config_at(config: Mapping[str, Any], conf: Configuration, batch: int | None) -> dict[str, Any]:
+def deepspeed_config_at(config: Mapping[str, Any], conf: Configuration, batch: int | None) -> JsonObject:
     """A copy of a DeepSpeed config at set-up ``conf``; its micro-batch set to ``batch`` where it holds a
     number, and a global ``train_batch_size`` number dropped (DeepSpeed works it out from the micro-batch)."""
     out = copy.deepcopy(dict(config))

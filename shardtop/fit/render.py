@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from shardtop.fit.measure import Trial, fills_dict, fills_sentence
 from shardtop.fit.result import FitResult, SetupResult
+from shardtop.rundir.json_files import JsonObject
 from shardtop.units import format_bytes
 from shardtop.words import aligned, plural
 
@@ -125,7 +125,7 @@ def _minutes(seconds: float) -> str:
     return f"{whole // 60}:{whole % 60:02d}"
 
 
-def _trial_dict(t: Trial) -> dict[str, Any]:
+def _trial_dict(t: Trial) -> JsonObject:
     return {
         "batch": t.batch,
         "outcome": t.outcome,
@@ -142,7 +142,7 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
     }
 
 
-def _setup_dict(s: SetupResult, limit: int) -> dict[str, Any]:
+def _setup_dict(s: SetupResult, limit: int) -> JsonObject:
     conf, fit, over, p = s.configuration, s.largest, s.too_large, s.prediction
     fills = s.fills
     return {

@@ -43,7 +43,7 @@ WRAPPED = "__shardtop_wrapped__"
 
 def _wrap_entry(
     fn: Callable[..., Any],
-    handover: Callable[[tuple[Any, ...], dict[str, Any]], Handover],
+    handover: Callable[[tuple[Any, ...], dict[str, object]], Handover],
     after: Callable[[Any], None] | None = None,
 ) -> Callable[..., Any]:
     import functools  # only where an engine loaded: no start-up cost elsewhere
@@ -77,9 +77,9 @@ def _wrap_entry(
 
 @guarded("reading the model as the engine got it")
 def _before(
-    handover: Callable[[tuple[Any, ...], dict[str, Any]], Handover],
+    handover: Callable[[tuple[Any, ...], dict[str, object]], Handover],
     args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    kwargs: dict[str, object],
 ) -> None:
     from shardtop.inject.model_hooks import contains, parameter_count
     from shardtop.probe.api import attach
@@ -95,7 +95,7 @@ def _before(
         attach(model, stage="setup", engine=STATE.engine, strategy=STATE.strategy)
 
 
-def _module_arg(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _module_arg(args: tuple[Any, ...], kwargs: dict[str, object]) -> Any:
     """``module`` of ``Wrapper.__init__(self, module, ...)``."""
     return kwargs.get("module", args[1] if len(args) > 1 else None)
 
@@ -127,7 +127,7 @@ def zero_stage(config: Any) -> int | None:
         return None
 
 
-def deepspeed_config(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def deepspeed_config(args: tuple[Any, ...], kwargs: dict[str, object]) -> Any:
     """The config ``deepspeed.initialize`` was given: ``config``, ``config_params`` or ``args.deepspeed_config``."""
     config = kwargs.get("config") or kwargs.get("config_params")
     if config is None:
@@ -136,7 +136,7 @@ def deepspeed_config(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return config
 
 
-def _deepspeed_handover(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Handover:
+def _deepspeed_handover(args: tuple[Any, ...], kwargs: dict[str, object]) -> Handover:
     model = kwargs.get("model", args[1] if len(args) > 1 else None)
     stage = zero_stage(deepspeed_config(args, kwargs))
     if stage is None:

@@ -337,7 +337,7 @@ def patch_deepspeed_engine(module: ModuleType) -> None:
 # -- Lightning ---------------------------------------------------------------------------------
 
 
-def one_device_per_node(kwargs: dict[str, Any], world_size: int) -> dict[str, Any]:
+def one_device_per_node(kwargs: dict[str, object], world_size: int) -> dict[str, object]:
     """A Trainer's (or Fabric's) arguments for rank R as the only process of node R."""
     kwargs = dict(kwargs)
     asked_devices, asked_nodes = kwargs.get("devices", "auto"), kwargs.get("num_nodes", 1)

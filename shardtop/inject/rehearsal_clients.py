@@ -114,8 +114,9 @@ def patch_accelerate_data_loader(module: ModuleType) -> None:
 
 
 def _load_as_process_zero(original: Callable[..., Any]) -> Callable[..., Any]:
-    def load_full_state_dict(accelerator: Any, model: Any, full_sd: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        whole = bool(full_sd) and all(getattr(v, "device", None) is not None and v.device.type != "meta"
+    def load_full_state_dict(accelerator: Any, model: Any, full_sd: dict[str, object], *args: Any,
+                             **kwargs: Any) -> Any:
+        whole = bool(full_sd) and all((device := getattr(v, "device", None)) is not None and device.type != "meta"
                                       for v in full_sd.values())
         if whole and not accelerator.is_main_process:
             accelerator = _AsProcessZero(accelerator)

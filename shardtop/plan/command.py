@@ -16,7 +16,7 @@ import os
 import shlex
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 class PlanRequest:
     """What to plan, once the command line is read."""
 
-    config: dict[str, Any]
+    config: Mapping[str, Any]
     devices: int
     accelerator: str
     gpu: Gpu | None

@@ -6,19 +6,19 @@ Bytes are integers; a value that is not known (no GPU given) is ``null``.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from shardtop.plan.compare import Plan
 from shardtop.plan.render import verdict_lines
 from shardtop.plan.verdict import Option
 from shardtop.rundir.events import HELD_KINDS
+from shardtop.rundir.json_files import JsonObject
 
 PLAN_SCHEMA = "shardtop.plan"
 PLAN_SCHEMA_VERSION = 1
 """Bumped when a field changes meaning or goes away; new fields do not bump it."""
 
 
-def _option(o: Option) -> dict[str, Any]:
+def _option(o: Option) -> JsonObject:
     s, p = o.strategy, o.per_rank
     return {
         "strategy": s.label,
@@ -40,7 +40,7 @@ def _option(o: Option) -> dict[str, Any]:
     }
 
 
-def plan_document(plan: Plan) -> dict[str, Any]:
+def plan_document(plan: Plan) -> JsonObject:
     v = plan.verdict
     return {
         "schema": PLAN_SCHEMA,

@@ -140,7 +140,7 @@ class _Profiler:
     # -- module calls -----------------------------------------------------------
 
     def call(
-        self, original: Callable[..., Any], module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, original: Callable[..., Any], module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, object]
     ) -> Any:
         row = self.rows.get(id(module))
         if row is None:

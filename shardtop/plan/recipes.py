@@ -12,7 +12,7 @@ that the names copied here (wrapped stacks, halves) match the programs.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from shardtop.plan.description import ModelDescription
@@ -178,29 +178,31 @@ def _manual(config: Mapping[str, Any], desc: ModelDescription, accelerator: str,
                     build_note=f"first half on {first}, second half on {second}, in one process")
 
 
-_ZERO3: dict[str, Any] = {
-    "model_name": _name("SequentialLinear", "n_layers", "width"),
-    "build": _linear_stack,
-    "forward_loss": _regression_loss("width"),
-    "batch_bytes": _regression_bytes("width"),
-}
-_SEGMENTATION: dict[str, Any] = {
-    "model_name": _name("PatchSegmenter", *SEGMENTER_KEYS),
-    "build": _segmenter,
-    "forward_loss": _segmentation_loss,
-    "batch_bytes": _segmentation_bytes,
-}
+_ZERO3 = Recipe(
+    model_name=_name("SequentialLinear", "n_layers", "width"),
+    build=_linear_stack,
+    forward_loss=_regression_loss("width"),
+    batch_bytes=_regression_bytes("width"),
+    asked=_zero3(fixed=False),
+)
+_SEGMENTATION = Recipe(
+    model_name=_name("PatchSegmenter", *SEGMENTER_KEYS),
+    build=_segmenter,
+    forward_loss=_segmentation_loss,
+    batch_bytes=_segmentation_bytes,
+    asked=_fsdp_not_sharding,
+)
 
 RECIPES: dict[str, Recipe] = {
-    "zero3-linear": Recipe(asked=_zero3(fixed=False), **_ZERO3),
-    "zero3-linear-fixed": Recipe(asked=_zero3(fixed=True), **_ZERO3),
+    "zero3-linear": _ZERO3,
+    "zero3-linear-fixed": replace(_ZERO3, asked=_zero3(fixed=True)),
     "fsdp2-mlp": Recipe(
         model_name=_name("MLP", "n_layers", "hidden"), build=_mlp, forward_loss=_regression_loss("hidden"),
         batch_bytes=_regression_bytes("hidden"), asked=_fsdp2_mlp,
     ),
-    "fsdp-not-sharding": Recipe(asked=_fsdp_not_sharding, **_SEGMENTATION),
-    "fsdp-auto-wrap": Recipe(asked=_fsdp_auto_wrap, **_SEGMENTATION),
-    "ddp-baseline": Recipe(asked=_ddp, **_SEGMENTATION),
-    "manual-placement": Recipe(asked=_manual, **_SEGMENTATION),
+    "fsdp-not-sharding": _SEGMENTATION,
+    "fsdp-auto-wrap": replace(_SEGMENTATION, asked=_fsdp_auto_wrap),
+    "ddp-baseline": replace(_SEGMENTATION, asked=_ddp),
+    "manual-placement": replace(_SEGMENTATION, asked=_manual),
 }
 """By preset ``program``."""

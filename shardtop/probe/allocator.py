@@ -18,7 +18,8 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeAlias, TypedDict, cast
 
 from shardtop.probe.allocating_code import MARKER_FUNCTION
 from shardtop.probe.allocator_timeline import block_bytes
@@ -29,21 +30,40 @@ DEFAULT_MAX_ENTRIES = 100_000
 two steps of a model of a few thousand modules."""
 
 
-def allocator_stats(stats: dict[str, Any]) -> AllocatorStats | None:
+MemoryStats: TypeAlias = Mapping[str, object]
+"""The caching allocator's stats as torch gives them: nested (``torch._C._cuda_memoryStats``:
+``{"allocated_bytes": {"all": {"current": N}}}``) or flat (``torch.cuda.memory_stats``:
+``{"allocated_bytes.all.current": N}``)."""
+
+
+class MemorySnapshot(TypedDict, total=False):
+    """``torch.cuda.memory._snapshot()``, whose shape torch documents there: the allocator's segments and, while
+    it records, each device's trace.  Kept whole, as torch made it, for the snapshot files."""
+
+    segments: list[Mapping[str, Any]]
+    device_traces: list[list[Mapping[str, Any]]]
+
+
+def allocator_stat(stats: MemoryStats, name: str, which: str = "current") -> int | None:
+    """``name``'s figure over all pools (``allocated_bytes``; ``current`` or ``peak``), nested or flat."""
+    nested = stats.get(name)
+    value = nested.get("all", {}).get(which) if isinstance(nested, Mapping) else stats.get(f"{name}.all.{which}")
+    return _count(value)
+
+
+def _count(value: object) -> int | None:
+    return int(value) if isinstance(value, (int, float)) else None
+
+
+def allocator_stats(stats: MemoryStats) -> AllocatorStats | None:
     """The key numbers from ``torch._C._cuda_memoryStats`` (nested) or ``torch.cuda.memory_stats`` (flat)."""
 
     def stat(name: str, which: str = "current") -> int | None:
-        nested = stats.get(name)
-        if isinstance(nested, dict):
-            value = nested.get("all", {}).get(which)
-        else:
-            value = stats.get(f"{name}.all.{which}")
-        return int(value) if value is not None else None
+        return allocator_stat(stats, name, which)
 
     allocated, reserved = stat("allocated_bytes"), stat("reserved_bytes")
     if allocated is None or reserved is None:
         return None
-    retries, ooms = stats.get("num_alloc_retries"), stats.get("num_ooms")
     return AllocatorStats(
         allocated=allocated,
         reserved=reserved,
@@ -51,8 +71,8 @@ def allocator_stats(stats: dict[str, Any]) -> AllocatorStats | None:
         inactive_split=stat("inactive_split_bytes"),
         peak_allocated=stat("allocated_bytes", "peak"),
         peak_reserved=stat("reserved_bytes", "peak"),
-        num_alloc_retries=int(retries) if retries is not None else None,
-        num_ooms=int(ooms) if ooms is not None else None,
+        num_alloc_retries=_count(stats.get("num_alloc_retries")),
+        num_ooms=_count(stats.get("num_ooms")),
     )
 
 
@@ -92,7 +112,7 @@ class AllocatorHistory:
         record = getattr(torch.cuda.memory, "_record_memory_history", None)
         if record is None:
             return False
-        kwargs: dict[str, Any] = {"context": "alloc", "stacks": "python", "max_entries": self.max_entries}
+        kwargs: dict[str, object] = {"context": "alloc", "stacks": "python", "max_entries": self.max_entries}
         try:
             if "skip_actions" in inspect.signature(record).parameters:  # torch >= 2.8: halve the entries
                 kwargs["skip_actions"] = ["free_completed", "segment_alloc", "segment_free", "snapshot"]
@@ -121,7 +141,7 @@ class AllocatorHistory:
             return False
         return _shardtop_trace_marker(torch, self.device_index)
 
-    def snapshot(self) -> dict[str, Any] | None:
+    def snapshot(self) -> MemorySnapshot | None:
         """``torch.cuda.memory._snapshot()``: segments, blocks and the trace; None where unavailable."""
         return memory_snapshot()
 
@@ -191,12 +211,12 @@ def cublaslt_workspace_size(config: str | None) -> int:
         return 1024 * 1024
 
 
-def memory_snapshot() -> dict[str, Any] | None:
+def memory_snapshot() -> MemorySnapshot | None:
     torch = _torch()
     if torch is None:
         return None
     try:
-        return dict(torch.cuda.memory._snapshot())
+        return cast(MemorySnapshot, dict(torch.cuda.memory._snapshot()))
     except Exception:  # noqa: BLE001
         return None
 

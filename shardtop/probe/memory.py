@@ -29,6 +29,7 @@ from typing import Any
 import psutil
 
 from shardtop.gpus import Nvml, nvml_or_none
+from shardtop.probe.allocator import MemoryStats, allocator_stat
 from shardtop.probe.allocator_cap import armed_cap
 from shardtop.probe.heap import heap_in_use
 from shardtop.rundir.events import Memory
@@ -50,27 +51,24 @@ def cuda_device_index(device: str) -> int | None:
     return None
 
 
-def allocator_numbers(stats: dict[str, Any]) -> tuple[int, int, int]:
-    """(allocated, reserved, peak allocated) from the allocator's stats, nested or flat.
+def allocator_numbers(stats: MemoryStats) -> tuple[int, int, int]:
+    """(allocated, reserved, peak allocated) from the allocator's stats, nested or flat; 0 where missing.
 
     Nested is what ``torch._C._cuda_memoryStats`` returns (28 µs on an H200);
     flat is ``torch.cuda.memory_stats()`` (195 µs: it flattens the nested dict
     in Python), too slow for a sample taken on the training thread.
     """
-    if "allocated_bytes" in stats:
-        allocated, reserved = stats["allocated_bytes"]["all"], stats["reserved_bytes"]["all"]
-        return int(allocated["current"]), int(reserved["current"]), int(allocated["peak"])
     return (
-        int(stats.get("allocated_bytes.all.current", 0)),
-        int(stats.get("reserved_bytes.all.current", 0)),
-        int(stats.get("allocated_bytes.all.peak", 0)),
+        allocator_stat(stats, "allocated_bytes") or 0,
+        allocator_stat(stats, "reserved_bytes") or 0,
+        allocator_stat(stats, "allocated_bytes", "peak") or 0,
     )
 
 
-def cuda_allocator_stats(torch: Any, index: int) -> dict[str, Any]:
+def cuda_allocator_stats(torch: Any, index: int) -> MemoryStats:
     """The caching allocator's stats for a device, by the cheapest way this torch offers."""
     raw = getattr(torch._C, "_cuda_memoryStats", None)
-    stats: dict[str, Any] = raw(index) if raw is not None else torch.cuda.memory_stats(index)
+    stats: MemoryStats = raw(index) if raw is not None else torch.cuda.memory_stats(index)
     return stats
 
 
@@ -94,7 +92,7 @@ class MemorySampler:
         interval: float = 0.5,
         sample_gpus: bool,
         limit: int | None,
-        detail: Callable[[Memory, dict[str, Any] | None, bool], Memory] | None = None,
+        detail: Callable[[Memory, MemoryStats | None, bool], Memory] | None = None,
     ) -> None:
         self.write = write
         self.detail = detail
@@ -265,7 +263,7 @@ class MemorySampler:
                 pass
         return self._rss_value
 
-    def _allocator_stats(self) -> dict[str, Any] | None:
+    def _allocator_stats(self) -> MemoryStats | None:
         torch = sys.modules.get("torch")
         if torch is None or not torch.cuda.is_initialized() or self._cuda is None:
             return None

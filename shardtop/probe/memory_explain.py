@@ -38,6 +38,8 @@ import torch
 from shardtop.probe.activations import SavedActivations
 from shardtop.probe.allocator import (
     AllocatorHistory,
+    MemorySnapshot,
+    MemoryStats,
     ProcessMemory,
     allocator_stats,
     library_workspaces,
@@ -72,7 +74,7 @@ class MemoryExplainer:
         options: MemoryOptions | None = None,
         run_dir: Path | None = None,
         on_failure: Callable[[BaseException], object] | None = None,
-        write_snapshot: Callable[[SnapshotMoment, dict[str, Any]], object] | None = None,
+        write_snapshot: Callable[[SnapshotMoment, MemorySnapshot], object] | None = None,
     ) -> None:
         self.options = options or MemoryOptions.from_env()
         self.device = device
@@ -273,7 +275,7 @@ class MemoryExplainer:
         thread.start()
 
     def _split_trace(
-        self, snapshot: dict[str, Any], censuses: list[dict[int, str]], labels: list[tuple[str, int]], taken: float
+        self, snapshot: MemorySnapshot, censuses: list[dict[int, str]], labels: list[tuple[str, int]], taken: float
     ) -> None:
         started = time.perf_counter()
         try:
@@ -305,7 +307,7 @@ class MemoryExplainer:
 
     # -- samples ---------------------------------------------------------------------------
 
-    def sample(self, sample: Memory, stats: dict[str, Any] | None, fresh: bool) -> Memory:
+    def sample(self, sample: Memory, stats: MemoryStats | None, fresh: bool) -> Memory:
         """``sample`` with the allocator's stats, NVML's figure and the peak's split added.
 
         ``fresh``: the sampler thread (allocator, NVML, requests only); else the training thread,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from shardtop.probe.allocator import MemorySnapshot, MemoryStats
 from shardtop.probe.faults import Faults
 from shardtop.probe.kept import KeptTracker, held_storages
 from shardtop.probe.memory import MemorySampler, cuda_allocated
@@ -145,7 +146,7 @@ class MemoryProbe:
             return use(explainer)
         return None
 
-    def _split_sample(self, sample: Memory, stats: dict[str, Any] | None, fresh: bool) -> Memory:
+    def _split_sample(self, sample: Memory, stats: MemoryStats | None, fresh: bool) -> Memory:
         """The sampler's ``detail``: ``sample`` with the split, the allocator's stats and NVML's
         figure for this process; ``sample`` as it was where the split failed."""
         explainer = self.explainer
@@ -188,7 +189,7 @@ class MemoryProbe:
 
     # -- the rank's phases -------------------------------------------------------
 
-    def write_snapshot(self, moment: SnapshotMoment, snapshot: dict[str, Any]) -> None:
+    def write_snapshot(self, moment: SnapshotMoment, snapshot: MemorySnapshot) -> None:
         """The allocator's snapshot at ``moment``, as a file of the run and an event naming it."""
         if self.run_dir is None:
             return

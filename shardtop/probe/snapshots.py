@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import pickle
 from pathlib import Path
-from typing import Any
 
+from shardtop.probe.allocator import MemorySnapshot
 from shardtop.rundir.events import Snapshot, SnapshotMoment
 
 SNAPSHOT_DIR = "snapshots"
@@ -23,11 +23,11 @@ MAX_BYTES = 256 << 20
 """A snapshot file's bound: a trace of a long explained window over a large model can reach gigabytes."""
 
 
-def entries_of(snapshot: dict[str, Any]) -> int:
+def entries_of(snapshot: MemorySnapshot) -> int:
     return sum(len(trace) for trace in snapshot.get("device_traces") or ())
 
 
-def write_snapshot(run_dir: Path, rank: int, moment: SnapshotMoment, snapshot: dict[str, Any],
+def write_snapshot(run_dir: Path, rank: int, moment: SnapshotMoment, snapshot: MemorySnapshot,
                    max_bytes: int = MAX_BYTES) -> Snapshot | None:
     """Write ``snapshot`` for ``rank`` at ``moment``; the event naming it, or None where even without its
     trace it is past ``max_bytes``."""

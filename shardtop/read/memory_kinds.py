@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from shardtop.rundir.json_files import JsonObject
 from shardtop.rundir.memory_figures import AllocationSite, MemorySplit
 from shardtop.units import format_bytes
 from shardtop.words import list_names, noun
@@ -133,7 +134,7 @@ def kinds_sentence(
     return text
 
 
-def split_dict(split: MemorySplit | None) -> dict[str, object] | None:
+def split_dict(split: MemorySplit | None) -> JsonObject | None:
     """The JSON form (docs/report-json.md): ``{allocated, by_kind, unexplained, unexplained_at, script_at,
     kept_at, other_at, phase, step, source}``."""
     if split is None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TextIO
 
 import msgspec
 
 from shardtop.config import ConfigError, apply_cpu_defaults, resolve, split_overrides
 from shardtop.launch import missing_engines
 from shardtop.rehearse.spec import RehearsalSpec
+from shardtop.rundir.json_files import JsonObject
 from shardtop.rundir.run_config import RehearsalConfig, RunConfig
 from shardtop.rundir.run_directory import RunDirectory
 
@@ -43,7 +44,7 @@ def first_gpu_name() -> str:
 def preset_config(
     settings: list[str], world: int, ranks: tuple[int, ...], gpu_count: Callable[[], int],
     gpu_name: Callable[[], str] = first_gpu_name,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The resolved config of a preset rehearsed as ``ranks`` of a job of ``world`` devices, as ``run.json``
     holds it (``preset_run_config``'s)."""
     return preset_run_config(settings, world, ranks, gpu_count, gpu_name).as_json()

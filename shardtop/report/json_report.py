@@ -7,7 +7,6 @@ tree stays greppable and about 100 bytes a module per rank.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import msgspec
 
@@ -21,6 +20,7 @@ from shardtop.read.run_model import RunModel
 from shardtop.read.stalls import Stall
 from shardtop.report.gather import ReportData
 from shardtop.rundir.events import HELD_KINDS
+from shardtop.rundir.json_files import JsonObject
 from shardtop.rundir.memory_figures import GpuMemory
 
 REPORT_SCHEMA = "shardtop.report"
@@ -32,11 +32,11 @@ REPORT_SCHEMA_VERSION = 2
 _MODULES_MARK = "\u0000modules\u0000"
 
 
-def _gpu(g: GpuMemory) -> dict[str, Any]:
+def _gpu(g: GpuMemory) -> JsonObject:
     return {"index": g.index, "name": g.name, "uuid": g.uuid, "used": g.used, "total": g.total, "pids": list(g.pids)}
 
 
-def _oom(story: OomStory) -> dict[str, Any]:
+def _oom(story: OomStory) -> JsonObject:
     o = story.oom
     return {
         "rank": o.rank,
@@ -69,7 +69,7 @@ def _oom(story: OomStory) -> dict[str, Any]:
     }
 
 
-def _finding(f: Finding) -> dict[str, Any]:
+def _finding(f: Finding) -> JsonObject:
     return {
         "code": f.code,
         "severity": f.severity,
@@ -82,7 +82,7 @@ def _finding(f: Finding) -> dict[str, Any]:
     }
 
 
-def _rank(m: RunModel, r: RankFacts) -> dict[str, Any]:
+def _rank(m: RunModel, r: RankFacts) -> JsonObject:
     mem = r.memory
     gpu = m.gpu_of(r)
     held = r.holdings
@@ -121,7 +121,7 @@ def _rank(m: RunModel, r: RankFacts) -> dict[str, Any]:
     }
 
 
-def _growth(g: Growth | None) -> dict[str, Any] | None:
+def _growth(g: Growth | None) -> JsonObject | None:
     if g is None:
         return None
     return {
@@ -131,7 +131,7 @@ def _growth(g: Growth | None) -> dict[str, Any] | None:
     }
 
 
-def _stall(s: Stall | None) -> dict[str, Any] | None:
+def _stall(s: Stall | None) -> JsonObject | None:
     if s is None:
         return None
     return {
@@ -140,14 +140,14 @@ def _stall(s: Stall | None) -> dict[str, Any] | None:
     }
 
 
-def _rehearsal(m: RunModel) -> dict[str, Any] | None:
+def _rehearsal(m: RunModel) -> JsonObject | None:
     r = m.rehearsal
     if r is None:
         return None
     return {"world_size": r.world_size, "ranks": list(r.ranks), "on": r.on or None, "caveat": r.caveat}
 
 
-def _rank_check(c: RankCheck) -> dict[str, Any]:
+def _rank_check(c: RankCheck) -> JsonObject:
     p, m = c.predicted, c.measured
     return {
         "rank": c.rank,
@@ -173,7 +173,7 @@ def _rank_check(c: RankCheck) -> dict[str, Any]:
     }
 
 
-def plan_dict(check: PlanCheck | None) -> dict[str, Any] | None:
+def plan_dict(check: PlanCheck | None) -> JsonObject | None:
     """The plan the run wrote at set-up, and predicted against measured per rank (docs/report-json.md)."""
     if check is None:
         return None
@@ -198,7 +198,7 @@ def plan_dict(check: PlanCheck | None) -> dict[str, Any] | None:
     }
 
 
-def module_rows(data: ReportData) -> list[dict[str, Any]]:
+def module_rows(data: ReportData) -> list[JsonObject]:
     """Every row of the tree with its own parameters and how each rank holds them.
 
     ``ranks`` is empty for a module without parameters of its own, which keeps
@@ -216,7 +216,7 @@ def module_rows(data: ReportData) -> list[dict[str, Any]]:
         if tree.params[row] or activations:
             for rank, s in shards:
                 d, st = s.device[row], s.state[row]
-                held: dict[str, Any] = {
+                held: JsonObject = {
                     "rank": rank,
                     "bytes": s.bytes[row],
                     "device": s.devices[d] if 0 <= d < len(s.devices) else None,
@@ -227,7 +227,7 @@ def module_rows(data: ReportData) -> list[dict[str, Any]]:
                     if values is not None and row < len(values):
                         held[key] = values[row]  # absent where the snapshot had no such figure: 100 000 rows stay small
                 ranks.append(held)
-        entry: dict[str, Any] = {
+        entry: JsonObject = {
             "path": path,
             "type": tree.type_names[tree.types[row]],
             "params": tree.params[row],
@@ -241,7 +241,7 @@ def module_rows(data: ReportData) -> list[dict[str, Any]]:
     return rows
 
 
-def report_dict(data: ReportData) -> dict[str, Any]:
+def report_dict(data: ReportData) -> JsonObject:
     m = data.model
     st = m.state
     exit_status = m.status.exit if m.status is not None else None

@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias
+
+JsonValue: TypeAlias = "None | bool | int | float | str | Sequence[JsonValue] | Mapping[str, JsonValue]"
+"""What JSON holds: what ``json.loads`` returns, and what ``json.dumps`` writes (a tuple as an array).
+Read-only containers, so that a ``list[str]`` or a ``dict[str, int]`` is one too."""
+JsonObject: TypeAlias = "dict[str, JsonValue]"
+"""A JSON object being made for ``json.dumps``: a report, a plan, a record of the run directory."""
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+def write_json_atomic(path: Path, data: Mapping[str, object]) -> None:
     """``data`` as JSON, replacing ``path`` whole (``write_atomic``)."""
     write_atomic(path, _json(data))
 
@@ -28,7 +35,7 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def write_json_once(path: Path, data: dict[str, Any]) -> bool:
+def write_json_once(path: Path, data: Mapping[str, object]) -> bool:
     """``data`` as JSON, in ``path`` unless it exists (``write_once``)."""
     return write_once(path, _json(data))
 
@@ -64,7 +71,7 @@ def write_once(path: Path, data: bytes) -> bool:
         os.unlink(tmp)
 
 
-def _json(data: dict[str, Any]) -> bytes:
+def _json(data: Mapping[str, object]) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode()
 
 

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from shardtop.rundir.engines import Engine
+from shardtop.rundir.json_files import JsonObject
 from shardtop.rundir.record_fields import read_fields
 
 Accelerator = Literal["cpu", "cuda"]
@@ -119,7 +120,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         """``run.json``'s ``config`` as written; the empty config where it is not a JSON object."""
         return cls.of(raw) if isinstance(raw, Mapping) else cls()
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JsonObject:
         """The object ``run.json`` holds: the settings, and the fields set here over them."""
         fields = msgspec.to_builtins(msgspec.structs.replace(self, settings={}))
         return {**self.settings, **fields}

@@ -16,6 +16,7 @@ done with raw FSDP1 (``enable_wrap``/``wrap``, exactly what the strategy's
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
@@ -30,7 +31,7 @@ HAND_WRAPPED = ("transformers1", "transformer_0", "transformer_1", "transformers
 STRAY = ("conv1", "bn1", "conv2", "bn2", "conv_out", "out_layer")
 
 
-def build_segmenter(m: dict[str, Any]) -> PatchSegmenter:
+def build_segmenter(m: Mapping[str, int]) -> PatchSegmenter:
     return PatchSegmenter(
         dim=m["dim"], depth=m["depth"], stem_depth=m["stem_depth"], heads=m["heads"],
         patch=m["patch"], channels=m["channels"], classes=m["classes"],
@@ -43,7 +44,7 @@ class Segmentation(L.LightningModule):
     conv1: nn.Conv2d
     """Set in ``__init__`` with the segmenter's other layers; named here for the stray-layer check."""
 
-    def __init__(self, m: dict[str, Any], lr: float = 1e-3) -> None:
+    def __init__(self, m: Mapping[str, int], lr: float = 1e-3) -> None:
         super().__init__()
         for name, child in build_segmenter(m).named_children():
             setattr(self, name, child)

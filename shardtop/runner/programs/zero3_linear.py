@@ -16,8 +16,6 @@ layers as asked are allocated one by one in ``__init__`` (``SequentialLinear``'s
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
@@ -47,7 +45,7 @@ class LinearStackFixed(RegressionModule):
             self.model = SequentialLinear(self.n_layers, self.width)
 
 
-def deepspeed_config(ctx: RankContext) -> dict[str, Any]:
+def deepspeed_config(ctx: RankContext) -> dict[str, object]:
     return {
         "train_micro_batch_size_per_gpu": ctx.config["batch_size"],
         "gradient_accumulation_steps": 1,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +49,7 @@ TYPING_PAUSE_S = 0.25
 class LaunchRequest:
     """A checked launch: the resolved config and the words that produced it."""
 
-    config: dict[str, Any]
+    config: Mapping[str, Any]
     settings: tuple[str, ...]
     """``preset=NAME key=value ...`` as ``shardtop launch`` would take them."""
 
@@ -200,7 +200,7 @@ class LaunchPrompt(ModalScreen[LaunchRequest | RehearsalRequest | FitSearchReque
         """This machine's GPUs as last sampled: what each predicted bar is judged against."""
         self._tried = False
         """Enter was pressed once: from then on errors show as the user types."""
-        self._planned: dict[str, Any] | None = None
+        self._planned: Mapping[str, Any] | None = None
         """The config the plan is for (the overrides as typed, when they are good)."""
         self._describing: DescriptionKey | None = None
 
@@ -273,7 +273,7 @@ class LaunchPrompt(ModalScreen[LaunchRequest | RehearsalRequest | FitSearchReque
 
     # -- the plan ----------------------------------------------------------------------
 
-    def _plan(self, config: dict[str, Any] | None) -> None:
+    def _plan(self, config: Mapping[str, Any] | None) -> None:
         """Show the plan of ``config`` now if its model is described, else ask for the description."""
         bars = self.query_one(PlanBars)
         self._planned = config
@@ -300,7 +300,7 @@ class LaunchPrompt(ModalScreen[LaunchRequest | RehearsalRequest | FitSearchReque
                 self.describe_model(key, config)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="plan-describe", name="model describer")
-    def describe_model(self, key: DescriptionKey, config: dict[str, Any]) -> None:
+    def describe_model(self, key: DescriptionKey, config: Mapping[str, Any]) -> None:
         worker = get_current_worker()
         time.sleep(TYPING_PAUSE_S)
         if worker.is_cancelled:
