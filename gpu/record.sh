@@ -7,7 +7,7 @@
 #                             rehearse_story2 rehearse_presets rehearse_own clients client_plans compiled
 #                             over_time story2_fixed_six workspaces unmeasured split_rechecks
 #                             presets_again oom_recheck what_is_kept script_tensors kept_places startup oom_stories
-#                             fit clients_cost
+#                             fit clients_cost probe_profile
 #
 # presets1/scenarios1 and the rehearse_* parts need one GPU, presets2/scenarios2 two. Run from the project root with the
 # wheels of ../shared/gpu/wheels.sh in .whl/; everything lands under $OUT (or ./gpu-out):
@@ -119,7 +119,7 @@ oom_recheck() { step 40 "outside pytorch, OOM" python3 gpu/scenarios/outside_pyt
 kept_places() {  # where the few MiB the FSDP1 and DDP presets keep from earlier steps were made (the split's kept_at)
   launch 60 fsdp-not-sharding max_steps=5
   launch 50 ddp-baseline max_steps=5
-  for run in "$SHARDTOP_RUNS_DIR"/*/; do
+  for run in $( [ -d "$SHARDTOP_RUNS_DIR" ] && ls -d "$SHARDTOP_RUNS_DIR"/*/ ); do
     python3 -m shardtop report "$run" --format json | python3 -c "import json, sys; d = json.load(sys.stdin)
 for r in d['ranks']: print(d['run']['id'], 'rank', r['rank'], json.dumps((r.get('memory_peak') or {}).get('kept_at')))"
   done
@@ -235,6 +235,19 @@ clients_cost() {  # what shardtop run costs real clients, fixed and per step (CL
   step 580 "clients alone and under shardtop run" python3 bench/bench_clients.py --device cuda --pairs ${PAIRS:-5} \
     --short ${SHORT:-50} --long ${LONG:-500} --clients "${CLIENTS:-hf,zero3,plain}" --budget "${CLIENT_S:-0}"
 }
+probe_profile() {  # where the probe's time goes on a GPU: each client under cProfile, under shardtop run, 500 steps
+  local top="import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats('shardtop', 25)"
+  step 120 "plain under cProfile" python3 -m shardtop run --headless --name prof-plain -- python3 -m cProfile \
+    -o "$OUT/plain.prof" tests/own_scripts/large_vocab_loss.py --cuda --vocab 32000 --seq 512 --dim 512 --steps 500
+  [ -f "$OUT/plain.prof" ] && python3 -c "$top" "$OUT/plain.prof"
+  step 150 "hf under cProfile" python3 -m shardtop run --headless --name prof-hf -- torchrun --standalone \
+    --nproc_per_node 1 -m cProfile -o "$OUT/hf.prof" tests/own_scripts/hf_trainer.py --fsdp "full_shard auto_wrap" \
+    --steps 500 --cuda
+  [ -f "$OUT/hf.prof" ] && python3 -c "$top" "$OUT/hf.prof"
+  step 150 "zero3 under cProfile" python3 -m shardtop run --headless --name prof-zero3 -- deepspeed --num_gpus 1 \
+    --no_local_rank --module cProfile -o "$OUT/zero3.prof" tests/own_scripts/zero3_train.py --steps 500 --width 1024 --cuda
+  [ -f "$OUT/zero3.prof" ] && python3 -c "$top" "$OUT/zero3.prof"
+}
 terminal() { step 150 "terminal traffic" python3 bench/bench_ssh.py --nvml real --seconds 15 --dump "$OUT/ssh-bytes"; }
 benches() { probe_cost; terminal; }
 startup() {  # where attach's first frame spends its time, and first frames beside nvitop; ALSO=DIR: another checkout too
@@ -248,11 +261,13 @@ startup() {  # where attach's first frame spends its time, and first frames besi
   nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv
   python3 -c "import sys, torch, lightning, deepspeed; print(sys.version.split()[0], torch.__version__, lightning.__version__, deepspeed.__version__)"
   for part in "$@"; do "$part"; done
-  for run in "$SHARDTOP_RUNS_DIR"/*/; do
+  for run in $( [ -d "$SHARDTOP_RUNS_DIR" ] && ls -d "$SHARDTOP_RUNS_DIR"/*/ ); do
     [ -f "$run/report.md" ] && continue
     timeout "$(left 20)" python3 -m shardtop report "$run" --format markdown > "$run/report.md" 2>&1
   done
   python3 -m shardtop runs --limit 0
 } 2>&1 | tee -a "$OUT/gpu.log"
-tar czf "$OUT/gpu-runs.tgz" -C "$(dirname "$SHARDTOP_RUNS_DIR")" "$(basename "$SHARDTOP_RUNS_DIR")" \
-  $( [ -d "$PLANS" ] && echo "$(basename "$PLANS")")
+if [ -d "$SHARDTOP_RUNS_DIR" ]; then
+  tar czf "$OUT/gpu-runs.tgz" -C "$(dirname "$SHARDTOP_RUNS_DIR")" "$(basename "$SHARDTOP_RUNS_DIR")" \
+    $( [ -d "$PLANS" ] && echo "$(basename "$PLANS")")
+fi
