@@ -169,8 +169,9 @@ def logged_losses(log: str) -> list[tuple[float, float]]:
 
 
 def first_batches(log: str) -> dict[int, int]:
-    """``accelerate_train.py``'s line per rank: the sum of the tokens of its first batch."""
-    return {int(r): int(s) for r, s in re.findall(r"^rank (\d+) reads tokens summing to (\d+) first$", log, re.M)}
+    """``accelerate_train.py``'s line per rank: the sum of the tokens of its first batch.  Two ranks print theirs at
+    the same moment, unbuffered (the text and its newline in two writes), so one may run into the other's."""
+    return {int(r): int(s) for r, s in re.findall(r"rank (\d+) reads tokens summing to (\d+) first", log)}
 
 
 def assert_finished(ran: Ran, engine: str, world: int, ranks: list[int]) -> None:
