@@ -158,7 +158,7 @@ def report(repeat: int) -> None:
 def launch_key(repeat: int) -> None:
     from shardtop.config import resolve
     from shardtop.launch import resolve_devices
-    from shardtop.plan.presets import _describe, describe_preset
+    from shardtop.trace.presets import _describe, describe_preset
     from shardtop.tui.widgets.plan_bars import plan_text, prompt_plan
     from tests.support.launch_prompt import two_h200s
 

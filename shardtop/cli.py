@@ -256,11 +256,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from shardtop.plan.command import leave_now, run_plan
+    from shardtop.plan.command import leave_now
+    from shardtop.plan_command import run_plan, run_script_plan
 
     if args.plan_command is not None:
-        from shardtop.plan.script import run_script_plan
-
         sys.stdout.write(run_script_plan(args.plan_command, args.settings, args.format))
         return 0
     sys.stdout.write(run_plan(args.settings, args.format))

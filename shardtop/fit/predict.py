@@ -126,16 +126,16 @@ class TracedPlan:
 
 def preset_plan(config: Mapping[str, Any], *, devices: int, accelerator: str) -> TracedPlan:
     """A resolved preset's model described, and the strategy its program runs."""
-    from shardtop.plan.presets import describe_preset
-    from shardtop.plan.recipes import RECIPES
+    from shardtop.plan.preset_strategies import PRESET_STRATEGIES
+    from shardtop.trace.presets import describe_preset
 
     desc = describe_preset(config)
-    return TracedPlan(desc, RECIPES[str(config["program"])].asked(config, desc, accelerator, devices), accelerator)
+    return TracedPlan(desc, PRESET_STRATEGIES[str(config["program"])](config, desc, accelerator, devices), accelerator)
 
 
 def command_plan(command: Sequence[str], devices: int) -> TracedPlan:
     """``shardtop plan -- CMD`` once; the command's output is kept out of the way (a failure quotes its tail)."""
-    from shardtop.plan.script import plan_command
+    from shardtop.plan_command import plan_command
 
     _, seen = plan_command(list(command), [f"devices={devices}"], err=io.StringIO())
     return TracedPlan(seen.description, seen.strategy, seen.accelerator)

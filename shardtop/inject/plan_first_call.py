@@ -193,8 +193,8 @@ def fsdp2_sharding(reshard: dict[int, bool], root: Any) -> str:
 def write_plan(described: tuple[Any, list[str]], *, complete: bool) -> None:
     """The ``ScriptPlan`` of ``described`` (``plan_trace.describe_call``) and ``STATE``, into ``PLAN_ONLY_ENV``."""
     from shardtop.plan.asked import Asked, strategy_of
-    from shardtop.plan.describe import walk
     from shardtop.plan.script import ScriptPlan, write_script_plan
+    from shardtop.trace.describe import walk
 
     desc, notes = described
     root = STATE.root if STATE.root is not None else None

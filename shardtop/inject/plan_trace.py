@@ -127,7 +127,7 @@ def describe_call(root: Any, called: Any, args: Any, kwargs: Any) -> tuple[Any, 
     import torch
     from torch.utils._pytree import tree_flatten, tree_map
 
-    from shardtop.plan.describe import describe_model
+    from shardtop.trace.describe import describe_model
 
     notes: list[str] = []
     forward_loss = None

@@ -17,8 +17,8 @@ import shlex
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from shardtop.config import (
     ConfigError,
@@ -29,9 +29,6 @@ from shardtop.config import (
 )
 from shardtop.plan.cards import Gpu, UnknownGpu, judged_against, local_gpu, parse_gpu
 from shardtop.words import plural
-
-if TYPE_CHECKING:
-    from shardtop.plan.render import PlanFormat
 
 
 @dataclass(frozen=True)
@@ -120,24 +117,6 @@ def _local_gpus() -> int:
 
 def _looks_like_command(word: str) -> bool:
     return word.endswith(".py") or "/" in word or shutil.which(word) is not None
-
-
-def run_plan(settings: Sequence[str], output_format: PlanFormat) -> str:
-    """The plan, rendered: what ``shardtop plan`` prints."""
-    from shardtop.plan.presets import plan_config
-
-    request = read_request(settings)
-    plan = replace(
-        plan_config(request.config, devices=request.devices, accelerator=request.accelerator, gpu=request.gpu),
-        planned_for=request.planned_for,
-    )
-    if output_format == "json":
-        from shardtop.plan.json_plan import render_json
-
-        return render_json(plan)
-    from shardtop.plan.render import render_markdown, render_text
-
-    return render_markdown(plan) if output_format == "markdown" else render_text(plan)
 
 
 def leave_now(code: int) -> None:

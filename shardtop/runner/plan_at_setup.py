@@ -28,8 +28,8 @@ def plan_event(config: RunConfig, accelerator: str, card: Gpu | None = None) -> 
     """
     try:
         from shardtop.plan.cards import judged_against, local_gpu
-        from shardtop.plan.presets import plan_config
         from shardtop.plan.record import planned_event
+        from shardtop.trace.presets import plan_config
 
         if card is None and accelerator == "cuda":
             card = local_gpu()

@@ -94,8 +94,8 @@ def test_a_key_replans_from_the_description_in_hand(monkeypatch: pytest.MonkeyPa
     arithmetic alone, the model not built again (what a key costs: ``bench/bench_costs.py``)."""
     from shardtop.config import resolve
     from shardtop.launch import resolve_devices
-    from shardtop.plan import meta
-    from shardtop.plan.presets import describe_preset
+    from shardtop.trace import meta
+    from shardtop.trace.presets import describe_preset
     from shardtop.tui.widgets.plan_bars import plan_text, prompt_plan
 
     config = resolve_devices(resolve("zero3-linear", [("gpu_mem_limit", "15GiB")]), lambda: 2)

@@ -24,12 +24,12 @@ from torch.utils._pytree import tree_flatten
 
 from shardtop.plan.cards import CARDS, judged_against, parse_gpu
 from shardtop.plan.command import read_request
-from shardtop.plan.describe import describe_model
 from shardtop.plan.memory import CUDA_WORKSPACES, per_rank
-from shardtop.plan.meta import build_on_meta
-from shardtop.plan.presets import plan_config
 from shardtop.plan.render import render_markdown, render_text, verdict_lines
 from shardtop.plan.strategies import ADAMW, SGD_MOMENTUM, Strategy
+from shardtop.trace.describe import describe_model
+from shardtop.trace.meta import build_on_meta
+from shardtop.trace.presets import plan_config
 from shardtop.units import GiB
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -226,7 +226,7 @@ def test_planning_from_a_description_imports_no_torch() -> None:
     """A launch prompt replans on each keystroke in the TUI process, which never imports torch."""
     script = (
         "import sys\n"
-        "from shardtop.plan import cards, compare, json_plan, options, presets, recipes, render, verdict\n"
+        "from shardtop.plan import cards, compare, json_plan, options, preset_strategies, presets, render, verdict\n"
         "print(sorted(n for n in ('torch', 'textual', 'lightning', 'deepspeed') if n in sys.modules))\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=False,

@@ -22,8 +22,8 @@ from shardtop.gpus import gpu_count
 from shardtop.launch import resolve_devices
 from shardtop.plan.command import read_request
 from shardtop.plan.compare import Plan
-from shardtop.plan.presets import plan_config
 from shardtop.plan.render import render_text
+from shardtop.trace.presets import plan_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = ("zero3-linear", "zero3-linear-fixed", "fsdp2-mlp", "fsdp-not-sharding", "ddp-baseline",

@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
-from shardtop.plan import recipes
-from shardtop.plan.presets import plan_config
+from shardtop.plan import preset_strategies
 from shardtop.rundir.event_files import read_all
 from shardtop.rundir.events import Shards
+from shardtop.trace import recipes
+from shardtop.trace.presets import plan_config
 from tests.diagnose_scripts.real_runs import runs_base, story
 from tests.support.distributed import run_ranks
 
@@ -87,7 +88,7 @@ def test_planned_model_states_per_rank_match_a_real_cpu_run(
 def test_the_recipes_name_the_modules_the_programs_wrap_and_place() -> None:
     from shardtop.runner.programs import PROGRAMS, fsdp_story, manual_placement
 
-    assert recipes.HAND_WRAPPED == fsdp_story.HAND_WRAPPED
-    assert recipes.FIRST_HALF == manual_placement.FIRST_HALF
-    assert recipes.SECOND_HALF == manual_placement.SECOND_HALF
-    assert set(recipes.RECIPES) == set(PROGRAMS)
+    assert preset_strategies.HAND_WRAPPED == fsdp_story.HAND_WRAPPED
+    assert preset_strategies.FIRST_HALF == manual_placement.FIRST_HALF
+    assert preset_strategies.SECOND_HALF == manual_placement.SECOND_HALF
+    assert set(recipes.RECIPES) == set(preset_strategies.PRESET_STRATEGIES) == set(PROGRAMS)

@@ -7,10 +7,12 @@ one.  The rules, each checked below:
 - ``rundir/`` (the run directory contract) imports nothing else of shardtop;
 - ``read/`` (the fold, the read model, the facts) imports only ``rundir/`` and
   the small helpers;
-- ``probe/``, ``inject/``, ``runner/`` and ``plan/`` never import ``read/``;
-- ``read/``, ``diagnose/``, ``report/`` and ``tui/`` never import the plan's
-  engine code (the modules of ``plan/`` that import torch, an engine,
-  ``runner/`` or ``inject/``);
+- ``probe/``, ``inject/``, ``runner/``, ``plan/`` and ``trace/`` never import ``read/``;
+- ``plan/`` is the plan's arithmetic: it imports no torch and no engine, and
+  nothing of ``runner/``, ``inject/`` or ``trace/`` (the model traced on the
+  meta device);
+- ``trace/`` never imports ``inject/`` (the bootstrap imports ``trace/``);
+- ``read/``, ``diagnose/``, ``report/`` and ``tui/`` never import ``trace/``;
 - nothing imports ``tui/`` but ``cli``;
 - ``export/`` reads runs as the report does: ``rundir/``, ``read/``, ``diagnose/``, the GPUs' sampler and
   the helpers, and no training library.
@@ -89,12 +91,17 @@ def in_layer(*layers: str) -> list[str]:
     return [m for m in modules() if layer(m) in layers]
 
 
-def plan_engine_code() -> frozenset[str]:
-    """The modules of ``plan/`` that import torch or an engine, or bring in ``runner/`` or ``inject/``."""
+def engine_code(side: str) -> frozenset[str]:
+    """The modules of ``side`` that import torch or an engine, or bring in ``runner/``, ``inject/`` or ``trace/``."""
     return frozenset(
-        m for m in in_layer("plan")
-        if imports_outside(m) & set(ENGINES) or any(layer(i) in ("runner", "inject") for i in imports(m))
+        m for m in in_layer(side)
+        if imports_outside(m) & set(ENGINES) or any(layer(i) in ("runner", "inject", "trace") for i in imports(m))
     )
+
+
+def traced_model_code() -> frozenset[str]:
+    """The plan's torch side: ``trace/``, and whatever of ``plan/`` imports torch, an engine or an upper layer."""
+    return frozenset(in_layer("trace")) | engine_code("plan")
 
 
 def broken(importers: list[str], allowed: object) -> list[str]:
@@ -103,12 +110,14 @@ def broken(importers: list[str], allowed: object) -> list[str]:
 
 
 def test_the_layers_are_there() -> None:
-    assert {"rundir", "read", "diagnose", "report", "tui", "plan", "probe", "inject", "runner"} <= {
+    assert {"rundir", "read", "diagnose", "report", "tui", "plan", "trace", "probe", "inject", "runner"} <= {
         layer(m) for m in modules()
     }
     assert {"shardtop.read.run_model", "shardtop.rundir.events", "shardtop.rundir.run_directory"} <= set(modules())
     assert imports("shardtop.read.run_model"), "the parser finds the read model's imports"
-    assert "shardtop.plan.describe" in plan_engine_code()
+    assert "shardtop.trace.describe" in traced_model_code()
+    assert "shardtop.trace.recipes" in engine_code("trace"), "a function-level import of runner/ counts"
+    assert "torch" in imports_outside("shardtop.trace.meta"), "the parser finds torch"
 
 
 def test_the_run_directory_imports_nothing_else_of_shardtop() -> None:
@@ -119,15 +128,29 @@ def test_the_read_side_imports_only_the_run_directory_and_the_helpers() -> None:
     assert broken(in_layer("read"), lambda m, i: layer(i) in ("rundir", "read") or i in HELPERS) == []
 
 
-@pytest.mark.parametrize("side", ["probe", "inject", "runner", "plan"])
+@pytest.mark.parametrize("side", ["probe", "inject", "runner", "plan", "trace"])
 def test_the_writing_side_never_imports_the_read_side(side: str) -> None:
     assert broken(in_layer(side), lambda m, i: layer(i) != "read") == []
 
 
+def test_the_plan_is_arithmetic_and_imports_neither_torch_nor_an_upper_layer() -> None:
+    """``plan/`` imports no torch or engine and nothing of ``runner/``, ``inject/`` or ``trace/``, not even
+    inside a function: the TUI replans with it on every key, and the bootstrap imports it in the user's ranks."""
+    assert [f"{m} imports {', '.join(sorted(imports_outside(m) & set(ENGINES)))}"
+            for m in sorted(in_layer("plan")) if imports_outside(m) & set(ENGINES)] == []
+    assert broken(in_layer("plan"), lambda m, i: layer(i) not in ("runner", "inject", "trace")) == []
+    assert engine_code("plan") == frozenset()
+
+
+def test_the_traced_model_never_imports_the_bootstrap() -> None:
+    """``inject/`` imports ``trace/`` to trace the user's model in its ranks; never the other way round."""
+    assert broken(in_layer("trace"), lambda m, i: layer(i) != "inject") == []
+
+
 @pytest.mark.parametrize("side", ["read", "diagnose", "report", "tui"])
-def test_the_views_never_import_the_plans_engine_code(side: str) -> None:
-    engine = plan_engine_code()
-    assert broken(in_layer(side), lambda m, i: i not in engine) == []
+def test_the_views_never_import_the_traced_model(side: str) -> None:
+    traced = traced_model_code()
+    assert broken(in_layer(side), lambda m, i: i not in traced) == []
 
 
 def test_nothing_imports_the_tui_but_the_cli() -> None:

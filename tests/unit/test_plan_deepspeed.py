@@ -22,8 +22,8 @@ import pytest
 from shardtop.config import resolve
 from shardtop.plan.description import ModelDescription
 from shardtop.plan.memory import per_rank
-from shardtop.plan.presets import describe_preset
 from shardtop.plan.strategies import Optimizer, Strategy
+from shardtop.trace.presets import describe_preset
 
 ADAM_WITHOUT_TEMPORARIES = Optimizer("Adam", state_bytes=8, step_temporary=0.0)
 """The estimator's Adam: two fp32 moments, nothing else (the plan's foreach temporary is set aside)."""

@@ -27,10 +27,10 @@ from typing import Any
 import pytest
 
 from shardtop.plan.cards import Gpu, card, limited
-from shardtop.plan.presets import plan_config
 from shardtop.rundir.event_files import read_all
 from shardtop.rundir.events import TIMELINE, Event, Memory, Oom, Phase
 from shardtop.rundir.run_directory import RunDirectory
+from shardtop.trace.presets import plan_config
 from tests.support.allocator_shares import FRAGMENTATION_FITTED_ON
 
 RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"

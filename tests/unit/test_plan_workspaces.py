@@ -10,9 +10,9 @@ from typing import Any
 
 from shardtop.config import resolve
 from shardtop.plan.cards import card
-from shardtop.plan.presets import describe_preset, plan_config
 from shardtop.plan.render import render_text
 from shardtop.plan.workspaces import BACKWARD_WORKSPACE, shape_of
+from shardtop.trace.presets import describe_preset, plan_config
 
 MiB = 1 << 20
 H200 = card("H200", 143771 * MiB, "the card")

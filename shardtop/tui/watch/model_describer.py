@@ -3,7 +3,7 @@
 The launch prompt replans on every key, which is arithmetic (``make_plan``)
 once the model's description is in hand.  The description itself needs the
 model built on the meta device, so ``describe`` starts ``python -m
-shardtop.plan`` with the resolved config on stdin and reads the description
+shardtop.trace`` with the resolved config on stdin and reads the description
 back as msgspec JSON.  It runs in a worker thread (a blocking call) and
 kills the helper if the worker is cancelled (the user typed other sizes).
 Answers are kept per description key (preset program, model sizes, batch):
@@ -62,7 +62,7 @@ def describe(config: Mapping[str, Any], cancelled: Callable[[], bool]) -> Descri
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "shardtop.plan"],
+            [sys.executable, "-m", "shardtop.trace"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from shardtop.plan.description import ModelDescription
-from shardtop.plan.meta import gc_paused
-from shardtop.plan.profile import SavedCounts, module_signatures, saved_activations
+from shardtop.trace.meta import gc_paused
+from shardtop.trace.profile import SavedCounts, module_signatures, saved_activations
 
 ZERO3_PERSISTENCE_THRESHOLD = 100_000
 """DeepSpeed's ``stage3_param_persistence_threshold`` default: smaller parameters stay whole on every rank."""

@@ -1,4 +1,4 @@
-"""``python -m shardtop.plan``: a preset's model description, as JSON, for a process without torch.
+"""``python -m shardtop.trace``: a preset's model description, as JSON, for a process without torch.
 
 The launch prompt replans on every key, but describing the model needs torch,
 which the TUI never imports.  So it starts this with the resolved preset
@@ -27,7 +27,7 @@ def main() -> int:
     if not isinstance(config, dict):
         print(f"expected a resolved preset config as a JSON object on stdin ({config})", file=sys.stderr)
         return 2
-    from shardtop.plan.presets import describe_preset
+    from shardtop.trace.presets import describe_preset
 
     try:
         desc = describe_preset(config)
