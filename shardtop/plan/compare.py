@@ -1,7 +1,7 @@
 """A ``Plan``: the asked strategy and its alternatives, per rank, judged against a GPU.
 
 ``make_plan`` is pure and torch-free: given a ``ModelDescription`` (made once
-per model, see ``presets.describe_preset``) it costs a few milliseconds, so a
+per model, see ``shardtop.trace.presets.describe_preset``) it costs a few milliseconds, so a
 launch prompt may call it on every keystroke.
 """
 

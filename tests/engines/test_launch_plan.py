@@ -1,7 +1,7 @@
 """The launch prompt's plan: each GPU's predicted bar for the overrides as typed, before Enter.
 
 The model's description comes from the real helper process (``python -m
-shardtop.plan``: torch, the meta device); the TUI itself replans on every key.
+shardtop.trace``: torch, the meta device); the TUI itself replans on every key.
 The GPUs are the recorded H200's (two of them, as on the recording machine);
 on this machine, without GPUs, the same prompt plans CPU processes.  In tests/engines: each
 description starts that helper, which imports torch (seconds on 2 cores).
