@@ -7,7 +7,7 @@
 #                             rehearse_story2 rehearse_presets rehearse_own clients client_plans compiled
 #                             over_time story2_fixed_six workspaces unmeasured split_rechecks
 #                             presets_again oom_recheck what_is_kept script_tensors kept_places startup oom_stories
-#                             fit clients_cost probe_profile
+#                             fit (= fit_story2 fit_hf) clients_cost probe_profile trl_zero3
 #
 # presets1/scenarios1 and the rehearse_* parts need one GPU, presets2/scenarios2 two. Run from the project root with the
 # wheels of ../shared/gpu/wheels.sh in .whl/; everything lands under $OUT (or ./gpu-out):
@@ -218,16 +218,34 @@ oom_stories() {  # OOMs that sharding does not fix, each beside a run that comes
   step 90 "logits of a 32k vocabulary" python3 -m shardtop run --headless --name small-vocab -- python3 $vocab --vocab 32000
 }
 
-fit() {  # (BUDGET_S=1800 gpu/record.sh fit) shardtop fit on one GPU: story 2 fixed at six 16 GiB GPUs (the preset has no offload key: fit says which
-  # strategy the plan gives a batch to), and an HF Trainer FSDP2 Llama of about 1 B parameters at eight 80 GiB GPUs,
-  # activation checkpointing off and on; every rehearsal is a run, fit's result is fits/*/fit.json in the runs dir
+fit() { fit_story2; fit_hf; }  # (BUDGET_S=1800 gpu/record.sh fit) shardtop fit on one GPU; every rehearsal is a run,
+# fit's result is fits/*/fit.json in the runs dir
+fit_story2() {  # story 2 fixed at six 16 GiB GPUs (the preset has no offload key: fit says which strategy the plan gives
+  # a batch to)
   step 120 "fit story 2 fixed, six 16 GiB GPUs" python3 -m shardtop fit zero3-linear-fixed devices=6 gpu=16GiB \
     budget=20m
-  step 1500 "fit an HF Trainer FSDP2 Llama of 1 B parameters, eight 80 GiB GPUs" python3 -m shardtop fit devices=8 \
-    gpu=A100-80GB budget=24m -- torchrun --nproc_per_node 8 tests/own_scripts/fit_hf_trainer.py \
-    --output_dir /tmp/fit-hf-llama --report_to none --save_strategy no --bf16 --fsdp "full_shard auto_wrap" \
+}
+fit_hf() {  # an HF Trainer FSDP2 Llama of about 1 B parameters at eight 80 GiB GPUs, activation checkpointing off and
+  # on (FIT_BUDGET: fit's own budget, 24m by default)
+  local minutes=${FIT_BUDGET:-24m}
+  step $(( ${minutes%m} * 60 + 60 )) "fit an HF Trainer FSDP2 Llama of 1 B parameters, eight 80 GiB GPUs" \
+    python3 -m shardtop fit devices=8 gpu=A100-80GB budget=$minutes -- torchrun --nproc_per_node 8 \
+    tests/own_scripts/fit_hf_trainer.py --output_dir /tmp/fit-hf-llama --report_to none --save_strategy no --bf16 \
+    --fsdp "full_shard auto_wrap" \
     --fsdp_config '{"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}' \
     --per_device_train_batch_size 4 --max_steps 2 --vocab 32000 --hidden 2048 --layers 16 --heads 16 --seq 2048
+}
+
+trl_zero3() {  # TRL's SFTTrainer under accelerate launch with TRL's own zero3.yaml (bf16): alone, under shardtop run,
+  # rehearsed as ranks 0 and 7 of eight, and planned at eight (the wheels of trl, datasets and what they need in .whl/)
+  local config sft="tests/frameworks/trl_sft.py --cuda"
+  config=$(python3 -c "import os, trl; print(os.path.join(os.path.dirname(trl.__file__), 'accelerate_configs', 'zero3.yaml'))")
+  step 150 "TRL zero3 alone" accelerate launch --config_file "$config" --num_processes 1 $sft
+  step 150 "TRL zero3 under shardtop run" python3 -m shardtop run --headless --name trl-zero3 -- accelerate launch \
+    --config_file "$config" --num_processes 1 $sft
+  rehearse 240 devices=8 rank=0,last -- accelerate launch --config_file "$config" --num_processes 8 $sft
+  step 120 "TRL zero3 planned at eight" python3 -m shardtop plan devices=8 --format json -- accelerate launch \
+    --config_file "$config" --num_processes 8 $sft
 }
 
 probe_cost() { step 150 "probe cost" python3 bench/bench_probe.py --device cuda --profile 25; }

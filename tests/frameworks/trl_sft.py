@@ -48,11 +48,11 @@ def inventory() -> None:
     print(json.dumps({"modules": modules, "persistence_threshold": threshold}))
 
 
-def train(steps: int, gradient_checkpointing: bool) -> None:
+def train(steps: int, gradient_checkpointing: bool, cuda: bool) -> None:
     config = SFTConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-sft-"), max_steps=steps, per_device_train_batch_size=BATCH,
         learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to="none", seed=0, data_seed=0,
-        max_length=32, dataloader_num_workers=0, disable_tqdm=True, bf16=False, use_cpu=True,
+        max_length=32, dataloader_num_workers=0, disable_tqdm=True, bf16=cuda, use_cpu=not cuda,
         gradient_checkpointing=gradient_checkpointing,
     )
     set_seed(0)
@@ -73,11 +73,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--no-gradient-checkpointing", action="store_true", help="TRL turns it on by default")
     parser.add_argument("--inventory", action="store_true", help="print the model's parameters and stop")
+    parser.add_argument("--cuda", action="store_true", help="train on the GPUs in bf16, as TRL's configs ask")
     args = parser.parse_args()
     if args.inventory:
         inventory()
     else:
-        train(args.steps, not args.no_gradient_checkpointing)
+        train(args.steps, not args.no_gradient_checkpointing, args.cuda)
 
 
 if __name__ == "__main__":
