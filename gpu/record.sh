@@ -237,8 +237,14 @@ fit_hf() {  # an HF Trainer FSDP2 Llama of about 1 B parameters at eight 80 GiB 
 }
 
 trl_zero3() {  # TRL's SFTTrainer under accelerate launch with TRL's own zero3.yaml (bf16): alone, under shardtop run,
-  # rehearsed as ranks 0 and 7 of eight, and planned at eight (the wheels of trl, datasets and what they need in .whl/)
+  # rehearsed as ranks 0 and 7 of eight, and planned at eight.  Wheels of trl, datasets, dill, multiprocess and fsspec
+  # in .whl-trl/ (carried), installed in a folder named site-packages: dill pickles a module by reference only from
+  # there, and datasets fingerprints each map function with it
   local config sft="tests/frameworks/trl_sft.py --cuda"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/trl/site-packages \
+    .whl-trl/*.whl || return
+  export PYTHONPATH=/tmp/trl/site-packages:$PYTHONPATH
+  python3 -c "import sys, trl, datasets, pyarrow; print('trl', trl.__version__, 'datasets', datasets.__version__, 'pyarrow', pyarrow.__version__)"
   config=$(python3 -c "import os, trl; print(os.path.join(os.path.dirname(trl.__file__), 'accelerate_configs', 'zero3.yaml'))")
   step 150 "TRL zero3 alone" accelerate launch --config_file "$config" --num_processes 1 $sft
   step 150 "TRL zero3 under shardtop run" python3 -m shardtop run --headless --name trl-zero3 -- accelerate launch \
