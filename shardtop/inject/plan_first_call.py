@@ -12,11 +12,25 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from shardtop.inject import PLAN_ONLY_ENV
 from shardtop.rundir.engines import FSDP1, FSDP2, ZERO_ENGINES
+
+
+class HandedFacts(TypedDict, total=False):
+    """What the script handed its engine beside the model, as ``plan.asked.Asked`` takes it."""
+
+    deepspeed: Mapping[str, Any]
+    """The DeepSpeed config as given (decoded JSON)."""
+    partitioned: bool
+    sharding: str
+    offload_params: bool
+    half: str
+    policy_unknown: str
+    mesh_dims: int
 
 
 class PlanState:
@@ -27,8 +41,10 @@ class PlanState:
         """The model the engine got (the outermost one, for FSDP wrapped by hand or fully_shard per module)."""
         self.entry = ""
         self.engine = "single"
-        self.facts: dict[str, Any] = {}
+        self.facts: HandedFacts = {}
         """Keyword facts for ``asked.Asked`` taken at the hand-over (config, sharding, offload...)."""
+        self.policy_classes: tuple[type, ...] = ()
+        """The module classes FSDP1's auto-wrap policy makes units of."""
         self.units: list[Any] = []
         """Modules handed to FSDP1 or fully_shard, in call order."""
         self.optimizer = ""
@@ -201,10 +217,10 @@ def write_plan(described: tuple[Any, list[str]], *, complete: bool) -> None:
     rows: dict[int, int] = {}
     if root is not None:
         rows = {id(m): i for i, m in enumerate(walk(root)[0])}
-    facts = dict(STATE.facts)
+    facts = STATE.facts.copy()
     if STATE.engine == FSDP2 and fsdp2_sharding(STATE.reshard, root):
         facts["sharding"] = fsdp2_sharding(STATE.reshard, root)
-    classes = facts.pop("policy_classes", ())
+    classes = STATE.policy_classes
     units = [rows[id(m)] for m in STATE.units if id(m) in rows]
     if classes and root is not None:
         units += [i for i, m in enumerate(walk(root)[0]) if isinstance(m, classes)]

@@ -38,6 +38,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType
 
+    from typing_extensions import Unpack
+
+    from shardtop.inject.plan_first_call import HandedFacts
+
 from shardtop.inject.plan_first_call import (
     STATE,
     global_rank,
@@ -50,7 +54,8 @@ from shardtop.inject.plan_first_call import (
 # -- the hand-over -----------------------------------------------------------------------------
 
 
-def _take(module: Any, engine: str, entry: str, **facts: Any) -> None:
+def _take(module: Any, engine: str, entry: str, policy_classes: tuple[type, ...] = (),
+          **facts: Unpack[HandedFacts]) -> None:
     """An engine got ``module``: it becomes the root if it holds the one before (wrapping from the inside out)."""
     if not hasattr(module, "parameters"):
         return
@@ -68,6 +73,8 @@ def _take(module: Any, engine: str, entry: str, **facts: Any) -> None:
         STATE.root_hook = module.register_forward_pre_hook(on_root_call, with_kwargs=True)
     STATE.engine, STATE.entry = engine, entry
     STATE.facts.update(facts)
+    if policy_classes:
+        STATE.policy_classes = policy_classes
 
 
 def _deepspeed_initialize(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -143,17 +150,15 @@ def _fsdp1_new(cls: type) -> Callable[..., Any]:
         sharding = kwargs.get("sharding_strategy")
         classes, unknown = _policy(kwargs.get("auto_wrap_policy"))
         STATE.units.append(module)
-        facts: dict[str, Any] = {"sharding": getattr(sharding, "name", "") or "FULL_SHARD"}
+        facts: HandedFacts = {"sharding": getattr(sharding, "name", "") or "FULL_SHARD"}
         if kwargs.get("cpu_offload") is not None:
             facts["offload_params"] = bool(getattr(kwargs["cpu_offload"], "offload_params", False))
         mp = kwargs.get("mixed_precision")
         if mp is not None:
             facts["half"] = _dtype_words(getattr(mp, "param_dtype", None))
-        if classes:
-            facts["policy_classes"] = classes
         if unknown:
             facts["policy_unknown"] = unknown
-        _take(module, "fsdp1", "FullyShardedDataParallel", **facts)
+        _take(module, "fsdp1", "FullyShardedDataParallel", classes, **facts)
         return module
 
     return __new__
@@ -171,7 +176,7 @@ def _fully_shard(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def fully_shard(module: Any, *args: Any, **kwargs: Any) -> Any:
         modules = list(module) if isinstance(module, (list, tuple)) else [module]
-        facts: dict[str, Any] = {}
+        facts: HandedFacts = {}
         mp = kwargs.get("mp_policy")
         if mp is not None and getattr(mp, "param_dtype", None) is not None:
             facts["half"] = _dtype_words(mp.param_dtype)

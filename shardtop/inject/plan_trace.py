@@ -35,7 +35,7 @@ def on_meta(root: Any) -> Iterator[None]:
     import torch
 
     metas: dict[int, Any] = {}
-    saved: list[tuple[dict[str, Any], str, Any]] = []
+    saved: list[tuple[dict[str, torch.Tensor | None], str, torch.Tensor]] = []
     for module in root.modules():
         for table in (module._parameters, module._buffers):
             for name, t in table.items():
