@@ -17,6 +17,12 @@
   per parameter group (a ``Trainer`` makes two: with and without weight
   decay), so there the shards are read when the engine's own ``step`` returns,
   once every group has its optimizer state.
+- Optimizers stepped inside backward (one per parameter, each from its
+  parameter's post-accumulate-grad hook: torch's "optimizer step in backward"
+  recipe) make the backward they stepped in one step, told and read when that
+  backward ends (an autograd engine callback), with every optimizer that
+  stepped in it: while the gradients arrive, FSDP2 still holds units gathered
+  and most optimizers have not stepped yet.
 
 Per step that is three Python calls and one event each.
 """
@@ -205,8 +211,20 @@ def _enter(phase: PhaseName) -> None:
 def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     if STATE.in_engine_step and STATE.engine_steps is STATE.root:
         return  # the engine's step began the phase, before its own preparations
+    if _in_backward():
+        return  # a step inside backward: the phase stays backward
     if STATE.optimizer is None or STATE.optimizer == id(optimizer):
         _enter("optimizer")
+
+
+def _in_backward() -> bool:
+    """The autograd engine is running a backward on this thread (a hook inside it stepped the optimizer).
+
+    Called unguarded before every step: a torch without the query answers no."""
+    import torch
+
+    graph_task = getattr(torch._C, "_current_graph_task_id", None)
+    return graph_task is not None and graph_task() != -1
 
 
 @guarded("counting steps")
@@ -214,10 +232,38 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     p = rank_probe()
     if p is None:
         return
+    if _in_backward():
+        _stepped_in_backward(optimizer)
+        return
     if STATE.optimizer is None:
         STATE.optimizer = id(optimizer)
     elif STATE.optimizer != id(optimizer):
         return
+    _count_step(p, optimizer)
+
+
+def _stepped_in_backward(optimizer: Any) -> None:
+    """The first optimizer step of a backward has the step told when the backward ends; the optimizers
+    that stepped in it are kept for the step's snapshot until that has been read."""
+    if STATE.backward_optimizers is None:
+        from torch.autograd import Variable
+
+        STATE.backward_optimizers = []
+        Variable._execution_engine.queue_callback(_after_backward_steps)
+    if not STATE.stepped_snapshot:
+        STATE.backward_optimizers.append(optimizer)
+
+
+@guarded("counting steps taken in backward")
+def _after_backward_steps() -> None:
+    optimizers, STATE.backward_optimizers = STATE.backward_optimizers, None
+    p = rank_probe()
+    if p is not None:
+        _count_step(p, optimizers)
+
+
+def _count_step(p: Any, optimizer: Any) -> None:
+    """One step of the job: told, and read with ``optimizer`` (one, or a list) after the first."""
     if STATE.steps and STATE.step_started is None and STATE.root is not None:
         return  # no forward since the last step: this step's optimizer stepped again (a wrapper's, then the engine's)
     STATE.steps += 1

@@ -54,6 +54,8 @@ class InjectState:
         """Modules already looked at as a possible root (by id)."""
         self.optimizer: int | None = None
         """id of the optimizer whose steps are the job's steps (the first one that stepped)."""
+        self.backward_optimizers: list[Any] | None = None
+        """Optimizers that stepped inside the backward running now, until it ends (None: none stepped)."""
         self.steps = 0
         self.step_started: float | None = None
         self.stepped_snapshot = False

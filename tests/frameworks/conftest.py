@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.frameworks.environments import LITGPT, TORCHTITAN, TRL, Environment, Framework, InstallFailed, environment
+from tests.frameworks.environments import (
+    LITGPT,
+    TORCHTITAN,
+    TORCHTUNE,
+    TRL,
+    Environment,
+    Framework,
+    InstallFailed,
+    environment,
+)
 
 
 def _built(framework: Framework) -> Environment:
@@ -31,3 +40,8 @@ def torchtitan_env() -> Environment:
 @pytest.fixture(scope="session")
 def litgpt_env() -> Environment:
     return _built(LITGPT)
+
+
+@pytest.fixture(scope="session")
+def torchtune_env() -> Environment:
+    return _built(TORCHTUNE)

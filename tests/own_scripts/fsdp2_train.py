@@ -2,6 +2,10 @@
 
     torchrun --standalone --nproc_per_node 2 tests/own_scripts/fsdp2_train.py
 
+``--optimizer-in-backward`` gives each parameter an AdamW of its own, stepped
+from the parameter's post-accumulate-grad hook as the gradient arrives
+(torch's "optimizer step in backward" recipe; torchtune's ``optimizer_in_bwd``).
+
 ``--os-exit`` leaves with ``os._exit(0)`` after the last step, as many gloo
 scripts do: gloo's teardown at interpreter exit aborts now and then
 ("terminate called without an active exception").
@@ -39,6 +43,17 @@ class Net(nn.Module):
         return self.head(self.blocks(x))
 
 
+def step_in_backward(model: nn.Module) -> None:
+    optimizers = {param: torch.optim.AdamW([param]) for param in model.parameters()}
+
+    def step(param: torch.Tensor) -> None:
+        optimizers[param].step()
+        optimizers[param].zero_grad()
+
+    for param in model.parameters():
+        param.register_post_accumulate_grad_hook(step)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=2)
@@ -48,6 +63,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile the model after fully_shard")
     parser.add_argument("--keep-whole", choices=["root", "all"], default=None,
                         help="reshard_after_forward=False for the root (as accelerate and torchtitan do), or for all")
+    parser.add_argument("--optimizer-in-backward", action="store_true",
+                        help="an AdamW per parameter, stepped in backward as each gradient arrives")
     args = parser.parse_args()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if args.cuda else torch.device("cpu")
     if args.cuda:
@@ -61,13 +78,16 @@ def main() -> None:
     fully_shard(model, mesh=mesh, reshard_after_forward=args.keep_whole is None)
     if args.compile:
         model = torch.compile(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    optimizer = None if args.optimizer_in_backward else torch.optim.SGD(model.parameters(), lr=0.01)
+    if args.optimizer_in_backward:
+        step_in_backward(model)
     for _ in range(args.steps):
         x, y = torch.randn(8, args.dim, device=device), torch.randn(8, 1, device=device)
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        if optimizer is not None:
+            optimizer.step()
+            optimizer.zero_grad()
     dist.destroy_process_group()
     if args.os_exit:
         os._exit(0)
