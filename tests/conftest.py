@@ -62,38 +62,34 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
 
 WORKERS = 4
-"""Processes for a run of the suite, where pytest-xdist is installed: one per group of the engines' layer,
-on two cores.  The suite keeps two cores busy only that way: many engines tests wait on processes that
-sleep, and a Pilot-driven test spends about a fifth of its time waiting for the app to go idle.  The quick
-layers' tests go to whichever process is free between groups."""
+"""Processes for a run of the suite, where pytest-xdist is installed: one per group of the engines' layer
+and one for the quick layers, on two cores.  The suite keeps two cores busy only that way: many engines
+tests wait on processes that sleep, and a Pilot-driven test spends about a fifth of its time waiting for
+the app to go idle."""
 ENGINES_GROUP = "engines"
 """The engines' tests that train, plan and diagnose run in one of those processes, one after another, in
 their order: their ranks take the cores themselves, and their module fixtures start many runs at once."""
 REHEARSALS_GROUP = "engines-rehearsals"
-"""Those of the modules in ``REHEARSALS`` run in a second: rehearsals, fits and the clients' plans, the
-main job's runs, the memory growth runs and the shard tables' runs."""
+"""Those of the modules in ``REHEARSALS`` run in a second: rehearsals, fits and the clients' plans, and,
+to end about when the other two do, the main job's runs, the memory growth runs and the shard tables'
+runs.  On 2026-12-07, two cores, the three groups took 463 s, 740 s and 808 s before these moved, and
+654 s, 679 s and 733 s after (the suite: 13 min 33 s, then 12 min 18 s).  A fourth group for users' own
+jobs, beside the quick layers, made it slower (13 min 48 s): four processes training at once on two
+cores stretched every group."""
 PROCESSES_GROUP = "engines-processes"
 """Those of the modules in ``PROCESSES`` run one after another in a third process: they start, signal,
 stop and supervise runs, and read what those left, so they spend most of their time waiting on processes
 that mostly wait themselves (a rank's step in most of them is a sleep).  With one process for the whole
-layer the suite kept about one core of two busy."""
-OWN_JOBS_GROUP = "engines-own-jobs"
-"""Those of the modules in ``OWN_JOBS`` in a fourth: users' own commands under ``shardtop run``, and runs
-under a memory cap.
-
-On 2026-12-07, two cores: with the engines' tests in three processes and the quick layers in a fourth,
-the groups took 679, 733 and 654 s and the quick layers 434 s, and the suite 12 min 18 s."""
+layer the suite kept about one core of two busy.  The quick layers' tests share the fourth process (and
+the others, once they are done)."""
 REHEARSALS = frozenset({
     "test_rehearse_engines.py", "test_fit.py", "test_rehearse_cli.py", "test_rehearsal_patches.py",
     "test_rehearse_clients.py", "test_client_plans.py", "test_main_job.py", "test_memory_growth_runs.py",
     "test_shards.py",
 })
-OWN_JOBS = frozenset({
-    "test_own_job.py", "test_own_job_rundir.py", "test_own_job_bootstrap.py", "test_own_job_hosts.py",
-    "test_reliability.py",
-})
 PROCESSES = frozenset({
-    "test_supervisor.py", "test_stop_race.py", "test_launch.py", "test_cli.py",
+    "test_supervisor.py", "test_own_job.py", "test_own_job_rundir.py", "test_own_job_bootstrap.py",
+    "test_own_job_hosts.py", "test_reliability.py", "test_stop_race.py", "test_launch.py", "test_cli.py",
     "test_tui_launch_stop.py", "test_tui_fit.py", "test_tui_rehearse.py", "test_quiet_screen.py",
     "test_first_frame_terminal.py", "test_prometheus_export.py", "test_stalls.py", "test_packaging.py",
     "test_launch_plan.py", "test_user_script.py", "test_steps_counted.py", "test_job_unchanged.py",
@@ -213,7 +209,7 @@ def pytest_configure_node(node: Any) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test with the layer of the directory it lives in; the engines' tests go to four processes."""
+    """Mark every test with the layer of the directory it lives in; the engines' tests go to three processes."""
     grouped = config.pluginmanager.hasplugin("xdist")
     if getattr(config, "workerinput", {}).get("loadgroup"):
         config.option.loadgroup = True
@@ -226,8 +222,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, layer))
         if layer == "engines" and grouped:
             name = Path(item.path).name
-            group = (PROCESSES_GROUP if name in PROCESSES else REHEARSALS_GROUP if name in REHEARSALS
-                     else OWN_JOBS_GROUP if name in OWN_JOBS else ENGINES_GROUP)
+            group = PROCESSES_GROUP if name in PROCESSES else REHEARSALS_GROUP if name in REHEARSALS else ENGINES_GROUP
             item.add_marker(pytest.mark.xdist_group(group))
 
 
