@@ -28,6 +28,13 @@ def _no_split(rank: RankFacts) -> bool:
     return rank.memory_peak is None and rank.state.peak_split is None
 
 
+def _peak_not_split(rank: RankFacts) -> bool:
+    """No split of the peak: none at all, or only one of an earlier, much lower moment."""
+    early = rank.state.peak_split
+    return rank.memory_peak is None and (
+        early is None or early.allocated is None or early.allocated < ENOUGH * (rank.allocator_peak or 0))
+
+
 @dataclass(frozen=True)
 class Short:
     why: str
@@ -49,6 +56,10 @@ SHORT: dict[str, Short] = {
         "recorded before blocks with no Python frame in a forward's label were read as the backward's: the loss's "
         "backward over a 32 000-token vocabulary runs before the model's first backward hook marks the phase "
         "(tests/unit/test_allocator_trace.py splits that moment now)", _frameless),
+    "h100-oom-stories/20261207-014639-eval-no-grad-6162": Short(
+        "an evaluation loop that finishes: it takes no optimizer step, so no step is explained, and it has no OOM "
+        "to split; the probe counted its tensors once, at the first forward (its parameters), not at the peak",
+        _peak_not_split),
     **{f"h200x2/{p.name}": Short("two GPUs, recorded on 2026-11-29 before the probe split memory by kind",
                                  _no_split) for p in sorted((RUNS / "h200x2").iterdir()) if p.is_dir()},
 }
