@@ -18,6 +18,7 @@ Above ``plan/`` (arithmetic), ``trace/`` (the model traced) and ``inject/``
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -37,6 +38,8 @@ from shardtop.plan.script import ScriptPlan, read_script_plan
 
 OUTPUT_TAIL = 15
 """Lines of the command's output repeated when it ended without a plan."""
+ERROR_LINE = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit): \S")
+"""A Python exception as a traceback ends (``ValueError: …``), for a launcher whose own summary comes after it."""
 
 
 def run_plan(settings: Sequence[str], output_format: PlanFormat) -> str:
@@ -111,6 +114,8 @@ def plan_command(
         shutil.rmtree(directory, ignore_errors=True)
     if seen is None:
         tail = "\n".join(f"  {line}" for line in output.code_and_tail())
+        if output.error is not None and output.error not in output.code_and_tail():
+            tail += f"\nThe last error it printed:\n  {output.error.strip()}"
         raise ConfigError(
             f"the command ended (exit {output.code}) before a rank handed a model to an engine "
             "(deepspeed.initialize, FullyShardedDataParallel, fully_shard, DistributedDataParallel) or called "
@@ -131,6 +136,8 @@ class _Output:
     code: int
     lines: list[str]
     """The last lines the command printed."""
+    error: str | None = None
+    """The last line that named a Python exception (``ValueError: …``), however early."""
 
     def code_and_tail(self) -> list[str]:
         return self.lines[-OUTPUT_TAIL:] or ["(it printed nothing)"]
@@ -143,10 +150,13 @@ def _run(command: list[str], env: dict[str, str], err: TextIO | None) -> _Output
                             stderr=subprocess.STDOUT)
     assert proc.stdout is not None
     lines: list[str] = []
+    error: str | None = None
     for raw in proc.stdout:
         line = raw.decode(errors="replace")
         stream.write(line)
         lines.append(line.rstrip("\n"))
         del lines[:-OUTPUT_TAIL]
+        if ERROR_LINE.match(line):
+            error = line.rstrip("\n")
     stream.flush()
-    return _Output(proc.wait(), lines)
+    return _Output(proc.wait(), lines, error)

@@ -121,6 +121,18 @@ def test_a_command_that_never_reaches_an_engine_says_so() -> None:
     assert "Traceback" not in err
 
 
+def test_a_command_that_fails_before_an_engine_says_its_error_under_its_launchers_summary() -> None:
+    """A launcher prints its own summary after a rank's traceback (torchrun, accelerate): the error is said too."""
+    script = ("import sys; print('Traceback (most recent call last):'); "
+              "print('ValueError: device_id cuda:2 is out of range.'); "
+              "[print(f'  launcher summary line {i}') for i in range(40)]; sys.exit(1)")
+    code, _, err = plan("--", "python", "-c", script, fmt="text")
+    assert code == 2
+    said = err[err.index("nothing to plan"):]
+    assert "launcher summary line 39" in said
+    assert "The last error it printed:\n  ValueError: device_id cuda:2 is out of range." in said
+
+
 def test_bad_plan_settings_are_refused_before_running_anything() -> None:
     code, _, err = plan("bogus=1", "--", "python", "-c", "raise SystemExit('ran')", fmt="text")
     assert code == 2 and "takes only devices=N and gpu=SIZE|CARD" in err and "ran" not in err
