@@ -89,6 +89,7 @@ def test_the_same_evaluation_under_no_grad_finishes_far_under_the_cap() -> None:
     assert close["oom"] is None and close["ranks"][0]["status"] == "finished"
     allocator = close["ranks"][0]["allocator"]
     assert allocator["limit"] == CAP and allocator["peak"] < 0.4 * CAP
+    assert (format_bytes(allocator["peak"]), format_bytes(kept["oom"]["allocated"])) == ("6.91 GiB", "19.7 GiB")
     assert not [f for f in close["findings"] if f["code"] == "oom"]
 
 
@@ -101,6 +102,7 @@ def test_the_logits_of_a_256k_vocabulary_on_a_gpu_are_told_as_tokens_times_vocab
     assert split["unexplained"] == 0
     assert sum(n for n in split["by_kind"].values() if n) == split["allocated"] == oom["allocated"]
     assert split["by_kind"]["other"] == tokens * vocab * 2  # the bf16 logits the model's head made
+    assert (format_bytes(oom["requested_bytes"]), format_bytes(split["by_kind"]["other"])) == ("7.81 GiB", "3.91 GiB")
     (finding,) = [f for f in data["findings"] if f["code"] == "oom"]
     assert "fp32 copy of `input` (8,192 × 256,000 values" in finding["fix"]
     assert "8,192 tokens × 256,000" in finding["fix"] and "logits_to_keep" in finding["fix"]
