@@ -62,7 +62,7 @@ async def after_refresh(app: Any, timeout: float) -> None:
     await asyncio.wait_for(done.wait(), max(0.1, timeout))
 
 
-async def settled(pilot: object, timeout: float = 10.0) -> None:
+async def settled(pilot: object, timeout: float = 30.0) -> None:
     """Let the app run until its tables are laid out and the screen is the same ``QUIET_S`` apart.
 
     The data being there is not enough for a snapshot: a ``DataTable`` lays out its rows when its
@@ -70,7 +70,9 @@ async def settled(pilot: object, timeout: float = 10.0) -> None:
     the picture, and the feeds' threads compete with the app's loop for the interpreter.  Before each
     picture, ``pilot.pause()`` lets every queued message be handled and waits for the process (its
     threads too) to use no CPU for a moment; between two pictures the app runs on for ``QUIET_S``.
-    Each picture costs tens of milliseconds of CPU, so two that agree are enough.
+    Each picture costs tens of milliseconds of CPU, so two that agree are enough.  The deadline only
+    bounds a screen that never settles: on two cores with the engines' runs beside it, a resize to
+    160x48 once took more than 10 s to be laid out and pictured twice alike.
     """
     app = pilot.app  # type: ignore[attr-defined]
     deadline = time.monotonic() + timeout
