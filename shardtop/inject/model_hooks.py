@@ -220,11 +220,15 @@ def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
 def _in_backward() -> bool:
     """The autograd engine is running a backward on this thread (a hook inside it stepped the optimizer).
 
-    Called unguarded before every step: a torch without the query answers no."""
+    Called unguarded before every step of the user's optimizer: a torch without the query, or one whose
+    query fails, answers no."""
     import torch
 
     graph_task = getattr(torch._C, "_current_graph_task_id", None)
-    return graph_task is not None and graph_task() != -1
+    try:
+        return graph_task is not None and graph_task() != -1
+    except Exception:  # noqa: BLE001 - a private query: never raise into the user's step
+        return False
 
 
 @guarded("counting steps")
