@@ -377,6 +377,22 @@ def test_lightning_ddp_wrappers_vanish(tmp_path: Path) -> None:
 
 
 @distributed
+def test_zero3_on_one_rank_holds_each_parameter_once(tmp_path: Path) -> None:
+    """A data-parallel group of one, in bf16 (as TRL's zero3.yaml runs on one GPU): DeepSpeed gathers a
+    parameter by viewing its partition, so a persistent parameter is held once, not whole beside its
+    partition.  The shard table and the memory split, two sources, say the same bytes."""
+    (result,) = run_ranks(f"{WORKERS}:deepspeed_zero", 1, tmp_path, stage=3, bf16=True)
+    for stage in ("step", "step_passed_optimizer"):
+        held = result[stage]
+        assert set(states(held).values()) == {"persistent"}
+        check_sums([held], factor=1)
+        assert held["shards"]["info"]["persistent_bytes"] == 0  # nothing beside the partitions
+    tree_bytes = sum(result["step"]["tree"]["bytes"])
+    assert result["kinds"]["step"]["params"] == sum(result["step"]["shards"]["bytes"]) == tree_bytes
+    assert result["kinds"]["step"]["grads"] == sum(result["step"]["shards"]["grad_bytes"])
+
+
+@distributed
 def test_zero3_built_outside_zero_init(tmp_path: Path) -> None:
     """Story 2: whole on every rank before the engine; after it, TinyNet's tensors are all under
     ZeRO-3's default persistence threshold (1e5 elements): each rank holds its partition of each, and

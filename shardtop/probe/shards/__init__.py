@@ -64,7 +64,7 @@ process), plain.
   (none, cpu, nvme), ``data_parallel_size``, ``param_dtype``, ``optimizer``,
   ``partition_count``; zero3 also ``persistence_threshold`` and
   ``model_persistence_threshold`` (as the engine read them),
-  ``persistent_params``/``_numel``/``_bytes`` (kept whole on every rank),
+  ``persistent_params``/``_numel``/``_bytes`` (kept whole on every rank; the bytes held beside the partitions),
   ``gathered_params``/``gathered_bytes`` (others whole at the snapshot),
   ``unmanaged_params``/``_bytes``, and ``zero_init`` for a model partitioned
   by ``deepspeed.zero.Init`` before any engine exists.

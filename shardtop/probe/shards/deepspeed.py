@@ -13,7 +13,8 @@ partition the optimizer (``zero_optim.py``).
 Parameters ZeRO-3 keeps whole on every rank (``ds_persist``: at most
 ``stage3_param_persistence_threshold`` elements each) read ``persistent``:
 from the first forward on, every rank holds them whole, for as long as the
-engine runs, beside their partition.  A parameter gathered at the moment of
+engine runs, beside their partition (in a data-parallel group of one the
+whole parameter is a view of its partition: held once).  A parameter gathered at the moment of
 the snapshot (in use by a forward or backward) reads ``gathered``.  Either
 counts what the rank holds now: its partition, and the whole parameter while
 it is gathered.  Both are summed in ``info`` too.
@@ -126,14 +127,15 @@ def _read_partitioned(tree: ModuleTree, table: ShardTable, offload: bool) -> Non
         itemsize = part.element_size()
         stored = local
         whole = param.numel() == numel and numel > 0  # gathered: the whole parameter beside the partition
+        beside = 0 if whole and _shares_storage(param, part) else numel  # a group of one views its partition
         if whole:
-            stored, device = local + numel, param.device
+            stored, device = local + beside, param.device
         if getattr(param, "ds_persist", False):  # whole on every rank from the first forward on
             state = PERSISTENT
-            kept.add(numel, numel * itemsize)
+            kept.add(numel, beside * itemsize)
         elif whole:  # gathered for compute right now
             state = GATHERED
-            gathered.add(numel, numel * itemsize)
+            gathered.add(numel, beside * itemsize)
         table.add(tree.param_rows[index], numel, stored, itemsize, table.device_id(device), table.state_id(state), unit)
         numel_total += numel
         local_total += local
@@ -173,6 +175,15 @@ class _Whole:
         self.params += 1
         self.numel += numel
         self.nbytes += nbytes
+
+
+def _shares_storage(param: Any, part: Any) -> bool:
+    """Whether the whole parameter is its partition's own memory: a partition of one rank (a data-parallel
+    group of one) is the whole parameter, and DeepSpeed gathers it by viewing the partition, not by a copy."""
+    try:
+        return bool(param.data.untyped_storage().data_ptr() == part.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError, AttributeError):  # meta tensors, tensor subclasses
+        return False
 
 
 def _on_nvme(part: Any) -> bool:
