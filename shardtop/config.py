@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
@@ -157,11 +157,14 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, object]:
     return out
 
 
-def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
+def _set(data: dict[str, object], dotted: str, value: object) -> None:
     *parents, last = dotted.split(".")
     node = data
     for p in parents:
-        node = node[p]
+        child = node.setdefault(p, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{_shown(dotted)}: {p} holds a value, not settings under it.")
+        node = child
     node[last] = value
 
 
@@ -282,7 +285,7 @@ def settable_keys(preset: Preset) -> dict[str, object]:
     return {k: v for k, v in flatten(preset.defaults).items() if k.split(".")[0] not in FIXED_KEYS}
 
 
-def resolve(preset_name: str | None, overrides: Iterable[tuple[str, str]] = ()) -> dict[str, Any]:
+def resolve(preset_name: str | None, overrides: Iterable[tuple[str, str]] = ()) -> dict[str, object]:
     """The preset's settings with the overrides applied, validated; ``preset`` added."""
     if not preset_name:
         raise ConfigError(
@@ -291,7 +294,7 @@ def resolve(preset_name: str | None, overrides: Iterable[tuple[str, str]] = ()) 
     preset = load_preset(preset_name)
     import copy
 
-    config: dict[str, Any] = copy.deepcopy(dict(preset.defaults))
+    config: dict[str, object] = copy.deepcopy(dict(preset.defaults))
     known = settable_keys(preset)
     overridden: list[str] = []
     for key, raw in overrides:
@@ -312,14 +315,14 @@ def resolve(preset_name: str | None, overrides: Iterable[tuple[str, str]] = ()) 
         _set(config, key, value)
         overridden.append(key)
     for key in SIZE_KEYS:
-        if isinstance(config.get(key), str):
-            config[key] = _check(key, None, config[key], config[key])
+        if isinstance(size := config.get(key), str):
+            config[key] = _check(key, None, size, size)
     config["preset"] = preset_name
     config["overrides"] = overridden
     return config
 
 
-def apply_cpu_defaults(config: dict[str, Any]) -> dict[str, Any]:
+def apply_cpu_defaults(config: dict[str, object]) -> dict[str, object]:
     """The preset's ``on_cpu`` values, for every key the user did not set.
 
     A cap (``gpu_mem_limit``) in ``on_cpu`` stands for the question's card at the preset's CPU size: where
@@ -328,9 +331,10 @@ def apply_cpu_defaults(config: dict[str, Any]) -> dict[str, Any]:
     import copy
 
     config = copy.deepcopy(config)
-    overridden = set(config.get("overrides", ()))
+    overrides, on_cpu = config.get("overrides"), config.get("on_cpu")
+    overridden = set(overrides) if isinstance(overrides, list) else set()
     resized = any(key.startswith("model.") for key in overridden)
-    for key, value in flatten(config.get("on_cpu") or {}).items():
+    for key, value in flatten(on_cpu if isinstance(on_cpu, Mapping) else {}).items():
         if key == "gpu_mem_limit" and resized:
             continue
         if key not in overridden:
@@ -338,7 +342,16 @@ def apply_cpu_defaults(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def on_machine(config: Mapping[str, Any], gpus: int) -> dict[str, Any]:
+class OnMachine(NamedTuple):
+    """A resolved preset as a machine runs it: its settings, and the two that the machine fixed in them."""
+
+    settings: dict[str, object]
+    accelerator: str
+    """cpu or cuda."""
+    devices: int
+
+
+def on_machine(config: Mapping[str, Any], gpus: int) -> OnMachine:
     """The config as a machine with ``gpus`` GPUs runs it: ``accelerator`` fixed to cpu or cuda and
     ``devices`` and ``world_size`` to numbers.
 
@@ -356,7 +369,9 @@ def on_machine(config: Mapping[str, Any], gpus: int) -> dict[str, Any]:
     devices = out.get("devices", "auto")
     if devices == "auto":
         devices = CPU_DEFAULT_DEVICES if accelerator == "cpu" else max(1, gpus)
-    out["accelerator"] = accelerator
+    if isinstance(devices, bool) or not isinstance(devices, int):
+        raise ConfigError(f"devices={devices}: expected a number of processes, or auto.")
+    out["accelerator"] = accelerator = str(accelerator)
     out["devices"] = devices
     out["world_size"] = 1 if out.get("single_process") else devices
-    return out
+    return OnMachine(out, accelerator, devices)

@@ -138,7 +138,7 @@ def rehearsal_command(settings: Sequence[str]) -> str:
 
 def resolve_devices(
     config: Mapping[str, Any], gpu_count: Callable[[], int], cpu: Callable[[], CpuRoom] = cpu_room
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Fix ``accelerator`` to cpu/cuda and ``world_size`` to a number as this machine runs the preset
     (``config.on_machine``, which ``shardtop plan`` shares), or say why it cannot run here."""
     missing = missing_engines(str(config.get("engine", "")))
@@ -154,9 +154,8 @@ def resolve_devices(
             "accelerator=cuda, but no NVIDIA GPU is visible (no driver, or CUDA_VISIBLE_DEVICES hides them).\n"
             "Use accelerator=cpu (or auto) to run on CPU processes."
         )
-    config = on_machine(config, gpus)
-    devices = config["devices"]
-    if config["accelerator"] == "cuda":
+    config, accelerator, devices = on_machine(config, gpus)
+    if accelerator == "cuda":
         if devices > gpus:
             raise TooManyDevices(
                 f"devices={devices}, but this machine has {gpus} GPU(s). Use devices={gpus} or fewer.",

@@ -84,17 +84,17 @@ def read_request(settings: Sequence[str], *, detect_gpu: bool = True) -> PlanReq
     if devices is not None:
         config["devices"] = devices
     gpus = _local_gpus() if detect_gpu and config.get("accelerator") != "cpu" else 0
-    config = on_machine(config, gpus)
-    accelerator = str(config["accelerator"])
+    config, accelerator, devices = on_machine(config, gpus)
     try:
         card = parse_gpu(gpu_text) if gpu_text is not None else None
     except UnknownGpu as e:
         raise ConfigError(str(e)) from None
     if card is None and accelerator == "cuda" and detect_gpu:
         card = local_gpu()
-    chosen = judged_against(card, config.get("gpu_mem_limit"))
-    count = 1 if config.get("single_process") and accelerator == "cpu" else int(config["devices"])
-    why = _planned_for(str(config.get("preset", "")), accelerator, gpus, told, gpu_text, "on_cpu" in config)
+    limit = config.get("gpu_mem_limit")
+    chosen = judged_against(card, limit if isinstance(limit, int) else None)
+    count = 1 if config.get("single_process") and accelerator == "cpu" else devices
+    why = _planned_for(str(config.get("preset", "")), accelerator, gpus, str(told), gpu_text, "on_cpu" in config)
     return PlanRequest(config=config, devices=count, accelerator=accelerator, gpu=chosen, planned_for=why)
 
 

@@ -70,7 +70,7 @@ def preset_run_config(
         )
     config = copy.deepcopy(config)
     gpus = gpu_count()
-    accelerator = config.get("accelerator", "auto")
+    accelerator = str(config.get("accelerator", "auto"))
     if accelerator == "auto":
         accelerator = "cuda" if gpus > 0 else "cpu"
     if accelerator == "cuda" and gpus == 0:

@@ -43,13 +43,15 @@ def _describe(program: str, sizes: tuple[tuple[str, Any], ...], batch_size: int)
     )
 
 
-def _unflatten(items: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _unflatten(items: tuple[tuple[str, Any], ...]) -> dict[str, object]:
+    out: dict[str, object] = {}
     for key, value in items:
         node = out
         *parents, last = key.split(".")
         for p in parents:
-            node = node.setdefault(p, {})
+            child = node.setdefault(p, {})
+            assert isinstance(child, dict), key  # the dotted keys of one preset's flattened settings
+            node = child
         node[last] = value
     return out
 
