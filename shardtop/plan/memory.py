@@ -295,8 +295,12 @@ def _fsdp(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> 
     if strategy.engine == FSDP2:
         unit_grads = 2 * largest_unit * gathered_bytes
     else:
+        # FSDP1 reduce-scatters the unit's whole gradient into a new shard at compute precision, and under
+        # mixed precision casts that shard to the parameters' dtype; the whole gradient lives until both
+        # are made.  Unsharded, it reduces in place and casts the whole gradient.
+        scattered = ceil_div(largest_unit, shard_ranks) * gathered_bytes if shard_ranks > 1 else 0
         sharded_copy = ceil_div(largest_unit, shard_ranks) * stored if strategy.half else 0
-        unit_grads = largest_unit * gathered_bytes + sharded_copy
+        unit_grads = largest_unit * gathered_bytes + scattered + sharded_copy
     unit_grads = int(unit_grads * desc.trained_share)  # frozen parameters (LoRA's base) get no gradient
     held_numel = on_device + unmanaged
     trained = int(held_numel * desc.trained_share)

@@ -3,8 +3,10 @@
 For each recorded run the plan is made from its ``run.json`` (the resolved
 config: preset, sizes, devices, ``gpu_mem_limit``) for the GPU it ran on:
 
-- a finished run: the planned peak is within 6 % of the allocator's
-  measured peak (``Memory.peak``, the highest over the ranks);
+- a finished run: the planned peak is within 3 % of the allocator's
+  measured peak (``Memory.peak``, the highest over the ranks), except the
+  ``KNOWN_MISSES``, each with its measured cause, which stay within 6 % and
+  outside 3 % (so that a fix has to take it off the list);
 - a run that ran out of memory: the plan runs out in the phase the run did,
   and plans there at least what the run had allocated and asked for (for the
   run ``FRAGMENTATION`` was set from, "runs out" is that allowance's verdict,
@@ -36,12 +38,32 @@ from tests.support.allocator_shares import FRAGMENTATION_FITTED_ON
 RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
 TOLERANCE = 0.10
 """A phase's figure against what the allocator needed there."""
-PEAK_TOLERANCE = 0.06
-"""A finished run's planned peak against the allocator's (docs/plan.md's "within 6 %"): the recordings
-range from 5.9 % low to 2.8 % high."""
+PEAK_TOLERANCE = 0.03
+"""A finished run's planned peak against the allocator's (docs/plan.md's "within 3 %"): the recordings
+not in ``KNOWN_MISSES`` range from 1.8 % low to 2.8 % high."""
+KNOWN_MISS_TOLERANCE = 0.06
+"""What a known miss is still held to: today from 5.9 % low to 3.9 % low (``fsdp-auto-wrap`` 4.5 % to 5.9 % low,
+``ddp-baseline`` 3.9 % low)."""
 
-KNOWN_MISSES: dict[str, str] = {}
-"""Recordings the plan cannot meet today, and why."""
+_AUTOCAST_FP32 = (
+    "peak at the end of the second forward, planned low: at the peak the allocator's split shows 408 MiB of "
+    "activations against 367 MiB planned.  Under autocast the residual stream after `.float()` stays fp32, and "
+    "LayerNorm saves it as it is; the plan counts every saved activation at 2 bytes under mixed precision.  "
+    "The peak is also 45 MiB above what was allocated as backward began (a transient at the end of forward, "
+    "not identified)")
+_FORWARD_END = (
+    "peak at the end of the second forward, planned low by 161 MiB: the allocator's split there shows 750 MiB of "
+    "activations (730 planned) and 58 MiB beyond DDP's buckets, and the peak is 97 MiB above that split.  The "
+    "last module of forward is the 16 x 16 transposed convolution; its forward's cuDNN workspace is not measured "
+    "(only backward's are, workspaces.py), so that it is the cause is not shown")
+KNOWN_MISSES: dict[str, str] = {
+    "h200/20261204-012331-fsdp-auto-wrap-c2a4": _AUTOCAST_FP32,
+    "h200-split/20261201-045234-fsdp-auto-wrap-52f3": _AUTOCAST_FP32,
+    "h200-rehearsal/20261201-212116-fsdp-auto-wrap-a415": _AUTOCAST_FP32 + "; rank 1 of two",
+    "h200/20261204-012353-ddp-baseline-1350": _FORWARD_END,
+    "h200-split/20261201-045257-ddp-baseline-f54a": _FORWARD_END,
+}
+"""Finished recordings the plan does not meet within ``PEAK_TOLERANCE``, and what their events show of why."""
 
 
 LAST_REQUEST_OF_ITS_PHASE = {
@@ -113,11 +135,7 @@ def _recording(path: Path) -> Recording | None:
 
 def _recordings() -> list[Any]:
     found = [r for r in (_recording(p) for p in sorted(RUNS.glob("*/*/")) if (p / "run.json").is_file()) if r]
-    return [
-        pytest.param(r, id=r.name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[r.name]))
-        if r.name in KNOWN_MISSES and r.finished else pytest.param(r, id=r.name)
-        for r in found
-    ]
+    return [pytest.param(r, id=r.name) for r in found]
 
 
 @pytest.mark.parametrize("rec", _recordings())
@@ -138,8 +156,12 @@ def test_the_plan_of_a_recorded_gpu_run_agrees_with_it(rec: Recording) -> None:
         assert planned >= least, f"{rec.name} needed at least {least} at {rec.oom_phase}; planned {planned}"
     elif rec.finished:
         error = (asked.per_rank.peak - rec.peak) / rec.peak
-        assert abs(error) <= PEAK_TOLERANCE, (
-            f"{rec.name}: planned {asked.per_rank.peak}, measured {rec.peak} ({error:+.1%})")
+        measured = f"{rec.name}: planned {asked.per_rank.peak}, measured {rec.peak} ({error:+.1%})"
+        if rec.name in KNOWN_MISSES:
+            known = f"{measured}; known miss: {KNOWN_MISSES[rec.name]}"
+            assert PEAK_TOLERANCE < abs(error) <= KNOWN_MISS_TOLERANCE, known
+        else:
+            assert abs(error) <= PEAK_TOLERANCE, measured
         assert asked.fits is True
     else:
         assert asked.per_rank.peak >= rec.peak, f"{rec.name} already used {rec.peak}; planned {asked.per_rank.peak}"
@@ -148,6 +170,11 @@ def test_the_plan_of_a_recorded_gpu_run_agrees_with_it(rec: Recording) -> None:
 def test_there_are_gpu_recordings_of_each_outcome() -> None:
     found = [p.values[0] for p in _recordings()]
     assert any(r.oom for r in found) and any(r.finished for r in found)
+
+
+def test_each_known_miss_is_a_finished_recording() -> None:
+    finished = {r.name for r in (p.values[0] for p in _recordings()) if r.finished}
+    assert set(KNOWN_MISSES) <= finished
 
 
 def _named(name: str) -> Recording:
