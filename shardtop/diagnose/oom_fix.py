@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from shardtop.diagnose.facts import ENGINE_WORDS, KindsEvidence, OomEvidence, fmt
 from shardtop.diagnose.finding import Evidence
+from shardtop.read.other_parts import parts_words
 from shardtop.rundir.engines import FSDP_ENGINES, OPTIMIZER_SHARDING_ENGINES, SHARDED_ENGINES, ZERO3, ZERO_ENGINES
 from shardtop.rundir.events import StackTensor
 
@@ -201,14 +202,19 @@ def _kept_fix(e: OutOfMemory, kept: int) -> str:
 
 
 def _other_part_fix(e: OutOfMemory, other: int) -> str | None:
-    """The fix of the part that held most of ``other`` at the OOM (``read/other_parts.py``), where one held
-    half of it and a fix is known for it; else None."""
+    """The fix of the part that held most of ``other`` at the OOM (``read/other_parts.py``) where one held half
+    of it and a fix is known for it; the parts, where none held half; None where the parts were not told or
+    the largest has no fix of its own."""
     parts = e.at_oom.other_parts if e.at_oom is not None else {}
     if not parts or not other:
         return None
     part = max(parts, key=parts.__getitem__)
     if parts[part] < DOMINANT_SHARE * other:
-        return None
+        return (
+            f"At the OOM most of the memory ({fmt(other)}) was other tensors "
+            f"({parts_words(parts, other, 0.0)}), no one kind of them the most; sharding does not reduce them: "
+            + _where_kind("other")
+        )
     if part == "backward":
         return (
             f"At the OOM most of the memory ({fmt(other)} other, {fmt(parts[part])} of it) was gradients in flight, "
