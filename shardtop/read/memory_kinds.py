@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from shardtop.rundir.json_files import JsonObject
 from shardtop.read.other_parts import other_sentence, parts_dict, parts_words, site_part
+from shardtop.rundir.json_files import JsonObject
 from shardtop.rundir.memory_figures import AllocationSite, MemorySplit
 from shardtop.units import format_bytes
 from shardtop.words import list_names, noun

@@ -98,8 +98,8 @@ def parts_words(parts: Mapping[str, int], total: int, min_share: float) -> str:
     named = sorted(((n, p) for p, n in parts.items() if p in PART_SHORT and n and n >= min_share * total),
                    key=lambda item: -item[0])
     if len(named) == 1 and named[0][0] == sum(parts.values()):
-        return PART_SHORT[named[0][1]]  # type: ignore[index]
-    return ", ".join(f"{format_bytes(n)} {PART_SHORT[p]}" for n, p in named)  # type: ignore[index]
+        return PART_SHORT[named[0][1]]
+    return ", ".join(f"{format_bytes(n)} {PART_SHORT[p]}" for n, p in named)
 
 
 def other_sentence(split: MemorySplit, min_share: float) -> str | None:

@@ -561,7 +561,7 @@ def test_other_is_told_by_part_the_backwards_gradients_the_models_output_a_forwa
     buffer = trace.alloc(MiB, [frame("/x/torch/nn/modules/module.py", "_apply"), USER_LOOP])
     trace.mark()  # forward
     saved = trace.alloc(4 * MiB, LINEAR_FORWARD)
-    unsaved = trace.alloc(2 * MiB, LINEAR_FORWARD)  # a mask the forward keeps on the module, saved for nothing
+    trace.alloc(2 * MiB, LINEAR_FORWARD)  # a mask the forward keeps on the module, saved for nothing
     logits = trace.alloc(64 * MiB, LINEAR_FORWARD)
     trace.alloc(128 * MiB, [frame("/home/u/train.py", "main", 67)])  # the loss's fp32 copy
     trace.alloc(128 * MiB, [])  # the loss's backward, on autograd's thread: the gradient of the log-softmax
@@ -575,7 +575,9 @@ def test_other_is_told_by_part_the_backwards_gradients_the_models_output_a_forwa
     assert split.by_kind.other == 128 * MiB + 64 * MiB + 2 * MiB + MiB and split.unexplained == 0
     assert split.other_parts == OtherParts(backward=128 * MiB, output=64 * MiB, forward=2 * MiB, buffers=MiB)
     assert [(s.part, s.where, s.bytes) for s in split.other_at] == [
-        ("backward", "", 128 * MiB), ("output", "train.py:1 in main", 64 * MiB), ("forward", "train.py:1 in main", 2 * MiB)
+        ("backward", "", 128 * MiB),
+        ("output", "train.py:1 in main", 64 * MiB),
+        ("forward", "train.py:1 in main", 2 * MiB),
     ]
     assert split.by_kind.activations == 4 * MiB and split.by_kind.script == 128 * MiB
 

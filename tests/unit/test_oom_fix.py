@@ -13,7 +13,10 @@ LOGITS = [4096, 32000]
 
 
 def _oom(
-    asked: int, tensors: tuple[StackTensor, ...], by_kind: dict[str, int | None], other_parts: dict[str, int] | None = None
+    asked: int,
+    tensors: tuple[StackTensor, ...],
+    by_kind: dict[str, int | None],
+    other_parts: dict[str, int] | None = None,
 ) -> OutOfMemory:
     oom = OomEvidence(rank=0, device="cuda:0", phase="forward", step=0, module="head", module_type="Linear",
                       attributed_by="forward-frame", engine_step=None, requested_bytes=asked,
