@@ -105,14 +105,17 @@ def parts_words(parts: Mapping[str, int], total: int, min_share: float) -> str:
 def other_sentence(split: MemorySplit, min_share: float) -> str | None:
     """``other: 1.95 GiB made by autograd in the backward (…), from torch's C++ code (no Python frame);
     500 MiB …, at train.py:31 in forward``: each share of ``other`` of at least ``min_share`` of the split,
-    what it is and where it was allocated; None where none is."""
+    what it is and where it was allocated (what no part names: only the places kept for it); None where
+    nothing is said."""
     total = split.allocated or 0
     said = []
     for share in other_shares(split):
         if total and share.bytes < min_share * total:
             continue
-        words = PART_WORDS[share.part] if share.part is not None else "of no part the probe names"
-        text = f"{format_bytes(share.bytes)} {words}"
+        if share.part is None:  # what no part names: its places, as the split kept them
+            said.extend(_place(site, with_bytes=True) for site in share.sites)
+            continue
+        text = f"{format_bytes(share.bytes)} {PART_WORDS[share.part]}"
         if len(share.sites) == 1 and share.sites[0].bytes == share.bytes:
             text += ", " + _place(share.sites[0], with_bytes=False)
         elif share.sites:
