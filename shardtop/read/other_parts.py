@@ -108,7 +108,7 @@ def other_sentence(split: MemorySplit, min_share: float) -> str | None:
     what it is and where it was allocated (what no part names: only the places kept for it); None where
     nothing is said."""
     total = split.allocated or 0
-    said = []
+    said: list[str] = []
     for share in other_shares(split):
         if total and share.bytes < min_share * total:
             continue
