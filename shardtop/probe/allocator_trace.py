@@ -34,6 +34,10 @@ Nothing here imports torch, so it is tested on CPU with snapshots built by hand.
    script (``script``), with the place;
 7. else it is ``unexplained``.
 
+The split's phase is the label of the last marker before the peak, but a
+"forward" with a block of the backward's own (rule 5) made since that marker
+is the backward (the loss's, before the model's first backward hook marks it).
+
 Censuses are tied to trace positions by markers: the probe allocates a tiny
 tensor from ``MARKER_FUNCTION`` whenever it takes one, so the n-th marker
 from the end of the trace is the n-th census from the end.
@@ -107,6 +111,8 @@ class BlockSplit:
         default_factory=lambda: {what: {} for what in SITED}
     )
     other_parts: dict[OtherPart, int] = field(default_factory=lambda: dict.fromkeys(OTHER_PARTS, 0))
+    backward_made_at: int = -1
+    """The latest trace position at which a block of the backward's own (part ``backward``) was made."""
 
     def add(self, kind: str | None, size: int, frames: Sequence[Frame] = (), part: OtherPart | None = None) -> None:
         self.total += size
@@ -185,7 +191,10 @@ def split_blocks(
                 kind = "kept"
         if kind == OUTPUT:
             kind = "other"
-        split.add(kind, block.size, block.frames, _other_part(census_kind, block.frames) if kind == "other" else None)
+        part = _other_part(census_kind, block.frames) if kind == "other" else None
+        split.add(kind, block.size, block.frames, part)
+        if part == "backward":
+            split.backward_made_at = max(split.backward_made_at, block.start)
     return split
 
 
@@ -347,6 +356,8 @@ def traced_splits(
 
     split = split_at(line.peak_position)
     phase, step = label_at(line.peak_position)
+    if phase == "forward" and _backward_began(line, split, line.peak_position):
+        phase = "backward"
     peak = MemorySplit(
         allocated=line.peak,
         by_kind=split.memory_kinds(),
@@ -361,6 +372,15 @@ def traced_splits(
         other_parts=split.parts(),
     )
     return TracedSplits(peak, split_at(line.length - 1), line)
+
+
+def _backward_began(line: Timeline, split: BlockSplit, position: int) -> bool:
+    """A block of the backward's own (``OtherParts.backward``) alive at ``position`` was made since the last
+    marker: a backward runs there, though no marker says so yet (the loss's backward, before the model's
+    first backward hook marks the phase)."""
+    index = bisect.bisect_right(line.markers, position) - 1
+    since = line.markers[index] if index >= 0 else -1
+    return split.backward_made_at > since
 
 
 def current_split(snapshot: Mapping[str, Any], device: int, census: Mapping[int, str]) -> BlockSplit:

@@ -19,6 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shardtop.probe.allocator_timeline import live_blocks, timeline
+from shardtop.probe.allocator_trace import traced_splits
+from shardtop.read.memory_kinds import split_sentence
+from shardtop.rundir.memory_figures import OtherParts
 from shardtop.units import format_bytes
 from tests.support.cli import report
 
@@ -139,3 +143,25 @@ def test_the_large_vocabularys_oom_tells_the_logits_in_other_and_still_the_copy_
     (finding,) = [f for f in data["findings"] if f["code"] == "oom"]
     assert "3.91 GiB other (a forward's tensors saved for no backward)" in finding["detail"]
     assert "fp32 copy of `input`" in finding["fix"] and "gradients in flight" not in finding["fix"]
+
+
+def test_the_small_vocabularys_trace_split_as_the_probe_splits_now_tells_the_logits_and_the_losss_backward() -> None:
+    """The same H100 trace split again by today's probe, with the census it takes at the model's first
+    backward hook seeing the tensor the model returned (the logits; the census was recorded before the
+    probe looked for it): the peak is in the loss's backward, not the forward its last marker says, and
+    other is the backward's fp32 gradients and the model's bf16 output."""
+    snapshot = pickle.loads((SMALL_VOCAB_AGAIN / "snapshots" / "rank-0-peak.pickle").read_bytes())
+    tokens, vocab = 4 * 2048, 32_000
+    line = timeline(snapshot["device_traces"][0], live_blocks(snapshot["segments"], 0))
+    (logits,) = [b for b in line.alive_at(line.peak_position) if b.size == tokens * vocab * 2 and b.frames]
+    labels = [("forward", 2), ("backward", 2), ("optimizer", 2), ("step", 2)]  # the last four markers'
+    found = traced_splits(snapshot, 0, [{}, {logits.address: "output"}, {}, {}], labels)
+    assert found is not None
+    peak = found.peak
+    assert (peak.phase, peak.step, peak.allocated) == ("backward", 2, line.peak)
+    assert peak.other_parts == OtherParts(backward=2 * tokens * vocab * 4, output=tokens * vocab * 2)
+    assert [(site.where, site.part) for site in peak.other_at] == [
+        ("", "backward"), ("large_vocab_loss.py:31 in forward", "output")
+    ]
+    said = split_sentence(peak)
+    assert "2.44 GiB other (1.95 GiB gradients in flight in the backward, 500 MiB the model's output)" in said
