@@ -8,8 +8,9 @@ library's workspace.  Tensors kept from earlier forwards with their autograd
 graph (an evaluation without ``torch.no_grad()``) are told as such, with what
 holds them.  Where ``other`` filled it, its largest part decides: gradients in
 flight in the backward and the model's output (logits) shrink with the tokens
-of a micro-batch, not with sharding.  A request that is a copy of the logits of a large vocabulary on
-the failing stack (a loss upcasting them) is told as tokens × vocabulary.
+of a micro-batch, not with sharding.  A request that is a copy of the logits of
+a large vocabulary on the failing stack (a loss upcasting them) is told as
+tokens × vocabulary.
 Where the memory at the OOM was not split, the fix says so and falls back to
 what usually fills the phase it struck in.
 """
@@ -211,16 +212,15 @@ def _other_part_fix(e: OutOfMemory, other: int) -> str | None:
     part = max(parts, key=parts.__getitem__)
     if parts[part] < DOMINANT_SHARE * other:
         return (
-            f"At the OOM most of the memory ({fmt(other)}) was other tensors "
-            f"({parts_words(parts, other, 0.0)}), no one kind of them the most; sharding does not reduce them: "
-            + _where_kind("other")
+            f"At the OOM most of the memory ({fmt(other)}) was other tensors, no part of them half: "
+            f"{parts_words(parts, other, 0.0)}. Sharding does not reduce them; " + _where_kind("other")
         )
     if part == "backward":
         return (
             f"At the OOM most of the memory ({fmt(other)} other, {fmt(parts[part])} of it) was gradients in flight, "
             "made by autograd in the backward: each activation's gradient, and that of what the loss was computed "
-            "from (the logits). They grow with the tokens of a micro-batch: fewer tokens per micro-batch reduce "
-            "them, and for a large vocabulary a chunked or fused linear-cross-entropy loss (Liger's "
+            "from (a language model's logits). They grow with the tokens of a micro-batch: fewer tokens per "
+            "micro-batch reduce them, and for a large vocabulary a chunked or fused linear-cross-entropy loss (Liger's "
             "`LigerFusedLinearCrossEntropyLoss`, or the loss over chunks of the sequence); sharding the model "
             "does not."
         )

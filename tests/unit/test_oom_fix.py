@@ -72,8 +72,8 @@ def test_other_filled_by_the_models_output_is_told_as_its_logits() -> None:
 def test_other_of_no_part_that_fills_half_is_told_by_its_parts() -> None:
     parts = {"backward": 900 * MIB, "buffers": 800 * MIB, "forward": 700 * MIB}
     fix = oom_fix(_oom(MIB, (), {"other": 2400 * MIB, "params": 100 * MIB}, parts))
-    assert "(900 MiB gradients in flight in the backward, 800 MiB module buffers, 700 MiB a forward's" in fix
-    assert "sharding does not reduce them" in fix and "micro-batch" not in fix
+    assert "no part of them half: 900 MiB gradients in flight in the backward, 800 MiB module buffers, 700 MiB" in fix
+    assert "Sharding does not reduce them" in fix and "micro-batch" not in fix
     assert not any(words in fix for words in SHARDING_WORDS), fix
     without = oom_fix(_oom(MIB, (), {"other": 2400 * MIB, "params": 100 * MIB}))  # an older recording's
     assert "which sharding, activation checkpointing and a smaller micro-batch do not reduce" in without
