@@ -8,11 +8,12 @@ its evidence alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from shardtop.read.memory_kinds import bytes_by_kind, kinds_sentence
 from shardtop.read.oom_story import OomStory
+from shardtop.read.other_parts import parts_dict
 from shardtop.read.run_model import RunModel
 from shardtop.rundir.engines import DDP, FSDP1, FSDP2, ZERO1, ZERO2, ZERO3
 from shardtop.rundir.events import PhaseName
@@ -51,12 +52,15 @@ class KindsEvidence:
     unexplained: int | None
     phase: str
     step: int | None
+    other_parts: dict[str, int] = field(default_factory=dict)
+    """What ``other`` holds, by part (``read/other_parts.py``): those the split or its places name."""
 
     @classmethod
     def of(cls, split: MemorySplit | None) -> KindsEvidence | None:
         if split is None:
             return None
-        return cls(split.allocated, bytes_by_kind(split), split.unexplained, split.phase, split.step)
+        return cls(split.allocated, bytes_by_kind(split), split.unexplained, split.phase, split.step,
+                   parts_dict(split))
 
     @property
     def when(self) -> str:
@@ -64,7 +68,8 @@ class KindsEvidence:
         return f" (step {self.step}, {self.phase})" if self.phase and self.step is not None else ""
 
     def sentence(self, requested: int | None = None) -> str:
-        return kinds_sentence(self.allocated, self.by_kind, self.unexplained, requested)
+        return kinds_sentence(self.allocated, self.by_kind, self.unexplained, requested,
+                              other_parts=self.other_parts)
 
 
 @dataclass(frozen=True)

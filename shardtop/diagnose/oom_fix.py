@@ -6,8 +6,11 @@ and optimizer state, not activations; activation checkpointing and a smaller
 micro-batch free activations, not tensors a loop keeps; none of them frees a
 library's workspace.  Tensors kept from earlier forwards with their autograd
 graph (an evaluation without ``torch.no_grad()``) are told as such, with what
-holds them.  A request that is a copy of the logits of a large vocabulary on
-the failing stack (a loss upcasting them) is told as tokens × vocabulary.
+holds them.  Where ``other`` filled it, its largest part decides: gradients in
+flight in the backward and the model's output (logits) shrink with the tokens
+of a micro-batch, not with sharding.  A request that is a copy of the logits of
+a large vocabulary on the failing stack (a loss upcasting them) is told as
+tokens × vocabulary.
 Where the memory at the OOM was not split, the fix says so and falls back to
 what usually fills the phase it struck in.
 """
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 
 from shardtop.diagnose.facts import ENGINE_WORDS, KindsEvidence, OomEvidence, fmt
 from shardtop.diagnose.finding import Evidence
+from shardtop.read.other_parts import parts_words
 from shardtop.rundir.engines import FSDP_ENGINES, OPTIMIZER_SHARDING_ENGINES, SHARDED_ENGINES, ZERO3, ZERO_ENGINES
 from shardtop.rundir.events import StackTensor
 
@@ -131,6 +135,8 @@ def _fix_of_what_filled(e: OutOfMemory) -> str:
         return _setup_fix(e) if e.oom.phase == "setup" else _params_fix(e)
     if kind == "comm":
         return _bucket_fix(e)
+    if kind == "other" and (part_fix := _other_part_fix(e, found[1] if found else 0)) is not None:
+        return part_fix
     if kind:
         return (
             f"At the OOM most of the memory ({fmt(found[1] if found else 0)}) was {KIND_WORDS.get(kind, kind)}, "
@@ -194,6 +200,38 @@ def _kept_fix(e: OutOfMemory, kept: int) -> str:
         "appended to, a hook, a metric or a log that stores the tensor rather than `.item()` or a detached CPU "
         "copy) and let go of it, or move what must be kept to the CPU as it is made."
     )
+
+
+def _other_part_fix(e: OutOfMemory, other: int) -> str | None:
+    """The fix of the part that held most of ``other`` at the OOM (``read/other_parts.py``) where one held half
+    of it and a fix is known for it; the parts, where none held half; None where the parts were not told or
+    the largest has no fix of its own."""
+    parts = e.at_oom.other_parts if e.at_oom is not None else {}
+    if not parts or not other:
+        return None
+    part = max(parts, key=parts.__getitem__)
+    if parts[part] < DOMINANT_SHARE * other:
+        return (
+            f"At the OOM most of the memory ({fmt(other)}) was other tensors, no part of them half: "
+            f"{parts_words(parts, other, 0.0)}. Sharding does not reduce them; " + _where_kind("other")
+        )
+    if part == "backward":
+        return (
+            f"At the OOM most of the memory ({fmt(other)} other, {fmt(parts[part])} of it) was gradients in flight, "
+            "made by autograd in the backward: each activation's gradient, and that of what the loss was computed "
+            "from (a language model's logits). They grow with the tokens of a micro-batch: fewer tokens per "
+            "micro-batch reduce them, and for a large vocabulary a chunked or fused linear-cross-entropy loss (Liger's "
+            "`LigerFusedLinearCrossEntropyLoss`, or the loss over chunks of the sequence); sharding the model "
+            "does not."
+        )
+    if part == "output":
+        return (
+            f"At the OOM most of the memory ({fmt(other)} other, {fmt(parts[part])} of it) was the model's output, "
+            "still held (a language model's logits: tokens × vocabulary × bytes). Fewer tokens per micro-batch, a "
+            "chunked or fused linear-cross-entropy loss that never holds the whole logits, or only the logits the "
+            "loss needs (transformers: `logits_to_keep`) reduce it; sharding and activation checkpointing do not."
+        )
+    return None
 
 
 def _activations_fix(e: OutOfMemory) -> str:

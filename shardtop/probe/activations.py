@@ -64,6 +64,9 @@ class SavedActivations:
         latest's: a step may run two forwards before one backward (a contrastive loss), and a loop's own
         variable holds the last output until the next forward returns."""
         self._latest_forward: int | None = None
+        self._model_outputs: list[weakref.ref[torch.Tensor]] = []
+        """The tensors the outermost calls of the latest forward returned (the model's output: the logits of a
+        language model), held weakly."""
         self.kept: list[Any] = []
         """Storages the last read found held by graphs of earlier forwards, and those graphs' outputs on the
         roots it was given: kept with their graphs, not this forward's activations."""
@@ -83,6 +86,8 @@ class SavedActivations:
         for tensor in _tensors_in(output):
             if tensor.grad_fn is not None:
                 self._outputs.append(weakref.ref(tensor))
+            if len(self._model_outputs) < MAX_OUTPUTS:
+                self._model_outputs.append(weakref.ref(tensor))
         del self._outputs[:-MAX_OUTPUTS]
 
     @property
@@ -91,6 +96,7 @@ class SavedActivations:
 
     def note_forward(self) -> None:
         """A forward begins (every forward, not only explained ones: one number read)."""
+        self._model_outputs = []
         if sequence_number is not None:
             self.forward_began, self._latest_forward = self._latest_forward, sequence_number()
 
@@ -157,6 +163,10 @@ class SavedActivations:
                     found.append((number, obj))
         found.sort(key=lambda pair: -pair[0])
         return [t for _, t in found[:MAX_OUTPUTS]]
+
+    def model_outputs(self) -> list[torch.Tensor]:
+        """The tensors the latest forward's outermost calls returned, those still alive."""
+        return [t for ref in self._model_outputs if (t := ref()) is not None]
 
     def live_storages(self) -> list[tuple[Any, int]]:
         """(storage, module id) of every storage the graph holds for backward now (0: no module); those of

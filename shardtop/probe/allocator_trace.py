@@ -34,6 +34,10 @@ Nothing here imports torch, so it is tested on CPU with snapshots built by hand.
    script (``script``), with the place;
 7. else it is ``unexplained``.
 
+The split's phase is the label of the last marker before the peak, but a
+"forward" with a block of the backward's own (rule 5) made since that marker
+is the backward (the loss's, before the model's first backward hook marks it).
+
 Censuses are tied to trace positions by markers: the probe allocates a tiny
 tensor from ``MARKER_FUNCTION`` whenever it takes one, so the n-th marker
 from the end of the trace is the n-th census from the end.
@@ -49,11 +53,22 @@ from typing import Any
 
 from shardtop.probe.allocating_code import Frame, backward_made, kind_of_frames, script_made, site_of
 from shardtop.probe.allocator_timeline import Timeline, TracedBlock, live_blocks, timeline
-from shardtop.rundir.memory_figures import AllocationSite, MemoryKinds, MemorySplit
+from shardtop.rundir.memory_figures import (
+    OTHER_PARTS,
+    AllocationSite,
+    MemoryKinds,
+    MemorySplit,
+    OtherPart,
+    OtherParts,
+)
 
 KINDS = ("params", "grads", "optimizer", "comm", "other", "kept", "activations")
 """The kinds, in the order a census counts them: a storage held by two counts under the first
 (a BatchNorm's running statistics are saved for backward, yet they are module buffers)."""
+
+OUTPUT = "output"
+"""A census's name for the model's output (the latest forward's outermost call returned it): counted last,
+under ``other`` (``OtherParts.output``), unless an earlier step or forward made it (kept)."""
 
 MAX_WORKSPACE_BLOCKS = 8
 """More blocks of one workspace size than this alive at the trace's end are a model's tensors of that
@@ -87,31 +102,42 @@ line."""
 @dataclass
 class BlockSplit:
     """Bytes per kind of some blocks, and the bytes of those no source named; where the blocks of ``SITED``
-    were allocated."""
+    were allocated; what made the blocks of ``other`` (``OtherParts``)."""
 
     kinds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TRACE_KINDS, 0))
     unexplained: int = 0
     total: int = 0
-    by_site: dict[str, dict[str, int]] = field(default_factory=lambda: {what: {} for what in SITED})
+    by_site: dict[str, dict[tuple[OtherPart | None, str], int]] = field(
+        default_factory=lambda: {what: {} for what in SITED}
+    )
+    other_parts: dict[OtherPart, int] = field(default_factory=lambda: dict.fromkeys(OTHER_PARTS, 0))
+    backward_made_at: int = -1
+    """The latest trace position at which a block of the backward's own (part ``backward``) was made."""
 
-    def add(self, kind: str | None, size: int, frames: Sequence[Frame] = ()) -> None:
+    def add(self, kind: str | None, size: int, frames: Sequence[Frame] = (), part: OtherPart | None = None) -> None:
         self.total += size
         if kind is None:
             self.unexplained += size
         else:
             self.kinds[kind] += size
+        if kind == "other" and part is not None:
+            self.other_parts[part] += size
         sites = self.by_site.get(kind or "unexplained")
         if sites is not None:
-            where = site_of(frames)
-            sites[where] = sites.get(where, 0) + size
+            key = (part if kind == "other" else None, site_of(frames))
+            sites[key] = sites.get(key, 0) + size
 
     def memory_kinds(self) -> MemoryKinds:
         return MemoryKinds(**self.kinds)
 
+    def parts(self) -> OtherParts:
+        """What made the blocks of ``other``."""
+        return OtherParts(**self.other_parts)
+
     def largest(self, what: str, count: int = SITES) -> list[AllocationSite]:
         """Where the most bytes of ``what`` (one of ``SITED``) were allocated, largest first."""
-        ranked = sorted(self.by_site[what].items(), key=lambda item: (-item[1], item[0]))
-        return [AllocationSite(where=where, bytes=size) for where, size in ranked[:count]]
+        ranked = sorted(self.by_site[what].items(), key=lambda item: (-item[1], item[0][1], item[0][0] or ""))
+        return [AllocationSite(where=where, bytes=size, part=part) for (part, where), size in ranked[:count]]
 
 
 HELD_KINDS = frozenset({"params", "grads", "optimizer", "comm"})
@@ -158,12 +184,33 @@ def split_blocks(
                 kind = census.addresses.get(block.address)
                 if kind is not None:
                     break
-        if kind is None or kind == "activations":
+        census_kind = kind
+        if kind is None or kind in ("activations", OUTPUT):
             kind = _uncounted_kind(block, kind, forward, phase_at, step_at, now, first, workspaces, end)
-            if kind == forward and _of_an_earlier_forward(block, position, phase_at, forward_at):
+            if kind in (forward, OUTPUT) and _of_an_earlier_forward(block, position, phase_at, forward_at):
                 kind = "kept"
-        split.add(kind, block.size, block.frames)
+        if kind == OUTPUT:
+            kind = "other"
+        part = _other_part(census_kind, block.frames) if kind == "other" else None
+        split.add(kind, block.size, block.frames, part)
+        if part == "backward":
+            split.backward_made_at = max(split.backward_made_at, block.start)
     return split
+
+
+def _other_part(census_kind: str | None, frames: Sequence[Frame]) -> OtherPart:
+    """What made a block of ``other``: the census's buffers or the model's output, else what its frames say
+    (a forward's, the optimizer step's), else the backward (rule 5: the one way left to ``other``)."""
+    if census_kind == "other":
+        return "buffers"
+    if census_kind == OUTPUT:
+        return "output"
+    framed = kind_of_frames(frames, forward="forward")
+    if framed == "forward":
+        return "forward"
+    if framed == "other":
+        return "optimizer"
+    return "backward"
 
 
 def _first_training_step(
@@ -309,6 +356,8 @@ def traced_splits(
 
     split = split_at(line.peak_position)
     phase, step = label_at(line.peak_position)
+    if phase == "forward" and _backward_began(line, split, line.peak_position):
+        phase = "backward"
     peak = MemorySplit(
         allocated=line.peak,
         by_kind=split.memory_kinds(),
@@ -320,8 +369,18 @@ def traced_splits(
         script_at=split.largest("script"),
         kept_at=split.largest("kept"),
         other_at=split.largest("other"),
+        other_parts=split.parts(),
     )
     return TracedSplits(peak, split_at(line.length - 1), line)
+
+
+def _backward_began(line: Timeline, split: BlockSplit, position: int) -> bool:
+    """A block of the backward's own (``OtherParts.backward``) alive at ``position`` was made since the last
+    marker: a backward runs there, though no marker says so yet (the loss's backward, before the model's
+    first backward hook marks the phase)."""
+    index = bisect.bisect_right(line.markers, position) - 1
+    since = line.markers[index] if index >= 0 else -1
+    return split.backward_made_at > since
 
 
 def current_split(snapshot: Mapping[str, Any], device: int, census: Mapping[int, str]) -> BlockSplit:

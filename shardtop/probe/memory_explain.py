@@ -338,7 +338,7 @@ class MemoryExplainer:
         allocated = stats.allocated if stats is not None else None
         kinds = with_lasting_workspaces(count.kinds, allocated, self.workspace_alive)
         split = MemorySplit(allocated=allocated, by_kind=kinds, unexplained=unexplained(allocated, kinds),
-                            phase=phase, step=step)
+                            phase=phase, step=step, other_parts=count.other_parts)
         self._pending = split
         self._offer_peak(split)
 
@@ -421,7 +421,8 @@ class MemoryExplainer:
             if snapshot is not None:
                 blocks = traced.at_end if traced is not None else current_split(snapshot, self.cuda_index,
                                                                                  count.addresses)
-            memory = split_of_moment(count.kinds, blocks, allocated, event.phase, event.step, traced=recording)
+            memory = split_of_moment(count.kinds, blocks, allocated, event.phase, event.step, traced=recording,
+                                     census_parts=count.other_parts)
         at_peak = traced.peak if traced is not None else event.peak_split
         if self.history is not None:
             self.history.stop()

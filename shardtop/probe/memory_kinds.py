@@ -31,7 +31,7 @@ import torch
 
 from shardtop.probe.activations import SavedActivations
 from shardtop.probe.allocator_timeline import BLOCK, block_bytes
-from shardtop.probe.allocator_trace import KINDS
+from shardtop.probe.allocator_trace import KINDS, OUTPUT
 from shardtop.probe.engine_buffers import (
     FLAT_PARAM_TENSORS,
     FSDP2_COMM_CONTEXT,
@@ -45,7 +45,7 @@ from shardtop.probe.engine_buffers import (
 )
 from shardtop.probe.shards import resolve_target
 from shardtop.probe.shards.table import local_tensor
-from shardtop.rundir.memory_figures import MemoryKinds
+from shardtop.rundir.memory_figures import MemoryKinds, OtherParts
 from shardtop.units import ceil_div
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -59,6 +59,8 @@ class KindCount:
     addresses: dict[int, str]
     seconds: float
     """What the census cost, for the sampler's budget."""
+    other_parts: OtherParts | None = None
+    """``kinds.other`` by part: module buffers and the model's output (``OUTPUT``, while it is followed)."""
 
     @property
     def total(self) -> int:
@@ -74,7 +76,7 @@ class _Tally:
         self.index = device.index if self.cuda and device.index is not None else -1
         """``Tensor.get_device()`` of the rank's device: an int compare, cheaper than a device compare."""
         self.addresses: dict[int, str] = {}
-        self.bytes = dict.fromkeys(KINDS, 0)
+        self.bytes = dict.fromkeys((*KINDS, OUTPUT), 0)
 
     def add(self, kind: str, tensor: Any) -> None:
         if tensor is None:
@@ -173,8 +175,12 @@ class MemoryCensus:
             measured.add("activations")
             if activations.kept:
                 measured.add("kept")
-        kinds = MemoryKinds(**{k: (v if k in measured else None) for k, v in tally.bytes.items()})
-        return KindCount(kinds, tally.addresses, time.perf_counter() - started)
+        figures = dict(tally.bytes)
+        output = figures.pop(OUTPUT)
+        parts = OtherParts(buffers=figures["other"], output=output)
+        figures["other"] += output  # the model's output is a share of other, not a kind of its own
+        kinds = MemoryKinds(**{k: (v if k in measured else None) for k, v in figures.items()})
+        return KindCount(kinds, tally.addresses, time.perf_counter() - started, parts)
 
 
 def _wrapped_model(target: Any) -> Any:
@@ -266,6 +272,8 @@ def _count(tally: _Tally, holders: EngineHolders, activations: SavedActivations 
             tally.add_storage("activations", storage)
         for storage in activations.kept:  # graphs of earlier forwards, and their outputs: kept with them
             tally.add_storage("kept", storage)
+        for tensor in activations.model_outputs():  # what the loss is computed from (logits), while held
+            tally.add(OUTPUT, tensor)
 
 
 def ddp_bucket_bytes(wrapper: Any, tally: _Tally) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from shardtop.probe.allocator_trace import TRACE_KINDS, BlockSplit
-from shardtop.rundir.memory_figures import MemoryKinds, MemorySplit
+from shardtop.rundir.memory_figures import MemoryKinds, MemorySplit, OtherParts
 
 
 def unexplained(allocated: int | None, kinds: MemoryKinds) -> int | None:
@@ -55,13 +55,21 @@ def only_measured(blocks: MemoryKinds, census: MemoryKinds) -> MemoryKinds:
 
 
 def split_of_moment(
-    census: MemoryKinds, blocks: BlockSplit | None, allocated: int | None, phase: str, step: int, traced: bool
+    census: MemoryKinds,
+    blocks: BlockSplit | None,
+    allocated: int | None,
+    phase: str,
+    step: int,
+    traced: bool,
+    census_parts: OtherParts | None = None,
 ) -> MemorySplit:
     """The split of one moment (an OOM's): the allocator's blocks alive then, each classified (``blocks``,
-    where a snapshot was taken), else the census's kinds.  ``traced``: the blocks come from a recorded trace."""
+    where a snapshot was taken), else the census's kinds (``census_parts``: its ``other`` by part).
+    ``traced``: the blocks come from a recorded trace."""
     if blocks is None:
         return MemorySplit(
-            allocated=allocated, by_kind=census, unexplained=unexplained(allocated, census), phase=phase, step=step
+            allocated=allocated, by_kind=census, unexplained=unexplained(allocated, census), phase=phase, step=step,
+            other_parts=census_parts,
         )
     kinds = only_measured(blocks.memory_kinds(), census)
     return MemorySplit(
@@ -75,4 +83,5 @@ def split_of_moment(
         script_at=blocks.largest("script"),
         kept_at=blocks.largest("kept"),
         other_at=blocks.largest("other"),
+        other_parts=blocks.parts(),
     )

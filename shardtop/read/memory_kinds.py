@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from shardtop.read.other_parts import other_sentence, parts_dict, parts_words, site_part
 from shardtop.rundir.json_files import JsonObject
 from shardtop.rundir.memory_figures import AllocationSite, MemorySplit
 from shardtop.units import format_bytes
@@ -99,9 +100,11 @@ def split_sentence(split: MemorySplit, requested: int | None = None, limit: int 
     """``12.6 GiB allocated: 9.4 GiB optimizer state, 2.0 GiB parameters, …; asked for 1.96 GiB more``.
 
     The ``limit`` largest kinds are named, the rest summed as ``x more``; unexplained bytes are
-    always named.  On CPU (no allocator) the sentence starts from the kinds' sum.
+    always named, and ``other``'s parts after it.  On CPU (no allocator) the sentence starts from the
+    kinds' sum.
     """
-    return kinds_sentence(split.allocated, bytes_by_kind(split), split.unexplained, requested, limit)
+    return kinds_sentence(split.allocated, bytes_by_kind(split), split.unexplained, requested, limit,
+                          parts_dict(split))
 
 
 def kinds_sentence(
@@ -110,8 +113,10 @@ def kinds_sentence(
     unexplained: int | None,
     requested: int | None = None,
     limit: int = 4,
+    other_parts: Mapping[str, int] | None = None,
 ) -> str:
-    """``split_sentence`` from the figures alone (as a finding's evidence keeps them)."""
+    """``split_sentence`` from the figures alone (as a finding's evidence keeps them); ``other_parts``:
+    what ``other`` holds, by part (``other_parts.py``), said after it where a part is worth saying."""
     rows = sorted(
         (KindBytes(k, v) for k in KINDS if (v := by_kind.get(k)) is not None and v > 0), key=lambda r: -r.bytes
     )
@@ -119,6 +124,8 @@ def kinds_sentence(
     rows = [r for r in rows if r.bytes * TRACE_SHARE >= total]  # 2 B of gradients beside 11.7 GiB: noise
     shown = rows if len(rows) <= limit + 1 else rows[:limit]  # one kind left over is named, not summed
     named = [f"{format_bytes(r.bytes)} {KIND_WORDS[r.kind]}" for r in shown]
+    if other_parts and (parts := parts_words(other_parts, total, 1 / TRACE_SHARE)):
+        named = [f"{text} ({parts})" if r.kind == "other" else text for r, text in zip(shown, named, strict=False)]
     if len(shown) < len(rows):
         named.append(f"{format_bytes(sum(r.bytes for r in rows[limit:]))} in {len(rows) - limit} more kinds")
     if unexplained is not None and unexplained > 0 and unexplained * TRACE_SHARE >= total:
@@ -136,7 +143,7 @@ def kinds_sentence(
 
 def split_dict(split: MemorySplit | None) -> JsonObject | None:
     """The JSON form (docs/report-json.md): ``{allocated, by_kind, unexplained, unexplained_at, script_at,
-    kept_at, other_at, phase, step, source}``."""
+    kept_at, other_at, other_parts, phase, step, source}``."""
     if split is None:
         return None
     return {
@@ -146,7 +153,9 @@ def split_dict(split: MemorySplit | None) -> JsonObject | None:
         "unexplained_at": [{"where": site.where or None, "bytes": site.bytes} for site in split.unexplained_at],
         "script_at": [{"where": site.where, "bytes": site.bytes} for site in split.script_at],
         "kept_at": [{"where": site.where or None, "bytes": site.bytes} for site in split.kept_at],
-        "other_at": [{"where": site.where or None, "bytes": site.bytes} for site in split.other_at],
+        "other_at": [{"where": site.where or None, "bytes": site.bytes, "part": site_part(site)}
+                     for site in split.other_at],
+        "other_parts": parts_dict(split) if split.by_kind.other else None,
         "phase": split.phase or None,
         "step": split.step,
         "source": split.source,
@@ -160,18 +169,19 @@ read as a problem."""
 
 
 def sites_sentence(split: MemorySplit) -> str | None:
-    """Where the script made its tensors, where the tensors kept from earlier steps were made, and where the
-    unexplained bytes of ``split`` were allocated, in words; None where the trace named no place or the bytes
-    are under ``SITES_WORTH_SAYING`` of the split."""
+    """Where the script made its tensors, where the tensors kept from earlier steps were made, where the
+    unexplained bytes of ``split`` were allocated, and what ``other`` holds (``other_parts.py``), in words;
+    None where the trace named no place or the bytes are under ``SITES_WORTH_SAYING`` of the split."""
     said = []
     for head, sites, total in (
         ("made by the script:", split.script_at, split.by_kind.script),
         ("kept from earlier steps, made", split.kept_at, split.by_kind.kept),
         ("unexplained bytes allocated", split.unexplained_at, split.unexplained),
-        ("other tensors allocated", split.other_at, split.by_kind.other),
     ):
         if sites and total and total > 0 and not (split.allocated and total < SITES_WORTH_SAYING * split.allocated):
             said.append(f"{head} " + "; ".join(_place(site) for site in sites))
+    if (other := other_sentence(split, SITES_WORTH_SAYING)) is not None:
+        said.append(other)
     return "; ".join(said) or None
 
 

@@ -6,6 +6,8 @@ Part of the event contract (``events.py``): plain msgspec structs, importing nei
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 
@@ -50,8 +52,9 @@ class MemoryKinds(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     """Communication buffers: ZeRO reduce buckets, DDP gradient buckets, FSDP all-gather and
     reduce-scatter buffers."""
     other: int | None = None
-    """Module buffers (BatchNorm statistics...) and, from the allocator's trace, temporaries of
-    the optimizer step and other blocks allocated by recognised code."""
+    """Module buffers (BatchNorm statistics...), the model's output while it is held, and, from the
+    allocator's trace, what the backward made (gradients in flight), a forward's tensors saved for no
+    backward and the optimizer step's temporaries; ``MemorySplit.other_parts`` says how much of each."""
     kept: int | None = None
     """Kept from earlier steps: tensors an earlier step made that are still alive, and no
     parameter, gradient, optimizer state or buffer (a list of each step's logits, a hook's stored
@@ -69,7 +72,34 @@ class MemoryKinds(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     own buffers.  Where they were made is in the split's ``script_at``.  From the allocator's trace."""
 
 
-class AllocationSite(msgspec.Struct, kw_only=True, frozen=True):
+OtherPart = Literal["backward", "output", "forward", "optimizer", "buffers"]
+"""What made a share of ``MemoryKinds.other`` (``OtherParts``' fields)."""
+
+OTHER_PARTS: tuple[OtherPart, ...] = ("backward", "output", "forward", "optimizer", "buffers")
+
+
+class OtherParts(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
+    """What ``MemoryKinds.other`` holds, by what made it: the parts sum to it.  A part the split's
+    sources cannot see is 0 (a census alone sees only the buffers and the model's output)."""
+
+    backward: int = 0
+    """Made by autograd in a backward: blocks allocated during a backward with no Python frame (autograd's
+    engine, on its own thread) or by the ``backward`` of an autograd Function.  The gradients in flight (an
+    activation's gradient on its way to the layer below, the logits' gradient the loss made) and the
+    backward's temporaries.  From the allocator's trace."""
+    output: int = 0
+    """The model's output, still held: the tensors the outermost module call of the latest forward returned
+    (a language model's logits, its head's output), seen by a census while the step is explained."""
+    forward: int = 0
+    """Made in a module's forward, neither saved for backward nor the model's output: a forward's
+    temporaries, or a module's output on its way.  From the allocator's trace."""
+    optimizer: int = 0
+    """The optimizer step's temporaries (``torch.optim``'s foreach intermediates).  From the allocator's trace."""
+    buffers: int = 0
+    """Module buffers (BatchNorm's running statistics...)."""
+
+
+class AllocationSite(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """Where some blocks were allocated: the innermost frame outside torch's own Python, as
     ``path:line in function`` (the path from below the folder the process imported it from, such as
     ``site-packages``, else the file's name), or ``""`` where the
@@ -77,6 +107,9 @@ class AllocationSite(msgspec.Struct, kw_only=True, frozen=True):
 
     where: str
     bytes: int
+    part: OtherPart | None = None
+    """For a place of ``other``'s blocks: which of its parts they are (None: not told, as in a recording
+    made before parts were)."""
 
 
 class MemorySplit(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
@@ -106,7 +139,10 @@ class MemorySplit(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     allocator's trace only."""
     other_at: list[AllocationSite] = []
     """Where the largest blocks of ``by_kind.other`` were allocated (an optimizer step's temporaries, module
-    buffers...), largest first (at most three); from the allocator's trace only."""
+    buffers...), with their part, largest first (at most three); from the allocator's trace only."""
+    other_parts: OtherParts | None = None
+    """``by_kind.other`` by what made it; None where not told (a recording made before parts were: a
+    reader derives what it can from ``other_at``)."""
 
 
 class AllocatorStats(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):

@@ -136,3 +136,42 @@ def test_a_workspace_the_trace_saw_is_named_by_later_censuses() -> None:
     assert freed.workspace == MiB, "never more than the census left unexplained"
     assert with_lasting_workspaces(census, 64 * 1024, workspace) == census
     assert with_lasting_workspaces(census, None, workspace) == census, "no allocator reading (CPU): nothing said"
+
+
+def test_the_models_output_and_the_backwards_gradients_are_named_parts_of_other() -> None:
+    """The census after the forward sees the tensor the model returned, which the script still holds (a
+    language model's logits); autograd's temporary in the backward has no Python frame: both are other, told
+    apart in the peak's split, and the output is in the census's own split too."""
+    model = nn.Linear(64, 256)
+    explainer = MemoryExplainer("cpu", MemoryOptions(explain_steps=1))
+    recorded = RecordedAllocator()
+    explainer.history = recorded  # type: ignore[assignment]
+    explainer.set_target(model)
+    explainer.start()
+    recorded.alloc(model.weight.untyped_storage().data_ptr(), 64 * 256 * 4)
+
+    explainer.on_phase("forward", 1)
+    x = torch.randn(32, 64)
+    logits = model(x)
+    output = logits.untyped_storage()
+    recorded.alloc(output.data_ptr(), output.nbytes(), SAVED_IN_FORWARD)
+    explainer.on_phase("backward", 1)
+    census = explainer._pending
+    assert census is not None and census.other_parts is not None
+    assert census.other_parts.output == output.nbytes() and census.by_kind.other == output.nbytes()
+    recorded.alloc(0x9000000, 2 * MiB)  # the gradient of the logits, made on autograd's thread
+    logits.sum().backward()
+    recorded.free(0x9000000)
+    explainer.on_phase("optimizer", 1)
+    explainer.on_step(1)
+
+    deadline = time.monotonic() + 5
+    while explainer.trace_seconds is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    split = explainer.sample(Memory(), None, fresh=True).peak_split
+    assert split is not None and split.source == "allocator-trace"
+    assert split.other_parts is not None
+    assert (split.other_parts.output, split.other_parts.backward) == (output.nbytes(), 2 * MiB)
+    assert split.by_kind.other == output.nbytes() + 2 * MiB and split.unexplained == 0
+    places = [(site.part, site.where) for site in split.other_at]
+    assert places == [("backward", ""), ("output", "linear.py:1 in forward")]

@@ -52,6 +52,9 @@ def test_the_logits_of_a_large_vocabulary_are_told_as_tokens_times_vocabulary(tm
     assert "fp32 copy of `logits` (4 × 256 × 32,768 values" in finding["fix"]
     assert "1,024 tokens × 32,768" in finding["fix"] and "logits_to_keep" in finding["fix"]
     assert "sharding and activation checkpointing do not" in finding["fix"]
+    # The bf16 logits the head returned, held by the script's variable: other's one part, the model's output.
+    assert oom["memory"]["other_parts"] == {"output": logits["nbytes"]} == {"output": 4 * 256 * 32768 * 2}
+    assert "64 MiB other (the model's output)" in finding["detail"]
 
     close = run_own(tmp_path / "close", "python", str(SCRIPTS / "large_vocab_loss.py"), "--cap-mib", "150",
                     "--vocab", "1024")

@@ -16,7 +16,7 @@ from shardtop.probe.allocating_code import MARKER_FUNCTION, kind_of_frames
 from shardtop.probe.allocator import allocator_stats, cublas_workspace_size, cublaslt_workspace_size
 from shardtop.probe.allocator_timeline import block_bytes, largest_free_block, timeline
 from shardtop.probe.allocator_trace import MAX_WORKSPACE_BLOCKS, current_split, peak_split, traced_splits
-from shardtop.rundir.memory_figures import AllocatorStats
+from shardtop.rundir.memory_figures import AllocatorStats, OtherParts
 
 MiB = 1 << 20
 
@@ -190,7 +190,8 @@ def test_the_losss_backward_before_the_models_first_backward_hook_is_the_backwar
     found = peak_split(trace.snapshot(), 0, censuses, labels)
     assert found is not None
     split, _ = found
-    assert (split.phase, split.allocated) == ("forward", 8 * MiB + 64 * MiB + 2 * 128 * MiB)
+    # the peak's phase: the backward, autograd's engine having allocated since the forward's marker
+    assert (split.phase, split.allocated) == ("backward", 8 * MiB + 64 * MiB + 2 * 128 * MiB)
     assert split.by_kind.other == 128 * MiB and split.by_kind.script == 128 * MiB
     assert split.unexplained == 0 and split.by_kind.params == 8 * MiB
     assert upcast
@@ -549,3 +550,54 @@ def test_a_models_weights_of_a_workspaces_size_are_parameters_not_workspaces() -
     trace.mark()
     found = peak_split(trace.snapshot(), 0, [{}, {}], [("forward", 1), ("backward", 1)], frozenset({lt}))
     assert found is not None and found[0].by_kind.workspace == lt
+
+
+def test_other_is_told_by_part_the_backwards_gradients_the_models_output_a_forwards_temporary() -> None:
+    """A plain loop's step over a large vocabulary, its peak in the loss's backward (the trace still reads
+    "forward"): what fills ``other`` is told apart: the gradients autograd made with no Python frame, the
+    logits (the model's output, which the census after the forward saw as such), a forward's tensor saved for
+    no backward, and a module buffer."""
+    trace = Trace()
+    weights = trace.alloc(8 * MiB, [frame("/x/torch/nn/modules/module.py", "_apply"), USER_LOOP])
+    buffer = trace.alloc(MiB, [frame("/x/torch/nn/modules/module.py", "_apply"), USER_LOOP])
+    trace.mark()  # forward
+    saved = trace.alloc(4 * MiB, LINEAR_FORWARD)
+    trace.alloc(2 * MiB, LINEAR_FORWARD)  # a mask the forward keeps on the module, saved for nothing
+    logits = trace.alloc(64 * MiB, LINEAR_FORWARD)
+    trace.alloc(128 * MiB, [frame("/home/u/train.py", "main", 67)])  # the loss's fp32 copy
+    trace.alloc(128 * MiB, [])  # the loss's backward, on autograd's thread: the gradient of the log-softmax
+    trace.mark()  # the model's first module backward
+    labels = [("forward", 1), ("backward", 1)]
+    held = {weights: "params", buffer: "other"}
+    censuses = [held, {**held, saved: "activations", logits: "output"}]
+    found = peak_split(trace.snapshot(), 0, censuses, labels)
+    assert found is not None
+    split, _ = found
+    assert split.by_kind.other == 128 * MiB + 64 * MiB + 2 * MiB + MiB and split.unexplained == 0
+    assert split.other_parts == OtherParts(backward=128 * MiB, output=64 * MiB, forward=2 * MiB, buffers=MiB)
+    assert [(s.part, s.where, s.bytes) for s in split.other_at] == [
+        ("backward", "", 128 * MiB),
+        ("output", "train.py:1 in main", 64 * MiB),
+        ("forward", "train.py:1 in main", 2 * MiB),
+    ]
+    assert split.by_kind.activations == 4 * MiB and split.by_kind.script == 128 * MiB
+
+    trace.alloc(MiB, ADAM_TEMP)  # the optimizer step's scratch, at the trace's end
+    trace.mark()
+    end = traced_splits(trace.snapshot(), 0, [*censuses, held], [*labels, ("optimizer", 1)])
+    assert end is not None and end.at_end.parts().optimizer == MiB
+
+
+def test_the_models_output_from_an_earlier_step_is_kept() -> None:
+    """A loop's variable holds the last step's logits until the next forward returns: seen as the model's
+    output by a census of the step that made them, they are kept from it in the next."""
+    trace = Trace()
+    trace.mark()  # forward, step 1
+    logits = trace.alloc(64 * MiB, LINEAR_FORWARD)
+    trace.mark()  # backward, step 1
+    trace.mark()  # forward, step 2
+    trace.alloc(64 * MiB, LINEAR_FORWARD)
+    labels = [("forward", 1), ("backward", 1), ("forward", 2)]
+    found = traced_splits(trace.snapshot(), 0, [{}, {logits: "output"}, {logits: "output"}], labels)
+    assert found is not None
+    assert found.at_end.kinds["kept"] == 64 * MiB and found.at_end.other_parts["output"] == 0

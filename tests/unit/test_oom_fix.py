@@ -12,12 +12,18 @@ LOGITS = [4096, 32000]
 """4,096 tokens of a 32,000-token vocabulary: 500 MiB in fp32."""
 
 
-def _oom(asked: int, tensors: tuple[StackTensor, ...], by_kind: dict[str, int | None]) -> OutOfMemory:
+def _oom(
+    asked: int,
+    tensors: tuple[StackTensor, ...],
+    by_kind: dict[str, int | None],
+    other_parts: dict[str, int] | None = None,
+) -> OutOfMemory:
     oom = OomEvidence(rank=0, device="cuda:0", phase="forward", step=0, module="head", module_type="Linear",
                       attributed_by="forward-frame", engine_step=None, requested_bytes=asked,
                       allocated=sum(v or 0 for v in by_kind.values()), reserved=None, limit=None, total=None,
                       ranks_out_of_memory=1)
-    split = KindsEvidence(allocated=oom.allocated, by_kind=by_kind, unexplained=0, phase="forward", step=0)
+    split = KindsEvidence(allocated=oom.allocated, by_kind=by_kind, unexplained=0, phase="forward", step=0,
+                          other_parts=other_parts or {})
     return OutOfMemory(oom=oom, found_by="the probe", engine="ddp", world_size=1, block_type="", others=(),
                        at_oom=split, stack_tensors=tensors)
 
@@ -43,3 +49,31 @@ def test_new_logits_as_large_as_ones_a_loop_keeps_further_out_are_not_called_a_c
 def test_a_stack_tensor_recorded_without_its_depth_is_not_taken_for_the_copied_one() -> None:
     fix = oom_fix(_oom(500 * MIB, (_logits("logits", None),), {"activations": 900 * MIB}))
     assert "copy of" not in fix
+
+
+SHARDING_WORDS = ("shard the model", "activation checkpointing on", "ZeRO", "FSDP")
+
+
+def test_other_filled_by_the_backwards_gradients_is_told_as_such_with_fewer_tokens_not_sharding() -> None:
+    parts = {"backward": 1900 * MIB, "forward": 500 * MIB}
+    fix = oom_fix(_oom(MIB, (), {"other": 2400 * MIB, "params": 100 * MIB, "script": 900 * MIB}, parts))
+    assert "gradients in flight, made by autograd in the backward" in fix and "(2.34 GiB other, 1.86 GiB of it)" in fix
+    assert "fewer tokens per micro-batch" in fix and "sharding the model does not" in fix
+    assert not any(words in fix for words in SHARDING_WORDS), fix
+
+
+def test_other_filled_by_the_models_output_is_told_as_its_logits() -> None:
+    fix = oom_fix(_oom(MIB, (), {"other": 4000 * MIB, "params": 1000 * MIB}, {"output": 4000 * MIB}))
+    assert "the model's output, still held" in fix and "logits_to_keep" in fix
+    assert "sharding and activation checkpointing do not" in fix
+    assert not any(words in fix for words in SHARDING_WORDS), fix
+
+
+def test_other_of_no_part_that_fills_half_is_told_by_its_parts() -> None:
+    parts = {"backward": 900 * MIB, "buffers": 800 * MIB, "forward": 700 * MIB}
+    fix = oom_fix(_oom(MIB, (), {"other": 2400 * MIB, "params": 100 * MIB}, parts))
+    assert "no part of them half: 900 MiB gradients in flight in the backward, 800 MiB module buffers, 700 MiB" in fix
+    assert "Sharding does not reduce them" in fix and "micro-batch" not in fix
+    assert not any(words in fix for words in SHARDING_WORDS), fix
+    without = oom_fix(_oom(MIB, (), {"other": 2400 * MIB, "params": 100 * MIB}))  # an older recording's
+    assert "which sharding, activation checkpointing and a smaller micro-batch do not reduce" in without

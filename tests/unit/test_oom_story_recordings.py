@@ -19,6 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shardtop.probe.allocator_timeline import live_blocks, timeline
+from shardtop.probe.allocator_trace import traced_splits
+from shardtop.read.memory_kinds import split_sentence
+from shardtop.rundir.memory_figures import OtherParts
 from shardtop.units import format_bytes
 from tests.support.cli import report
 
@@ -111,3 +115,53 @@ def test_the_logits_of_a_256k_vocabulary_on_a_gpu_are_told_as_tokens_times_vocab
                    for words in SHARDING_WORDS), finding["fix"]
     close: dict[str, Any] = json.loads(report(SMALL_VOCAB_AGAIN, "json"))
     assert close["oom"] is None and close["step"] == 3  # the same loop, a 32 000-token vocabulary
+
+
+def test_other_at_the_small_vocabularys_peak_is_told_by_part_none_of_it_unnamed() -> None:
+    """The peak of the 32 000-token loop is in the loss's backward: of its 2.44 GiB of other, 1.95 GiB are the
+    gradients autograd made there (no Python frame: the log-softmax's and the logits' fp32 gradients) and
+    500 MiB the bf16 logits the head made in the forward, which the script's variable still holds.  Recorded
+    before the probe told the parts: they are read from the places the split kept."""
+    data: dict[str, Any] = json.loads(report(SMALL_VOCAB_AGAIN, "json"))
+    peak = data["ranks"][0]["memory_peak"]
+    tokens, vocab = 4 * 2048, 32_000
+    assert peak["other_parts"] == {"backward": 2 * tokens * vocab * 4, "forward": tokens * vocab * 2}
+    assert sum(peak["other_parts"].values()) == peak["by_kind"]["other"]  # no share of other is left unnamed
+    assert [(site["where"], site["part"]) for site in peak["other_at"]] == [
+        (None, "backward"), ("large_vocab_loss.py:31 in forward", "forward")
+    ]
+    text = report(SMALL_VOCAB_AGAIN, "text")
+    assert "other: 1.95 GiB made by autograd in the backward (gradients in flight" in text
+    assert "; 500 MiB made in a forward and saved for no backward (a module's output still held" in text
+    assert "at large_vocab_loss.py:31 in forward." in text
+
+
+def test_the_large_vocabularys_oom_tells_the_logits_in_other_and_still_the_copy_as_the_fix() -> None:
+    data: dict[str, Any] = json.loads(report(LARGE_VOCAB, "json"))
+    split = data["oom"]["memory"]
+    assert split["other_parts"] == {"forward": 4 * 2048 * 256_000 * 2}  # the bf16 logits, all of other
+    (finding,) = [f for f in data["findings"] if f["code"] == "oom"]
+    assert "3.91 GiB other (a forward's tensors saved for no backward)" in finding["detail"]
+    assert "fp32 copy of `input`" in finding["fix"] and "gradients in flight" not in finding["fix"]
+
+
+def test_the_small_vocabularys_trace_split_as_the_probe_splits_now_tells_the_logits_and_the_losss_backward() -> None:
+    """The same H100 trace split again by today's probe, with the census it takes at the model's first
+    backward hook seeing the tensor the model returned (the logits; the census was recorded before the
+    probe looked for it): the peak is in the loss's backward, not the forward its last marker says, and
+    other is the backward's fp32 gradients and the model's bf16 output."""
+    snapshot = pickle.loads((SMALL_VOCAB_AGAIN / "snapshots" / "rank-0-peak.pickle").read_bytes())
+    tokens, vocab = 4 * 2048, 32_000
+    line = timeline(snapshot["device_traces"][0], live_blocks(snapshot["segments"], 0))
+    (logits,) = [b for b in line.alive_at(line.peak_position) if b.size == tokens * vocab * 2 and b.frames]
+    labels = [("forward", 2), ("backward", 2), ("optimizer", 2), ("step", 2)]  # the last four markers'
+    found = traced_splits(snapshot, 0, [{}, {logits.address: "output"}, {}, {}], labels)
+    assert found is not None
+    peak = found.peak
+    assert (peak.phase, peak.step, peak.allocated) == ("backward", 2, line.peak)
+    assert peak.other_parts == OtherParts(backward=2 * tokens * vocab * 4, output=tokens * vocab * 2)
+    assert [(site.where, site.part) for site in peak.other_at] == [
+        ("", "backward"), ("large_vocab_loss.py:31 in forward", "output")
+    ]
+    said = split_sentence(peak)
+    assert "2.44 GiB other (1.95 GiB gradients in flight in the backward, 500 MiB the model's output)" in said
