@@ -16,6 +16,8 @@ from shardtop.plan.options import alternatives
 from shardtop.plan.strategies import Strategy
 from shardtop.plan.verdict import Option, Verdict, judge, option
 from shardtop.plan.workspaces import workspace_note
+from shardtop.units import format_bytes
+from shardtop.words import plural
 
 
 @dataclass(frozen=True)
@@ -85,5 +87,15 @@ def make_plan(
         preset=preset,
         build_note=asked.build_note,
         command=command,
-        notes=(*notes, *filter(None, [workspace_note(convolutions_as_run(desc, asked), gpu=on_gpu)])),
+        notes=(*notes, *filter(None, [checkpointing_note(desc, options[0].per_rank),
+                                      workspace_note(convolutions_as_run(desc, asked), gpu=on_gpu)])),
     )
+
+
+def checkpointing_note(desc: ModelDescription, planned: PerRank) -> str | None:
+    """What the plan says of activation checkpointing, where the traced forward ran checkpointed regions."""
+    if not desc.checkpointed:
+        return None
+    return (f"activation checkpointing: {plural(desc.checkpointed, 'checkpointed region')} (a layer each under "
+            f"transformers' gradient checkpointing) saved as inputs only; the largest recomputed in the backward: "
+            f"{format_bytes(planned.recomputed)}, held with its gradients when the backward reaches it.")

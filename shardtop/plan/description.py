@@ -83,6 +83,21 @@ class ModelDescription(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     trainable: int | None = None
     """Elements of the parameters that require gradients (LoRA: the adapters); None where not known
     (every parameter is then taken as trained)."""
+    checkpointed: int = 0
+    """Checkpointed regions one forward ran (``torch.utils.checkpoint``: a decoder layer each under
+    transformers' gradient checkpointing); each saved its inputs only, counted in the rows."""
+    recomputed_float: int = 0
+    """Floating-point elements the largest checkpointed region saves when it is not checkpointed: the
+    backward recomputes it and holds all of them while it makes the region's gradients."""
+    recomputed_other: int = 0
+    """Bytes of the non-floating tensors it saves so (indices, masks)."""
+    recomputed_output: int = 0
+    """Elements of the largest output of a module inside that region: with its gradient, the transient of
+    the region's backward."""
+    after_checkpointed_float: int = 0
+    """Floating-point elements saved (outside any region) after the last checkpointed region: the head and
+    the loss, freed by the backward before it reaches a region."""
+    after_checkpointed_other: int = 0
 
     @property
     def trained(self) -> int:

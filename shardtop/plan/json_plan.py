@@ -32,6 +32,7 @@ def _option(o: Option) -> JsonObject:
             "peak": p.peak,
             "phases": dict(zip(("setup", "forward", "backward", "step"), p.phases, strict=True)),
             "host": p.host,
+            "recomputed": p.recomputed,
         },
         "peak_phase": p.peak_phase,
         "fits": o.fits,

@@ -103,6 +103,9 @@ class PerRank:
     what set-up needs from the device once it is served."""
     conv_workspace: int = 0
     """cuDNN's largest measured convolution workspace, held in backward (``workspaces.py``)."""
+    recomputed: int = 0
+    """Activation checkpointing: the largest checkpointed region's activations, recomputed and held in backward
+    (0 where nothing is checkpointed)."""
 
     @property
     def peak(self) -> int:
@@ -174,6 +177,28 @@ def _activations(desc: ModelDescription, strategy: Strategy, rows: tuple[int, ..
     return floats * 2 + other
 
 
+class Recompute(NamedTuple):
+    """Activation checkpointing's backward, in bytes at the configured batch: the largest checkpointed region's
+    activations, recomputed when the backward reaches it, and its transient; what the backward freed before
+    reaching any region."""
+
+    activations: int
+    transient: int
+    freed_before: int
+
+
+def _recompute(desc: ModelDescription, strategy: Strategy, batch_scale: float) -> Recompute:
+    """The regions run in the repeated blocks (half precision where the strategy computes in it); the head
+    after them outside, like ``_activations``."""
+    in_blocks = 2 if strategy.half else desc.dtype_bytes
+    outside = 2 if strategy.half and not strategy.half_in_units_only else desc.dtype_bytes
+    return Recompute(
+        activations=int((desc.recomputed_float * in_blocks + desc.recomputed_other) * batch_scale),
+        transient=int(desc.recomputed_output * in_blocks * batch_scale),
+        freed_before=int((desc.after_checkpointed_float * outside + desc.after_checkpointed_other) * batch_scale),
+    )
+
+
 def _transient(desc: ModelDescription, strategy: Strategy) -> int:
     """The largest module output (and, in backward, its gradient) at compute precision."""
     return desc.largest_output * (2 if strategy.half and not strategy.half_in_units_only else desc.dtype_bytes)
@@ -187,6 +212,7 @@ def _phases(
     workspace = CUDA_WORKSPACES if gpu else 0
     conv = _conv_workspace(desc, strategy, rows, gpu=gpu, batch_scale=batch_scale)
     transient = int(_transient(desc, strategy) * batch_scale)
+    recompute = _recompute(desc, strategy, batch_scale) if rows is None and desc.checkpointed else None
     persistent_grads = held.grads if held.grads_persist else 0
     first = held.params + held.optimizer_before_step + held.buffers + workspace + persistent_grads
     base = held.params + held.optimizer + held.buffers + workspace + persistent_grads
@@ -206,8 +232,14 @@ def _phases(
     def backward(gathered: int, reduced: int) -> int:
         # A stem convolution's backward comes last, when the activations are freed and the gradients made:
         # its workspace is held then, not beside the activations at the start of backward.
-        held_most = max(activations, growing + conv)
-        return gathered + held_most + reduced + held.backward_buffers + 2 * transient
+        held_most = max(activations, growing + conv) + 2 * transient
+        if recompute is not None:
+            # A checkpointed region is recomputed when the backward reaches it, the head's activations freed:
+            # its activations and their gradients are held beside the inputs kept for the regions before it
+            # (all but one at the last region) or the gradients made so far (nearly all at the first).
+            in_region = recompute.activations + 2 * recompute.transient
+            held_most = max(held_most, max(activations - recompute.freed_before, growing) + in_region)
+        return gathered + held_most + reduced + held.backward_buffers
 
     step = base + (0 if held.grads_persist else held.grads) + held.step_temporary
     timeline = Timeline(
@@ -232,6 +264,7 @@ def _phases(
         timeline=timeline,
         setup_requests=held.setup_requests,
         conv_workspace=conv,
+        recomputed=recompute.activations if recompute is not None else 0,
     )
 
 

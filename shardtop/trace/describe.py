@@ -72,6 +72,12 @@ def describe_model(
         input_bytes=input_bytes,
         batch_size=batch_size,
         trainable=trainable,
+        checkpointed=saved.checkpointed,
+        recomputed_float=saved.largest_recomputed.floats,
+        recomputed_other=saved.largest_recomputed.other,
+        recomputed_output=saved.largest_recomputed.largest_output,
+        after_checkpointed_float=saved.saved_after_regions.floats,
+        after_checkpointed_other=saved.saved_after_regions.other,
     )
 
 

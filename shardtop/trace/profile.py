@@ -12,6 +12,13 @@ same settings, same parameter shapes, same children) and called alike (same
 input shapes and dtypes) save alike: the first call of each kind runs and is
 recorded, the others replay the record - the same counts at their own rows,
 outputs of the recorded shapes - without running any kernel.
+
+A checkpointed region (``torch.utils.checkpoint``, as transformers'
+gradient checkpointing and torch's ``checkpoint_wrapper`` call it) keeps only
+its inputs; its own saves go to checkpoint's hooks, not to the rows.  While
+tracing, those saves are counted too, per region (``_checkpoints_measured``):
+what the region saves when it is not checkpointed is what the backward
+recomputes and holds while it makes the region's gradients.
 """
 
 from __future__ import annotations
@@ -38,14 +45,51 @@ _TENSOR = object()
 
 
 @dataclass(frozen=True)
+class Saved:
+    """Floating elements and other bytes saved for backward."""
+
+    floats: int = 0
+    other: int = 0
+
+    @property
+    def size(self) -> int:
+        """Its bytes at four bytes an element: which of two is the larger."""
+        return self.floats * 4 + self.other
+
+
+@dataclass(frozen=True)
+class Recomputed(Saved):
+    """What one checkpointed region saves when it is not checkpointed, and the largest output of a module
+    inside it (elements)."""
+
+    largest_output: int = 0
+
+
+@dataclass(frozen=True)
 class SavedCounts:
     """Per row: floating elements and other bytes saved for backward; the largest output; the shapes of
-    convolution the forward ran."""
+    convolution the forward ran; the checkpointed regions it ran and the largest of them."""
 
     saved_float: list[int]
     saved_other: list[int]
     largest_output: int
     convolutions: tuple[Convolution, ...] = ()
+    checkpointed: int = 0
+    largest_recomputed: Recomputed = Recomputed()
+    saved_after_regions: Saved = Saved()
+    """Saved outside the regions after the last one closed (a model's head, its loss): freed by the backward
+    before it recomputes a region."""
+
+
+@dataclass
+class _Region:
+    """A checkpointed region being traced: what it saves, each storage once."""
+
+    counted: set[int]
+    """Storages it does not hold itself: its inputs (kept by the checkpoint) and what it saved so far."""
+    floats: int = 0
+    other: int = 0
+    largest_output: int = 0
 
 
 @dataclass(frozen=True)
@@ -54,12 +98,15 @@ class _Saved:
 
     offset: int
     kind: str
-    """new (allocated inside the call), in (an input's storage), out (an output's storage)."""
+    """new (allocated inside the call), in (an input's storage), out (an output's storage), region (a
+    checkpointed region ran)."""
     index: int
     """Which input or output (flattened), for ``in`` and ``out``."""
     floating: bool
     amount: int
     """Elements if floating, else bytes; for ``new`` only."""
+    region: Recomputed | None = None
+    """For ``region``."""
 
 
 @dataclass(frozen=True)
@@ -76,8 +123,11 @@ class _Recording:
     row: int
     inputs: dict[int, int]
     """Storage id -> flattened input index."""
-    events: list[tuple[int, int | None, bool, int]] = field(default_factory=list)
-    """(row, storage id or None for a replayed allocation, floating, amount)."""
+    depth: int = 0
+    """The checkpointed regions open when the call began: its events are the saves at that depth."""
+    events: list[tuple[int, int | None, bool, int] | Recomputed] = field(default_factory=list)
+    """(row, storage id or None for a replayed allocation, floating, amount), or a checkpointed region that
+    closed, in the order they came."""
     inputs_saved: set[int] = field(default_factory=set)
 
 
@@ -100,16 +150,32 @@ class _Profiler:
         self.stack: list[int] = [0]
         self.recordings: list[_Recording] = []
         self.memo: dict[Signature, _Record | None] = {}
+        self.regions: list[_Region] = []
+        """The checkpointed regions open now, innermost last: what is saved inside goes to the innermost."""
+        self.checkpointed = 0
+        self.largest_recomputed = Recomputed()
+        self.after_regions = Saved()
 
     # -- counting -------------------------------------------------------------
 
     def _add(self, row: int, sid: int | None, floating: bool, amount: int) -> None:
-        if floating:
+        depth = len(self.regions)
+        if depth:
+            region = self.regions[-1]
+            if floating:
+                region.floats += amount
+            else:
+                region.other += amount
+        elif floating:
             self.saved_float[row] += amount
+            if self.checkpointed:
+                self.after_regions = Saved(self.after_regions.floats + amount, self.after_regions.other)
         else:
             self.saved_other[row] += amount
+            if self.checkpointed:
+                self.after_regions = Saved(self.after_regions.floats, self.after_regions.other + amount)
         for rec in self.recordings:
-            if sid is None or sid not in rec.inputs:
+            if rec.depth == depth and (sid is None or sid not in rec.inputs):
                 rec.events.append((row, sid, floating, amount))
 
     def _count_tensor(self, row: int, t: torch.Tensor) -> None:
@@ -122,13 +188,17 @@ class _Profiler:
         storage = t.untyped_storage()
         sid = id(storage)
         floating = t.is_floating_point()
+        depth = len(self.regions)
         for rec in self.recordings:
-            if sid in rec.inputs and sid not in rec.inputs_saved:
+            if rec.depth == depth and sid in rec.inputs and sid not in rec.inputs_saved:
                 rec.inputs_saved.add(sid)
                 rec.events.append((row, sid, floating, 0))
         if sid in self.counted:
             return
-        self.counted.add(sid)
+        counted = self.regions[-1].counted if depth else self.counted
+        if sid in counted:
+            return
+        counted.add(sid)
         self.keep.append(t)
         nbytes = storage.nbytes()
         self._add(row, sid, floating, nbytes // t.element_size() if floating else nbytes)
@@ -136,6 +206,37 @@ class _Profiler:
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         self._count_tensor(self.stack[-1], t)
         return t
+
+    # -- checkpointed regions -------------------------------------------------------
+
+    def open_region(self, held: Sequence[Any] = ()) -> None:
+        """A checkpointed region begins; ``held``: its inputs, kept by the checkpoint whatever it saves."""
+        self.regions.append(_Region({id(t.untyped_storage()) for t in held if isinstance(t, torch.Tensor)}))
+
+    def close_region(self) -> None:
+        region = self.regions.pop()
+        self._region_ran(Recomputed(region.floats, region.other, region.largest_output))
+
+    def _region_ran(self, region: Recomputed) -> None:
+        """A region closed (or was replayed): counted where no other region holds it, and told to the
+        recordings of its depth.  A region inside another is recomputed as a checkpoint again when the outer
+        one is, so only the outermost are held whole in the backward."""
+        depth = len(self.regions)
+        if depth == 0:
+            self.checkpointed += 1
+            self.after_regions = Saved()
+            if region.size > self.largest_recomputed.size:
+                self.largest_recomputed = region
+        else:
+            self._output_in_region(region.largest_output)
+        for rec in self.recordings:
+            if rec.depth == depth:
+                rec.events.append(region)
+
+    def _output_in_region(self, numel: int) -> None:
+        if self.regions:
+            region = self.regions[-1]
+            region.largest_output = max(region.largest_output, numel)
 
     # -- module calls -----------------------------------------------------------
 
@@ -160,7 +261,8 @@ class _Profiler:
         recording = None
         if key is not None:
             recording = _Recording(
-                row, {id(t.untyped_storage()): i for i, t in enumerate(flat) if isinstance(t, torch.Tensor)}
+                row, {id(t.untyped_storage()): i for i, t in enumerate(flat) if isinstance(t, torch.Tensor)},
+                depth=len(self.regions),
             )
             self.recordings.append(recording)
         self.stack.append(row)
@@ -173,6 +275,7 @@ class _Profiler:
         leaves, spec = ([out], _TENSOR) if isinstance(out, torch.Tensor) else tree_flatten(out)
         largest = max((t.numel() for t in leaves if isinstance(t, torch.Tensor)), default=0)
         self.largest_output = max(self.largest_output, largest)
+        self._output_in_region(largest)
         if key is not None and recording is not None:
             self.memo[key] = self._record(recording, flat, leaves, spec, largest)
         return out
@@ -180,7 +283,9 @@ class _Profiler:
     def _convolution(self, conv: _ConvNd, x: torch.Tensor, row: int) -> None:
         key = (type(conv).__name__, tuple(x.shape), conv.out_channels, tuple(conv.kernel_size), tuple(conv.stride),
                _ints(conv.padding), tuple(conv.dilation), conv.groups, x.element_size())
-        self.convolutions.setdefault(key, []).append(row)
+        rows = self.convolutions.setdefault(key, [])
+        if not (self.regions and row in rows):  # a reentrant checkpoint's region runs twice while traced
+            rows.append(row)
 
     def convolution_shapes(self) -> tuple[Convolution, ...]:
         return tuple(
@@ -220,7 +325,11 @@ class _Profiler:
             else:
                 return None
         saved: list[_Saved] = []
-        for row, sid, floating, amount in rec.events:
+        for event in rec.events:
+            if isinstance(event, Recomputed):
+                saved.append(_Saved(0, "region", 0, False, 0, event))
+                continue
+            row, sid, floating, amount = event
             offset = row - rec.row
             if sid is not None and sid in rec.inputs:
                 saved.append(_Saved(offset, "in", rec.inputs[sid], floating, 0))
@@ -243,13 +352,16 @@ class _Profiler:
                 leaves.append(leaf[1])
         for s in record.saved:
             target = row + s.offset
-            if s.kind == "new":
+            if s.region is not None:
+                self._region_ran(s.region)
+            elif s.kind == "new":
                 self._add(target, None, s.floating, s.amount)
             else:
                 t = (flat if s.kind == "in" else leaves)[s.index]
                 if isinstance(t, torch.Tensor):
                     self._count_tensor(target, t)
         self.largest_output = max(self.largest_output, record.largest_output)
+        self._output_in_region(record.largest_output)
         return leaves[0] if record.spec is _TENSOR else tree_unflatten(leaves, record.spec)
 
 
@@ -300,6 +412,72 @@ def _calls_through(profiler: _Profiler) -> Iterator[None]:
         nn.Module.__call__ = original  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _checkpoints_measured(profiler: _Profiler) -> Iterator[None]:
+    """Each region ``torch.utils.checkpoint`` runs while inside is also counted as if not checkpointed.
+
+    Non-reentrant (transformers' default, ``checkpoint_wrapper``'s, the composable ``checkpoint``): all go
+    through ``_checkpoint_hook``, the saved-tensor hooks that take the region's saves; each save is counted
+    into the region before checkpoint takes it.  Reentrant: the region runs without gradients, saving
+    nothing, so it is run once more with them, on the meta device, to count what it saves.  The traced
+    forward's own counts are unchanged: the region's saves never reach the rows.
+    """
+    from torch.utils import checkpoint as torch_checkpoint
+
+    hook_class = getattr(torch_checkpoint, "_checkpoint_hook", None)
+    function = getattr(torch_checkpoint, "CheckpointFunction", None)
+    patched: list[tuple[Any, str, Any]] = []
+    if isinstance(hook_class, type):
+
+        class MeasuredHook(hook_class):  # type: ignore[misc, valid-type]
+            def __init__(self, frame: Any) -> None:
+                super().__init__(frame)
+                checkpoint_pack = self.pack_hook
+
+                def pack(x: torch.Tensor) -> Any:
+                    profiler.pack(x)
+                    return checkpoint_pack(x)
+
+                self.pack_hook = pack
+
+            def __enter__(self) -> None:
+                profiler.open_region()
+                super().__enter__()
+
+            def __exit__(self, *args: object) -> None:
+                super().__exit__(*args)
+                profiler.close_region()
+
+        patched.append((torch_checkpoint, "_checkpoint_hook", hook_class))
+        torch_checkpoint._checkpoint_hook = MeasuredHook  # type: ignore[attr-defined]
+    if function is not None and "forward" in vars(function):
+        forward = vars(function)["forward"]
+        checkpoint_forward = forward.__func__ if isinstance(forward, staticmethod) else forward
+
+        def measured_forward(ctx: Any, run_function: Callable[..., Any], preserve_rng_state: bool,
+                             *args: Any) -> Any:
+            out = checkpoint_forward(ctx, run_function, preserve_rng_state, *args)
+            profiler.open_region(held=args)
+            try:
+                with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(profiler.pack, _unpacked):
+                    run_function(*torch_checkpoint.detach_variable(tuple(args)))
+            finally:
+                profiler.close_region()
+            return out
+
+        patched.append((function, "forward", forward))
+        function.forward = staticmethod(measured_forward)  # type: ignore[method-assign, assignment]
+    try:
+        yield
+    finally:
+        for owner, name, original in reversed(patched):
+            setattr(owner, name, original)
+
+
+def _unpacked(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
 def saved_activations(
     model: nn.Module,
     modules: Sequence[nn.Module],
@@ -326,12 +504,14 @@ def saved_activations(
     with (
         fused_attention(),
         _calls_through(profiler),
-        torch.autograd.graph.saved_tensors_hooks(profiler.pack, lambda t: t),
+        _checkpoints_measured(profiler),
+        torch.autograd.graph.saved_tensors_hooks(profiler.pack, _unpacked),
     ):
         loss = forward_loss(model)
     profiler.largest_output = max(profiler.largest_output, loss.numel())
     return SavedCounts(profiler.saved_float, profiler.saved_other, profiler.largest_output,
-                       profiler.convolution_shapes())
+                       profiler.convolution_shapes(), profiler.checkpointed, profiler.largest_recomputed,
+                       profiler.after_regions)
 
 
 def _ints(padding: Any) -> tuple[int, ...]:
