@@ -35,6 +35,7 @@ from torch.nn.modules.conv import _ConvNd
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from shardtop.plan.description import Convolution
+from shardtop.trace.checkpoints import Recomputed, Saved, checkpoints_measured, unpacked
 
 Signature = tuple[Any, ...]
 
@@ -42,27 +43,6 @@ _SCALARS = frozenset({int, float, bool, str, type(None)})
 
 _TENSOR = object()
 """The output spec of a call that returned one tensor (no pytree needed)."""
-
-
-@dataclass(frozen=True)
-class Saved:
-    """Floating elements and other bytes saved for backward."""
-
-    floats: int = 0
-    other: int = 0
-
-    @property
-    def size(self) -> int:
-        """Its bytes at four bytes an element: which of two is the larger."""
-        return self.floats * 4 + self.other
-
-
-@dataclass(frozen=True)
-class Recomputed(Saved):
-    """What one checkpointed region saves when it is not checkpointed, and the largest output of a module
-    inside it (elements)."""
-
-    largest_output: int = 0
 
 
 @dataclass(frozen=True)
@@ -412,72 +392,6 @@ def _calls_through(profiler: _Profiler) -> Iterator[None]:
         nn.Module.__call__ = original  # type: ignore[method-assign]
 
 
-@contextlib.contextmanager
-def _checkpoints_measured(profiler: _Profiler) -> Iterator[None]:
-    """Each region ``torch.utils.checkpoint`` runs while inside is also counted as if not checkpointed.
-
-    Non-reentrant (transformers' default, ``checkpoint_wrapper``'s, the composable ``checkpoint``): all go
-    through ``_checkpoint_hook``, the saved-tensor hooks that take the region's saves; each save is counted
-    into the region before checkpoint takes it.  Reentrant: the region runs without gradients, saving
-    nothing, so it is run once more with them, on the meta device, to count what it saves.  The traced
-    forward's own counts are unchanged: the region's saves never reach the rows.
-    """
-    from torch.utils import checkpoint as torch_checkpoint
-
-    hook_class = getattr(torch_checkpoint, "_checkpoint_hook", None)
-    function = getattr(torch_checkpoint, "CheckpointFunction", None)
-    patched: list[tuple[Any, str, Any]] = []
-    if isinstance(hook_class, type):
-
-        class MeasuredHook(hook_class):  # type: ignore[misc, valid-type]
-            def __init__(self, frame: Any) -> None:
-                super().__init__(frame)
-                checkpoint_pack = self.pack_hook
-
-                def pack(x: torch.Tensor) -> Any:
-                    profiler.pack(x)
-                    return checkpoint_pack(x)
-
-                self.pack_hook = pack
-
-            def __enter__(self) -> None:
-                profiler.open_region()
-                super().__enter__()
-
-            def __exit__(self, *args: object) -> None:
-                super().__exit__(*args)
-                profiler.close_region()
-
-        patched.append((torch_checkpoint, "_checkpoint_hook", hook_class))
-        torch_checkpoint._checkpoint_hook = MeasuredHook  # type: ignore[attr-defined]
-    if function is not None and "forward" in vars(function):
-        forward = vars(function)["forward"]
-        checkpoint_forward = forward.__func__ if isinstance(forward, staticmethod) else forward
-
-        def measured_forward(ctx: Any, run_function: Callable[..., Any], preserve_rng_state: bool,
-                             *args: Any) -> Any:
-            out = checkpoint_forward(ctx, run_function, preserve_rng_state, *args)
-            profiler.open_region(held=args)
-            try:
-                with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(profiler.pack, _unpacked):
-                    run_function(*torch_checkpoint.detach_variable(tuple(args)))
-            finally:
-                profiler.close_region()
-            return out
-
-        patched.append((function, "forward", forward))
-        function.forward = staticmethod(measured_forward)  # type: ignore[method-assign, assignment]
-    try:
-        yield
-    finally:
-        for owner, name, original in reversed(patched):
-            setattr(owner, name, original)
-
-
-def _unpacked(t: torch.Tensor) -> torch.Tensor:
-    return t
-
-
 def saved_activations(
     model: nn.Module,
     modules: Sequence[nn.Module],
@@ -504,8 +418,8 @@ def saved_activations(
     with (
         fused_attention(),
         _calls_through(profiler),
-        _checkpoints_measured(profiler),
-        torch.autograd.graph.saved_tensors_hooks(profiler.pack, _unpacked),
+        checkpoints_measured(profiler),
+        torch.autograd.graph.saved_tensors_hooks(profiler.pack, unpacked),
     ):
         loss = forward_loss(model)
     profiler.largest_output = max(profiler.largest_output, loss.numel())

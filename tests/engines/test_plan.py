@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,6 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from shardtop.plan.cards import CARDS, judged_against, parse_gpu
 from shardtop.plan.command import read_request
@@ -31,6 +28,7 @@ from shardtop.trace.describe import describe_model
 from shardtop.trace.meta import build_on_meta
 from shardtop.trace.presets import plan_config
 from shardtop.units import GiB
+from tests.support.live_bytes import LiveBytes
 
 ROOT = Path(__file__).resolve().parents[2]
 STORY2_PARAMS = 18000 * (512 * 512 + 512)
@@ -156,31 +154,6 @@ def test_no_gpu_given_or_found_means_fits_is_not_judged() -> None:
     assert all(isinstance(v, int) for o in plan["options"] for k, v in o["per_rank"].items() if k != "phases")
 
 
-class _LiveBytes(TorchDispatchMode):
-    """Bytes of live tensor storages on real CPU tensors, and their peak."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live = self.peak = 0
-        self.sizes: dict[int, int] = {}
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                storage = t.untyped_storage()
-                key = id(storage)
-                if key not in self.sizes:
-                    self.sizes[key] = storage.nbytes()
-                    self.live += self.sizes[key]
-                    weakref.finalize(storage, self._free, key)
-        self.peak = max(self.peak, self.live)
-        return out
-
-    def _free(self, key: int) -> None:
-        self.live -= self.sizes.pop(key)
-
-
 class _UnseenNet(nn.Module):
     """A model no preset has: token embedding, torch's own TransformerEncoder, a vocabulary head."""
 
@@ -204,7 +177,7 @@ def test_a_model_the_plan_has_never_seen_is_planned_within_ten_percent_of_a_real
         return nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
 
     torch.manual_seed(0)
-    measured = _LiveBytes()
+    measured = LiveBytes()
     with measured:
         model = _UnseenNet()
         opt = (torch.optim.AdamW(model.parameters()) if optimizer is ADAMW
