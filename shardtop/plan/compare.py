@@ -96,6 +96,6 @@ def checkpointing_note(desc: ModelDescription, planned: PerRank) -> str | None:
     """What the plan says of activation checkpointing, where the traced forward ran checkpointed regions."""
     if not desc.checkpointed:
         return None
-    return (f"activation checkpointing: {plural(desc.checkpointed, 'checkpointed region')} (a layer each under "
-            f"transformers' gradient checkpointing) saved as inputs only; the largest recomputed in the backward: "
+    return (f"activation checkpointing: {plural(desc.checkpointed, 'checkpointed region')} "
+            f"(torch.utils.checkpoint) saved as inputs only; the largest recomputed in the backward: "
             f"{format_bytes(planned.recomputed)}, held with its gradients when the backward reaches it.")

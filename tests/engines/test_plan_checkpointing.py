@@ -23,9 +23,11 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel
 
 from shardtop.inject.plan_trace import describe_call
+from shardtop.plan.compare import make_plan
 from shardtop.plan.description import ModelDescription
 from shardtop.plan.memory import per_rank
 from shardtop.plan.strategies import ADAMW, Strategy
+from shardtop.units import format_bytes
 from tests.support.live_bytes import LiveBytes
 
 BATCH, LENGTH, VOCAB, HIDDEN, LAYERS = 4, 128, 256, 64, 4
@@ -85,6 +87,10 @@ def test_a_checkpointed_llama_is_planned_within_ten_percent_of_a_real_step(check
     assert planned.peak_phase == "backward" and planned.recomputed > 0
     without_recompute = per_rank(msgspec.structs.replace(desc, checkpointed=0), single, 1, gpu=False)
     assert without_recompute.peak < 0.90 * peak, (without_recompute.peak, peak)
+    notes = make_plan(desc, single, devices=1, gpu=None, accelerator="cpu").notes
+    said = f"activation checkpointing: {LAYERS} checkpointed regions (torch.utils.checkpoint) saved as inputs only; " \
+           f"the largest recomputed in the backward: {format_bytes(planned.recomputed)}"
+    assert any(note.startswith(said) for note in notes), notes
 
 
 def test_a_checkpointed_layer_recomputes_what_it_saves_unchecked_but_its_input() -> None:
