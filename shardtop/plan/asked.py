@@ -110,6 +110,8 @@ def _zero(a: Asked, optimizer: Optimizer, driver: str) -> tuple[Strategy, list[s
         prefetch_bucket_size=_number(zero.get("stage3_prefetch_bucket_size"), defaults.prefetch_bucket_size),
         param_persistence_threshold=_number(zero.get("stage3_param_persistence_threshold"),
                                             defaults.param_persistence_threshold),
+        model_persistence_threshold=_number(zero.get("stage3_model_persistence_threshold"),
+                                            defaults.model_persistence_threshold),
         max_live_parameters=_number(zero.get("stage3_max_live_parameters"), defaults.max_live_parameters),
         sub_group_size=_number(zero.get("sub_group_size"), defaults.sub_group_size),
         contiguous_gradients=zero.get("contiguous_gradients") is not False,

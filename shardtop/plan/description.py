@@ -98,6 +98,9 @@ class ModelDescription(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     """Floating-point elements saved (outside any region) after the last checkpointed region: the head and
     the loss, freed by the backward before it reaches a region."""
     after_checkpointed_other: int = 0
+    param_numels: tuple[int, ...] = ()
+    """Elements of each parameter, in the order ``named_parameters`` gives them (a shared one once): what
+    ZeRO-3's persistence thresholds are applied to (``persistent_params``); empty in older descriptions."""
 
     @property
     def trained(self) -> int:
@@ -107,6 +110,19 @@ class ModelDescription(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     @property
     def trained_share(self) -> float:
         return self.trained / self.params if self.params else 1.0
+
+    def persistent_params(self, threshold: int, model_threshold: int) -> int:
+        """Elements of the parameters ZeRO-3 keeps whole on every rank, as DeepSpeed picks them: in order, each
+        of at most ``threshold`` elements while their sum stays within ``model_threshold``
+        (``stage3_param_persistence_threshold``, ``stage3_model_persistence_threshold``).  An older
+        description knows only the parameters under DeepSpeed's default threshold (``small_upto``)."""
+        if not self.param_numels:
+            return self.small_upto[-1]
+        kept = 0
+        for numel in self.param_numels:
+            if numel <= threshold and kept + numel <= model_threshold:
+                kept += numel
+        return kept
 
     @property
     def rows(self) -> int:

@@ -10,6 +10,7 @@ Torch-free.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Final
 
@@ -47,6 +48,9 @@ class ZeroSettings:
     """None: DeepSpeed's default, on for stage 3 only."""
     prefetch_bucket_size: int = 50_000_000
     param_persistence_threshold: int = 100_000
+    model_persistence_threshold: int = sys.maxsize
+    """ZeRO-3 keeps parameters of at most ``param_persistence_threshold`` elements whole while their sum is
+    within this."""
     max_live_parameters: int = 1_000_000_000
     """ZeRO-3 prefetches until this many elements are whole, and keeps them for their next use."""
     sub_group_size: int = 1_000_000_000

@@ -74,7 +74,9 @@ def _stage3(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -
     partition = ceil_div(numel, ranks)
     # The largest sub-group: parameters are added to one until it reaches ``sub_group_size``.
     sub_group = min(partition, zero.sub_group_size + ceil_div(desc.largest_param, ranks))
-    small = desc.small_upto[-1] * param_bytes
+    # kept whole beside the partitions; at one rank a gathered parameter is a view of its partition
+    persistent = desc.persistent_params(zero.param_persistence_threshold, zero.model_persistence_threshold)
+    small = persistent * param_bytes if ranks > 1 or strategy.offload_params else 0
     bucket = zero.reduce_bucket_size * param_bytes if zero.contiguous_gradients else 0
     reduced = min(numel, zero.reduce_bucket_size) * param_bytes * (1 if bucket else 2)
     on_device = not strategy.offload_optimizer

@@ -37,7 +37,7 @@ def describe_model(
     """
     with gc_paused():
         modules, names, parents, end = walk(model)
-        numel, small, largest = _own_params(modules)
+        numel, small, each = _own_params(modules)
         if forward_loss is None:
             saved = SavedCounts([0] * len(modules), [0] * len(modules), 0)
         else:
@@ -61,7 +61,8 @@ def describe_model(
         numel_upto=_running(numel),
         small_upto=_running(small),
         small_threshold=ZERO3_PERSISTENCE_THRESHOLD,
-        largest_param=largest,
+        largest_param=max(each, default=0),
+        param_numels=tuple(each),
         dtype_bytes=params.element_size() if params is not None else 4,
         buffer_bytes=buffers,
         repeated_blocks=repeated_blocks(modules, parents, end, numel),
@@ -106,11 +107,12 @@ def walk(model: nn.Module) -> tuple[list[nn.Module], list[str], list[int], list[
     return modules, names, parents, end
 
 
-def _own_params(modules: Sequence[nn.Module]) -> tuple[list[int], list[int], int]:
-    """Per module: elements of its own parameters, those in small parameters; the largest parameter."""
+def _own_params(modules: Sequence[nn.Module]) -> tuple[list[int], list[int], list[int]]:
+    """Per module: elements of its own parameters, and those in small parameters; each parameter's elements,
+    in the order ``named_parameters`` gives them (a shared one once)."""
     seen: set[int] = set()
     numel, small = [0] * len(modules), [0] * len(modules)
-    largest = 0
+    each: list[int] = []
     for row, m in enumerate(modules):
         for p in m._parameters.values():
             if p is None or id(p) in seen:
@@ -120,8 +122,8 @@ def _own_params(modules: Sequence[nn.Module]) -> tuple[list[int], list[int], int
             numel[row] += n
             if n < ZERO3_PERSISTENCE_THRESHOLD:
                 small[row] += n
-            largest = max(largest, n)
-    return numel, small, largest
+            each.append(n)
+    return numel, small, each
 
 
 def repeated_blocks(
