@@ -7,14 +7,16 @@ train config.yml --launcher torchrun -- --nproc_per_node 2`` runs
 - accelerate takes gloo for CPU processes whether or not it is told it is
   on the CPU.  With DeepSpeed asked for and no accelerator, accelerate
   1.13's ``PartialState()`` (which axolotl makes before the trainer, with
-  no ``cpu`` argument) finds no backend: it starts no process group of its
-  own, counts one process where there are two, and leaves DeepSpeed's comm
-  to be started later, after ZeRO-3's ``zero.Init`` has already read a world
-  of one (DeepSpeed then refuses the batch size: ``train_batch_size`` 4 for a
-  micro-batch of 2 on 1 process).  Given gloo, it does on the CPU what it
-  does on GPUs with NCCL: DeepSpeed's comm starts the process group and
-  accelerate counts both processes.  axolotl has no option that passes
-  ``use_cpu`` to the trainer's arguments.
+  no ``cpu`` argument) finds no backend: DeepSpeed's comm starts the process
+  group over both processes, but accelerate counts one, and DeepSpeed
+  refuses the batch size it is given (``train_batch_size`` 2, a micro-batch
+  of 2 on one process, where it sees 2 processes).  Given gloo, accelerate
+  does on the CPU what it does on GPUs with NCCL: DeepSpeed's comm starts
+  the process group and accelerate counts both processes.  (Making the state
+  with ``cpu=True`` instead, as ``TrainingArguments(use_cpu=True)`` would,
+  counts both but starts the group without DeepSpeed's comm, and ZeRO-3's
+  ``zero.Init`` then reads a world of one.)  axolotl has no option that
+  passes ``use_cpu`` to the trainer's arguments.
 """
 
 from __future__ import annotations
