@@ -207,6 +207,14 @@ def patch_distribute_tensor(module: ModuleType) -> None:
     replace(module, "distribute_tensor", make)
 
 
+def _partition_rank(init: Any, param: Any) -> int:
+    """This rank's place in the group the parameter is partitioned over, as ``_partition_param`` takes it:
+    ``Init._partition_rank(param)`` in DeepSpeed 0.19.8, ``Init.get_partition_rank()`` in 0.18.9 (which
+    axolotl 0.19.0 pins)."""
+    by_param = getattr(init, "_partition_rank", None)
+    return int(by_param(param) if by_param is not None else init.get_partition_rank())
+
+
 def patch_zero3_partitions(module: ModuleType) -> None:
     """``deepspeed.runtime.zero.partition_parameters``: each partition's padding zeroed once the
     parameter is partitioned, so that a fake all-gather spreads finite values."""
@@ -220,7 +228,7 @@ def patch_zero3_partitions(module: ModuleType) -> None:
             part = getattr(param, "ds_tensor", None)
             size = int(getattr(part, "ds_numel", 0) or 0)
             if part is not None and part.numel() == size > 0:  # not swapped out to NVMe
-                held = max(0, min(size, int(param.ds_numel) - size * self._partition_rank(param)))
+                held = max(0, min(size, int(param.ds_numel) - size * _partition_rank(self, param)))
                 if held < size:
                     import torch
 

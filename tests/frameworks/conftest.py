@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.frameworks.environments import (
+    AXOLOTL,
     LITGPT,
     TORCHTITAN,
     TORCHTUNE,
@@ -45,3 +46,8 @@ def litgpt_env() -> Environment:
 @pytest.fixture(scope="session")
 def torchtune_env() -> Environment:
     return _built(TORCHTUNE)
+
+
+@pytest.fixture(scope="session")
+def axolotl_env() -> Environment:
+    return _built(AXOLOTL)

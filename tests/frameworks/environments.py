@@ -51,6 +51,7 @@ TRL = Framework(
 TORCHTITAN = Framework("torchtitan", ("torchtitan==0.3.0", "triton==3.9.0"), ("torchtitan.train",))
 TORCHTUNE = Framework("torchtune", ("torchtune==0.6.1", "torchao==0.15.0"), ("torchtune.training.quantization",))
 LITGPT = Framework("litgpt", ("litgpt==0.5.13", "lightning==2.6.6", "requests"), ("litgpt.finetune.full",))
+AXOLOTL = Framework("axolotl", ("axolotl[deepspeed]==0.19.0", "deepspeed==0.18.9"), ("axolotl.cli.train", "deepspeed"))
 
 
 @dataclass(frozen=True)
