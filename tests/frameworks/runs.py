@@ -60,8 +60,11 @@ class Workspace:
     def environ(self, runs_dir: Path) -> dict[str, str]:
         kept = {k: v for k, v in os.environ.items() if k not in NOT_A_USERS_SHELL and not k.startswith("SHARDTOP_")}
         path = os.pathsep.join([str(self.env.bin), kept.get("PATH", "")])
+        # DeepSpeed builds its CPU ops at first use into torch's extensions folder, under one name whatever its
+        # version: each environment keeps its own, or two DeepSpeed versions rebuild and load each other's
+        extensions = str(self.env.root / "torch_extensions")
         return {**kept, **OFFLINE_CPU, **dict(self.extra_env), "PATH": path, "VIRTUAL_ENV": str(self.env.root),
-                "SHARDTOP_RUNS_DIR": str(runs_dir)}
+                "TORCH_EXTENSIONS_DIR": extensions, "SHARDTOP_RUNS_DIR": str(runs_dir)}
 
     def run(self, command: list[str], runs_dir: Path, timeout: float = RUN_TIMEOUT) -> Ended:
         runs_dir.mkdir(parents=True, exist_ok=True)

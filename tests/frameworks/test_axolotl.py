@@ -197,12 +197,6 @@ def test_plan_of_eight_ranks(plan: Plan, model: Inventory) -> None:
     assert option["per_rank"]["activations"] > 0, plan.describe()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known limitation: the plan keeps whole the parameters under DeepSpeed's default persistence threshold "
-    "(100 000 elements, shardtop/trace/describe.py's ZERO3_PERSISTENCE_THRESHOLD), not under the config's own "
-    "stage3_param_persistence_threshold, which it reads (axolotl's zero3.json says \"auto\", which transformers "
-    "makes ten times the hidden size, 1 280): every parameter of this model is under 100 000, so the plan counts "
-    "each rank holding the whole model beside its eighth"))
 def test_plan_of_eight_ranks_keeps_whole_what_the_configs_threshold_keeps_whole(
     plan: Plan, model: Inventory, threshold: int
 ) -> None:
