@@ -58,7 +58,7 @@ class Client:
 CLIENTS = [
     Client("hf-trainer-zero3", +0.1),
     Client("accelerate-zero3", +0.1),
-    Client("peft-lora-zero3", -0.5),
+    Client("peft-lora-zero3", -0.6),
     Client("compile-fsdp2", -5.1, hf_tiny_gpu=False),
 ]
 
