@@ -1,0 +1,103 @@
+"""QLoRA as its users train it: a 4-bit (nf4) Llama from ``BitsAndBytesConfig``, LoRA adapters, AdamW.
+
+A tiny Llama (2 layers, hidden 64) is saved, then loaded the way QLoRA users
+load theirs (``from_pretrained(..., quantization_config=BitsAndBytesConfig(
+load_in_4bit=True, bnb_4bit_quant_type="nf4"))``, computing in fp32 on CPU),
+prepared with peft's ``prepare_model_for_kbit_training`` (gradient
+checkpointing on) and given LoRA adapters (``r=8``).  bitsandbytes' matmul
+(an ``autograd.Function``) keeps the 4-bit ``Params4bit`` weight and its
+``quant_state`` on its context and dequantizes the weight with them again in
+backward.  Four AdamW steps on fixed token batches.
+
+Run alone (one process) or under ``torchrun --nproc_per_node 2`` (DDP over
+gloo; every rank loads the checkpoint rank 0 saved).  Rank 0 prints the bytes
+the parameters hold (``params bytes=N``; the 4-bit weights' alone, ``4bit
+bytes=N``; the adapters', ``trainable bytes=N``) and ``final steps=N loss=X``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
+
+VOCAB = 128
+TOKENS = 32
+BATCH = 2
+STEPS = 4
+
+
+def saved_llama(directory: str) -> None:
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=TOKENS)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(directory)
+
+
+def qlora(directory: str) -> torch.nn.Module:
+    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                      bnb_4bit_compute_dtype=torch.float32)
+    model = LlamaForCausalLM.from_pretrained(directory, quantization_config=quantization, device_map="cpu",
+                                             dtype=torch.float32)
+    model = prepare_model_for_kbit_training(model)
+    lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM",
+                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    torch.manual_seed(0)
+    adapted: torch.nn.Module = get_peft_model(model, lora)
+    return adapted
+
+
+def batch(step: int, rank: int) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (BATCH, TOKENS), generator=torch.Generator().manual_seed(1000 * step + rank))
+
+
+def stored(parameters: Iterable[torch.nn.Parameter]) -> int:
+    """Bytes as the parameters hold them: a 4-bit weight is two to a byte, its ``quant_state`` apart."""
+    return sum(p.numel() * p.element_size() for p in parameters)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    distributed = "WORLD_SIZE" in os.environ
+    if distributed:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if distributed else 0
+    with tempfile.TemporaryDirectory() as mine:
+        # under torchrun, every rank loads the checkpoint rank 0 saved, as from a shared disk
+        directory = [mine]
+        if distributed:
+            dist.broadcast_object_list(directory)
+        if rank == 0:
+            saved_llama(directory[0])
+        if distributed:
+            dist.barrier()
+        model = qlora(directory[0])
+        if distributed:
+            dist.barrier()
+    model.train()
+    if rank == 0:
+        print(f"params bytes={stored(model.parameters())}", flush=True)
+        print(f"4bit bytes={stored(p for p in model.parameters() if type(p).__name__ == 'Params4bit')}", flush=True)
+        print(f"trainable bytes={stored(p for p in model.parameters() if p.requires_grad)}", flush=True)
+    trained = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    loss = torch.zeros(())
+    for step in range(STEPS):
+        tokens = batch(step, rank)
+        loss = trained(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    if rank == 0:
+        print(f"final steps={STEPS} loss={float(loss)!r}", flush=True)
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
