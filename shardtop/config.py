@@ -157,7 +157,8 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, object]:
     return out
 
 
-def _set(data: dict[str, object], dotted: str, value: object) -> None:
+def set_dotted(data: dict[str, object], dotted: str, value: object) -> None:
+    """``data`` with ``model.n_layers``'s value set in ``data['model']['n_layers']`` (``flatten``'s inverse)."""
     *parents, last = dotted.split(".")
     node = data
     for p in parents:
@@ -312,7 +313,7 @@ def resolve(preset_name: str | None, overrides: Iterable[tuple[str, str]] = ()) 
                 f"unknown key {_shown(key)} for preset {preset_name}.{hint}\nValid keys: {', '.join(settable)}."
             )
         value = _check(key, known[key], _parse_value(raw), raw)
-        _set(config, key, value)
+        set_dotted(config, key, value)
         overridden.append(key)
     for key in SIZE_KEYS:
         if isinstance(size := config.get(key), str):
@@ -338,7 +339,7 @@ def apply_cpu_defaults(config: dict[str, object]) -> dict[str, object]:
         if key == "gpu_mem_limit" and resized:
             continue
         if key not in overridden:
-            _set(config, key, _check_size(f"on_cpu: {key}={value}", value) if key in SIZE_KEYS else value)
+            set_dotted(config, key, _check_size(f"on_cpu: {key}={value}", value) if key in SIZE_KEYS else value)
     return config
 
 

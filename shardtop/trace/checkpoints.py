@@ -28,6 +28,10 @@ class Saved:
         """Its bytes at four bytes an element: which of two is the larger."""
         return self.floats * 4 + self.other
 
+    def plus(self, floating: bool, amount: int) -> Saved:
+        """These and ``amount`` more: elements if ``floating``, else bytes."""
+        return Saved(self.floats + amount, self.other) if floating else Saved(self.floats, self.other + amount)
+
 
 @dataclass(frozen=True)
 class Recomputed(Saved):

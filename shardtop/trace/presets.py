@@ -14,6 +14,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
+from shardtop.config import set_dotted
 from shardtop.plan.cards import Gpu
 from shardtop.plan.compare import Plan
 from shardtop.plan.description import ModelDescription
@@ -46,13 +47,7 @@ def _describe(program: str, sizes: tuple[tuple[str, Any], ...], batch_size: int)
 def _unflatten(items: tuple[tuple[str, Any], ...]) -> dict[str, object]:
     out: dict[str, object] = {}
     for key, value in items:
-        node = out
-        *parents, last = key.split(".")
-        for p in parents:
-            child = node.setdefault(p, {})
-            assert isinstance(child, dict), key  # the dotted keys of one preset's flattened settings
-            node = child
-        node[last] = value
+        set_dotted(out, key, value)
     return out
 
 

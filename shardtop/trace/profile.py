@@ -146,14 +146,10 @@ class _Profiler:
                 region.floats += amount
             else:
                 region.other += amount
-        elif floating:
-            self.saved_float[row] += amount
-            if self.checkpointed:
-                self.after_regions = Saved(self.after_regions.floats + amount, self.after_regions.other)
         else:
-            self.saved_other[row] += amount
+            (self.saved_float if floating else self.saved_other)[row] += amount
             if self.checkpointed:
-                self.after_regions = Saved(self.after_regions.floats, self.after_regions.other + amount)
+                self.after_regions = self.after_regions.plus(floating, amount)
         for rec in self.recordings:
             if rec.depth == depth and (sid is None or sid not in rec.inputs):
                 rec.events.append((row, sid, floating, amount))
