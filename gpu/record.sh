@@ -7,7 +7,7 @@
 #                             rehearse_story2 rehearse_presets rehearse_own clients client_plans compiled
 #                             over_time story2_fixed_six workspaces unmeasured split_rechecks
 #                             presets_again oom_recheck what_is_kept script_tensors kept_places startup oom_stories
-#                             fit (= fit_story2 fit_hf) clients_cost probe_profile trl_zero3
+#                             fit (= fit_story2 fit_hf) clients_cost probe_profile trl_zero3 torchtitan_debug
 #
 # presets1/scenarios1 and the rehearse_* parts need one GPU, presets2/scenarios2 two. Run from the project root with the
 # wheels of ../shared/gpu/wheels.sh in .whl/; everything lands under $OUT (or ./gpu-out):
@@ -252,6 +252,30 @@ trl_zero3() {  # TRL's SFTTrainer under accelerate launch with TRL's own zero3.y
   rehearse 240 devices=8 rank=0,last -- accelerate launch --config_file "$config" --num_processes 8 $sft
   step 120 "TRL zero3 planned at eight" python3 -m shardtop plan devices=8 --format json -- accelerate launch \
     --config_file "$config" --num_processes 8 $sft
+}
+
+torchtitan_debug() {  # torchtitan's llama3 debug model (FSDP2 over the ranks), torchtitan's own trainer unchanged:
+  # alone on one GPU, under shardtop run, rehearsed as ranks 0 and 7 of eight, planned at eight.  Wheels of torchtitan and
+  # what it imports in .whl-titan/ (carried), datasets' in .whl-trl/; the tokenizer and text are made here
+  local inputs=/tmp/titan-inputs
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/titan/site-packages \
+    .whl-titan/*.whl .whl-trl/*.whl || return
+  export PYTHONPATH=/tmp/titan/site-packages:$PYTHONPATH
+  python3 -c "import torch, torchtitan; print('torchtitan', torchtitan.__version__ if hasattr(torchtitan, '__version__') else '?', 'torch', torch.__version__)"
+  python3 tests/frameworks/torchtitan_inputs.py prepare $inputs || return
+  titan() {  # processes, tag, then more options
+    local n=$1 tag=$2; shift 2
+    echo torchrun --nproc_per_node "$n" -m torchtitan.train --module llama3 --config llama3_debugmodel \
+      --hf-assets-path $inputs/tokenizer --dataloader.dataset-path $inputs/data --training.steps ${TITAN_STEPS:-10} \
+      --training.local-batch-size 8 --training.seq-len 2048 --training.global-batch-size $((8 * n)) \
+      --checkpoint.no-enable --validator.no-enable --debug.seed 0 --metrics.disable-color-printing \
+      --dump-folder /tmp/titan-out-$tag "$@"
+  }
+  step 120 "torchtitan debug model alone" $(titan 1 alone)
+  step 120 "torchtitan debug model under shardtop run" python3 -m shardtop run --headless --name torchtitan-debug -- \
+    $(titan 1 run)
+  rehearse 240 devices=8 rank=0,last -- $(titan 8 rehearse)
+  step 120 "torchtitan debug model planned at eight" python3 -m shardtop plan devices=8 --format json -- $(titan 8 plan)
 }
 
 probe_cost() { step 150 "probe cost" python3 bench/bench_probe.py --device cuda --profile 25; }
