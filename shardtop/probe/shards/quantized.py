@@ -42,7 +42,9 @@ def is_quantized(param: Any) -> bool:
 
 def logical_numel(param: Any, stored: int) -> int:
     """Elements ``param`` stands for: its ``quant_state.shape``'s, else ``stored`` (its own count)."""
-    shape = getattr(quant_state(param), "shape", None)
+    if type(param) in _PLAIN:
+        return stored
+    shape = getattr(getattr(param, "quant_state", None), "shape", None)
     if isinstance(shape, tuple) and all(isinstance(size, int) and size >= 0 for size in shape):
         return math.prod(shape)
     return stored
