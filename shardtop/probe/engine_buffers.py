@@ -23,6 +23,7 @@ from shardtop.probe.shards.deepspeed import is_engine
 from shardtop.probe.shards.fsdp1 import is_fsdp1_wrapper
 from shardtop.probe.shards.fsdp2 import is_fsdp2_class
 from shardtop.probe.shards.optim import torch_optimizers
+from shardtop.probe.shards.quantized import is_quantized
 from shardtop.probe.shards.zero_optim import is_zero_optimizer
 
 FLAT_PARAM_TENSORS = {
@@ -90,6 +91,9 @@ class EngineHolders:
     """Every registered parameter (wrappers' too: an FSDP1 FlatParameter is registered on its wrapper)."""
     zero3: list[Any] = field(default_factory=list)
     """ZeRO-3 parameters: their ``ds_tensor`` partitions."""
+    quantized: list[Any] = field(default_factory=list)
+    """Parameters that carry a ``quant_state`` (bitsandbytes' 4-bit weights): its tensors are the parameter's
+    too, read at each census (the weight gets a new one when it moves)."""
     buffers: list[Any] = field(default_factory=list)
     flat_params: list[Any] = field(default_factory=list)
     fsdp2_params: list[Any] = field(default_factory=list)
@@ -124,6 +128,8 @@ def gather_holders(root: Any, optimizer: Any = None) -> EngineHolders:
                 holders.params.append(param)
                 if hasattr(param, "ds_tensor"):
                     holders.zero3.append(param)
+                if is_quantized(param):
+                    holders.quantized.append(param)
                 if getattr(param, "_is_flat_param", False):
                     holders.flat_params.append(param)
         holders.buffers.extend(b for b in list(module._buffers.values()) if b is not None)

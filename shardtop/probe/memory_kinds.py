@@ -1,9 +1,10 @@
 """A census of one rank's device memory by kind: the tensors and engine buffers it holds now.
 
 ``MemoryCensus.count()`` visits every place ``engine_buffers.py`` lists
-(parameters and their shards and gathered copies, gradients and gradient
-partitions, optimizer state and master partitions, reduce buckets and
-all-gather buffers, module buffers) and the activations still saved
+(parameters and their shards and gathered copies, the tensors of a quantized
+weight's ``quant_state``, gradients and gradient partitions, optimizer state
+and master partitions, reduce buckets and all-gather buffers, module
+buffers) and the activations still saved
 (``activations.py``, while it runs), and adds up the storages on the rank's
 device, each once, under the first kind that holds it (``KINDS``' order).  On
 CUDA a storage counts as its allocator block, so the sum is comparable with
@@ -44,6 +45,7 @@ from shardtop.probe.engine_buffers import (
     tensors_in,
 )
 from shardtop.probe.shards import resolve_target
+from shardtop.probe.shards.quantized import quant_state, quant_state_tensors
 from shardtop.probe.shards.table import local_tensor
 from shardtop.rundir.memory_figures import MemoryKinds, OtherParts
 from shardtop.units import ceil_div
@@ -207,9 +209,13 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 def _count(tally: _Tally, holders: EngineHolders, activations: SavedActivations | None) -> None:
     add, add_all = tally.add, tally.add_all
-    # Parameters: what is registered, ZeRO-3 partitions, FSDP shards and gathered copies.
+    # Parameters: what is registered (a quantized weight's quant_state with it), ZeRO-3 partitions, FSDP shards
+    # and gathered copies.
     for param in holders.params:
         add("params", param)
+    for param in holders.quantized:
+        for tensor in quant_state_tensors(quant_state(param)):
+            add("params", tensor)
     for param in holders.zero3:
         add("params", getattr(param, "ds_tensor", None))
     for flat in holders.flat_params:

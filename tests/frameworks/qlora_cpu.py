@@ -7,17 +7,24 @@ prepared with peft's ``prepare_model_for_kbit_training`` (gradient
 checkpointing on) and given LoRA adapters (``r=8``).  bitsandbytes' matmul
 (an ``autograd.Function``) keeps the 4-bit ``Params4bit`` weight and its
 ``quant_state`` on its context and dequantizes the weight with them again in
-backward.  Four AdamW steps on fixed token batches.
+backward.  Four AdamW steps on fixed token batches.  ``--double-quant``: the
+weights' scales are quantized too (``bnb_4bit_use_double_quant``), each
+``quant_state`` then holding a state of its own for them.
 
 Run alone (one process) or under ``torchrun --nproc_per_node 2`` (DDP over
 gloo; every rank loads the checkpoint rank 0 saved).  Rank 0 prints the bytes
 the parameters hold (``params bytes=N``; the 4-bit weights' alone, ``4bit
-bytes=N``; the adapters', ``trainable bytes=N``) and ``final steps=N loss=X``.
+bytes=N``; the adapters', ``trainable bytes=N``), the bytes of the tensors the
+4-bit weights' ``quant_state`` holds (``quant_state bytes=N``), the model's
+parameters as its config makes them plus the adapters (``logical params=N``),
+the elements the 4-bit weights stand for (``4bit params=N``) and ``final
+steps=N loss=X``.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import Iterable
 
@@ -32,16 +39,18 @@ BATCH = 2
 STEPS = 4
 
 
+CONFIG = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=TOKENS)
+
+
 def saved_llama(directory: str) -> None:
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=TOKENS)
     torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(directory)
+    LlamaForCausalLM(CONFIG).save_pretrained(directory)
 
 
-def qlora(directory: str) -> torch.nn.Module:
+def qlora(directory: str, double_quant: bool) -> torch.nn.Module:
     quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                      bnb_4bit_compute_dtype=torch.float32)
+                                      bnb_4bit_use_double_quant=double_quant, bnb_4bit_compute_dtype=torch.float32)
     model = LlamaForCausalLM.from_pretrained(directory, quantization_config=quantization, device_map="cpu",
                                              dtype=torch.float32)
     model = prepare_model_for_kbit_training(model)
@@ -61,6 +70,35 @@ def stored(parameters: Iterable[torch.nn.Parameter]) -> int:
     return sum(p.numel() * p.element_size() for p in parameters)
 
 
+def unquantised_params() -> int:
+    """Elements of the Llama the config makes, before any weight is quantised (built on the meta device)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in LlamaForCausalLM(CONFIG).parameters())
+
+
+def quant_state_tensors(state: object) -> list[torch.Tensor]:
+    """Every tensor a ``QuantState`` holds, its nested state's (``state2``) included."""
+    found: list[torch.Tensor] = []
+    for value in vars(state).values():
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif type(value).__name__ == "QuantState":
+            found.extend(quant_state_tensors(value))
+    return found
+
+
+def quant_state_bytes(parameters: Iterable[torch.nn.Parameter]) -> int:
+    """Bytes of the storages the 4-bit weights' ``quant_state`` tensors hold, each storage once."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for p in parameters if type(p).__name__ == "Params4bit" for t in quant_state_tensors(p.quant_state)}
+    return sum(storages.values())
+
+
+def stood_for(parameters: Iterable[torch.nn.Parameter]) -> int:
+    """Elements the 4-bit weights stand for: the shapes their ``quant_state`` keeps (they store two to a byte)."""
+    return sum(p.quant_state.shape.numel() for p in parameters if type(p).__name__ == "Params4bit")
+
+
 def main() -> None:
     torch.set_num_threads(1)
     distributed = "WORLD_SIZE" in os.environ
@@ -76,7 +114,7 @@ def main() -> None:
             saved_llama(directory[0])
         if distributed:
             dist.barrier()
-        model = qlora(directory[0])
+        model = qlora(directory[0], "--double-quant" in sys.argv[1:])
         if distributed:
             dist.barrier()
     model.train()
@@ -84,6 +122,10 @@ def main() -> None:
         print(f"params bytes={stored(model.parameters())}", flush=True)
         print(f"4bit bytes={stored(p for p in model.parameters() if type(p).__name__ == 'Params4bit')}", flush=True)
         print(f"trainable bytes={stored(p for p in model.parameters() if p.requires_grad)}", flush=True)
+        print(f"quant_state bytes={quant_state_bytes(model.parameters())}", flush=True)
+        adapters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        print(f"logical params={unquantised_params() + adapters}", flush=True)
+        print(f"4bit params={stood_for(model.parameters())}", flush=True)
     trained = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     loss = torch.zeros(())

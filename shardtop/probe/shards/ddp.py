@@ -13,6 +13,7 @@ from typing import Any
 
 from shardtop.probe.shards.optim import add_grads, add_optimizer_state
 from shardtop.probe.shards.placement import add_plain
+from shardtop.probe.shards.quantized import logical_numel
 from shardtop.probe.shards.stale_optim import add_stale_optimizer_info
 from shardtop.probe.shards.table import REPLICATED, ShardTable, dtype_name
 from shardtop.probe.shards.tree import ModuleTree
@@ -56,7 +57,7 @@ def read_ddp(tree: ModuleTree, table: ShardTable, optimizer: Any = None) -> None
 
 def _unit(tree: ModuleTree, row: int, indices: list[int]) -> Unit:
     params = [tree.params[i] for i in indices]
-    numel = sum(p.numel() for p in params)
+    numel = sum(logical_numel(p, p.numel()) for p in params)
     return Unit(
         module=row,
         kind="ddp",

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from shardtop.probe.shards.optim import add_grads, add_optimizer_state
+from shardtop.probe.shards.quantized import logical_numel
 from shardtop.probe.shards.table import META, UNSHARDED, ShardTable, local_tensor
 from shardtop.probe.shards.tree import ModuleTree
 
@@ -32,7 +33,8 @@ def add_plain(
     """Account the parameters at ``indices`` as stored whole here; returns (count, full bytes).
 
     A DTensor outside any FSDP unit (tensor parallel only) stores its local
-    shard; a parameter on the meta device stores nothing.
+    shard; a parameter on the meta device stores nothing.  A quantized weight
+    counts the elements it stands for, its bytes those it stores (``quantized.py``).
     """
     params = tree.params
     rows = tree.param_rows
@@ -52,7 +54,7 @@ def add_plain(
         numel = param.numel()
         itemsize = param.element_size()
         stored = 0 if known[1] != state_id else numel if local is param else local.numel()
-        add(rows[index], numel, stored, itemsize, known[0], known[1], unit)
+        add(rows[index], numel, stored, itemsize, known[0], known[1], unit, logical_numel(param, numel))
         count += 1
         total += numel * itemsize
     return count, total

@@ -97,13 +97,18 @@ class ShardTable:
         device: int,
         state: int,
         unit: int = -1,
+        elements: int | None = None,
     ) -> None:
-        """One original parameter of ``row``: ``numel`` in full, ``local_numel`` stored here."""
+        """One original parameter of ``row``: ``numel`` in full, ``local_numel`` stored here.
+
+        ``elements``: what the parameter counts as where its storage is not the weight it stands for (a 4-bit
+        weight packs two elements to a byte, ``quantized.py``); its bytes are still ``numel * itemsize``.
+        """
         full = numel * itemsize
         numels = self.param_numels
         if numels is not None:
             numels[numel] += 1
-        self.params[row] += numel
+        self.params[row] += numel if elements is None else elements
         self.full_bytes[row] += full
         self.local_bytes[row] += local_numel * itemsize
         if full > self._weight[row]:

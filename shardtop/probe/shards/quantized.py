@@ -1,0 +1,62 @@
+"""Quantized weights: a packed tensor that stands for a larger one, and the tensors it is dequantized with.
+
+A bitsandbytes 4-bit weight (``Params4bit``, QLoRA's base weights) is a
+parameter whose storage packs two 4-bit elements to a byte, so its own
+element count is not the weight's.  Its ``quant_state`` keeps the weight's
+logical ``shape`` and the tensors that dequantize it: the blocks' scales
+(``absmax``), the code of the 4-bit values (``code``) and, with nested
+quantization, the scales' ``offset`` and their own state (``state2``, the
+same fields again).  They are read here by attribute alone (bitsandbytes is
+never imported) and never changed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+QUANT_STATE_TENSORS = ("absmax", "code", "offset")
+"""The tensors a ``quant_state`` holds; ``NESTED_STATE`` holds them again for the scales."""
+NESTED_STATE = "state2"
+MAX_NESTING = 2
+"""bitsandbytes nests once (the scales quantized in 8 bits); a deeper chain is not followed."""
+
+_PLAIN = (torch.nn.Parameter, torch.Tensor)
+"""Exact types that carry no ``quant_state``: read without a look-up (most of a model's parameters)."""
+
+
+def quant_state(param: Any) -> Any:
+    """The parameter's ``quant_state``, or None (a plain parameter, or a 4-bit weight not quantized yet)."""
+    if type(param) in _PLAIN:
+        return None
+    return getattr(param, "quant_state", None)
+
+
+def is_quantized(param: Any) -> bool:
+    """A parameter that may carry a ``quant_state`` (it has the attribute, set or not yet)."""
+    return type(param) not in _PLAIN and hasattr(param, "quant_state")
+
+
+def logical_numel(param: Any, stored: int) -> int:
+    """Elements ``param`` stands for: its ``quant_state.shape``'s, else ``stored`` (its own count)."""
+    if type(param) in _PLAIN:
+        return stored
+    shape = getattr(getattr(param, "quant_state", None), "shape", None)
+    if isinstance(shape, tuple) and all(isinstance(size, int) and size >= 0 for size in shape):
+        return math.prod(shape)
+    return stored
+
+
+def quant_state_tensors(state: Any, nesting: int = MAX_NESTING) -> Iterator[torch.Tensor]:
+    """The tensors of a ``quant_state`` (None: none), its nested state's included."""
+    if state is None:
+        return
+    for name in QUANT_STATE_TENSORS:
+        value = getattr(state, name, None)
+        if isinstance(value, torch.Tensor):
+            yield value
+    if nesting > 0:
+        yield from quant_state_tensors(getattr(state, NESTED_STATE, None), nesting - 1)
