@@ -380,7 +380,8 @@ def zero_offload(settings: Mapping[str, Any]) -> ZeroOffload:
     zero = settings.get("zero")
     if not isinstance(zero, Mapping):
         return ZeroOffload()
-    return ZeroOffload(optimizer=str(zero.get("offload_optimizer", "none")), param=str(zero.get("offload_param", "none")))
+    return ZeroOffload(optimizer=str(zero.get("offload_optimizer", "none")),
+                       param=str(zero.get("offload_param", "none")))
 
 
 class OnMachine(NamedTuple):

@@ -112,6 +112,28 @@ def test_the_offload_keys_reach_deepspeed_and_the_state_stays_on_a_cpu_rank(real
         assert held == {"offloaded"}, held
 
 
+def test_on_gpus_lightnings_strategy_is_given_the_offload_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the program hands Lightning on GPUs (no GPU is needed to build the strategy): DeepSpeed's sections,
+    and leave to step torch's AdamW on the offloaded state; without the keys, Lightning's own stage 3."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    from shardtop.config import resolve
+    from shardtop.runner.context import RankContext
+    from shardtop.runner.programs.zero3_linear import lightning_strategy
+
+    def config(*offload: tuple[str, str]) -> dict[str, Any]:
+        ctx = RankContext(Path("unused"), 0, 6, "cuda", resolve("zero3-linear-fixed", list(offload)))
+        made: dict[str, Any] = lightning_strategy(ctx).config
+        return made
+
+    both = config(("zero.offload_optimizer", "cpu"), ("zero.offload_param", "cpu"))
+    zero = both["zero_optimization"]
+    assert (zero["stage"], zero["offload_optimizer"]["device"], zero["offload_param"]["device"]) == (3, "cpu", "cpu")
+    assert both["zero_force_ds_cpu_optimizer"] is False
+    plain = config()
+    assert "offload_optimizer" not in plain["zero_optimization"] and "offload_param" not in plain["zero_optimization"]
+    assert "zero_force_ds_cpu_optimizer" not in plain
+
+
 def test_the_recipes_name_the_modules_the_programs_wrap_and_place() -> None:
     from shardtop.runner.programs import PROGRAMS, fsdp_story, manual_placement
 

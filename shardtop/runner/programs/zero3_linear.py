@@ -91,7 +91,10 @@ def lightning_strategy(ctx: RankContext) -> Any:
         offload_parameters=offload.param != "none",
         offload_params_device=offload.param if offload.param != "none" else "cpu",
     )
-    strategy.config.update(without_cpu_adam(offload))
+    config = strategy.config
+    if config is None:  # made from the arguments above whenever no config file or dict is given
+        raise RuntimeError("Lightning's DeepSpeedStrategy made no DeepSpeed config from its arguments")
+    config.update(without_cpu_adam(offload))
     return strategy
 
 
