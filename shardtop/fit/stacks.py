@@ -148,12 +148,16 @@ class PresetStack:
                 f"max_steps={FIT_STEPS}", *limit]
 
     def use(self, conf: Configuration, batch: int, devices: int) -> tuple[str, list[str]]:
-        """The command that runs the pick, and the lines to change: here the overrides."""
+        """The command that runs the pick, and the lines to change: here the overrides (an offload key where the
+        pick's differs from the one given)."""
         env = f"{ALLOC_CONF}={EXPANDABLE} " if conf.expandable_segments else ""
         offload = self._offload_settings(conf, all_keys=False)
         line = env + shlex.join(["shardtop", "launch", self.preset, *self.overrides, *offload, f"devices={devices}",
                                  f"batch_size={batch}"])
-        return line, [*offload, f"batch_size={batch}"]
+        picked, given = self.offload_at(conf), self.offload
+        changed = [] if picked is None or given is None else [
+            f"{key}={value}" for key, value, was in zip(OFFLOAD_KEYS, picked, given, strict=True) if value != was]
+        return line, [*changed, f"batch_size={batch}"]
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,10 @@ def test_an_offload_as_typed_is_the_set_up_as_given() -> None:
     given, *others = stack.configurations(cuda=True)
     assert given.as_given and given.offload_optimizer and not given.offload_params
     none = next(c for c in others if c.offload_level == 0).but(expandable_segments=False)
-    assert stack.use(none, 2, 6)[0] == "shardtop launch zero3-linear devices=6 batch_size=2", "the preset's own none"
+    line, changes = stack.use(none, 2, 6)
+    assert line == "shardtop launch zero3-linear devices=6 batch_size=2", "the preset's own none"
+    assert changes == ["zero.offload_optimizer=none", "batch_size=2"]
+    assert stack.use(given, 2, 6)[1] == ["batch_size=2"], "the offload as typed is no change"
     (on_cpu,) = stack.configurations(cuda=False)
     assert "zero.offload_optimizer=cpu" in stack.settings_at(on_cpu, 2, None), "kept as typed where not searched"
 
