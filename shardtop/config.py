@@ -28,6 +28,15 @@ FIXED_KEYS = ("description", "program", "engine", "single_process", "on_cpu")
 for keys the user did not set."""
 
 ACCELERATORS = ("auto", "cpu", "cuda")
+OFFLOAD_DEVICES = ("none", "cpu")
+"""Where a ZeRO preset's ``zero.offload_optimizer`` / ``zero.offload_param`` put what they offload: DeepSpeed's
+``offload_optimizer.device`` / ``offload_param.device`` (its third, ``nvme``, needs a path no preset sets)."""
+CHOICE_KEYS: dict[str, tuple[str, ...]] = {
+    "accelerator": ACCELERATORS,
+    "zero.offload_optimizer": OFFLOAD_DEVICES,
+    "zero.offload_param": OFFLOAD_DEVICES,
+}
+"""Keys whose value is one of a few words, and those words."""
 CPU_DEFAULT_DEVICES = 2
 """Processes a preset runs on a machine without GPUs when ``devices=auto``."""
 SIZE_KEYS = ("gpu_mem_limit",)
@@ -199,10 +208,8 @@ def _check(key: str, default: Any, value: Any, raw: str) -> Any:
     said = f"{key}={raw}" if len(raw) <= SHOWN_CHARS else f"{key}={raw[:SHOWN_CHARS]}… ({len(raw)} characters)"
     if key in SIZE_KEYS:
         return _check_size(said, value)
-    if key == "accelerator":
-        if value not in ACCELERATORS:
-            raise ConfigError(f"{said}: expected one of {', '.join(ACCELERATORS)}.")
-        return value
+    if key in CHOICE_KEYS:
+        return _check_choice(key, said, value)
     if key == "devices":
         if value == "auto" or (_is_int(value) and 1 <= value <= MAX_INT):
             return value
@@ -237,6 +244,18 @@ def _check(key: str, default: Any, value: Any, raw: str) -> Any:
     if default is None:
         return value
     raise ConfigError(f"{said}: expected {_type_name(default)}.")
+
+
+def _check_choice(key: str, said: str, value: Any) -> str:
+    """One of ``CHOICE_KEYS[key]``'s words, as typed (no case folding: DeepSpeed reads them as written)."""
+    choices = CHOICE_KEYS[key]
+    if isinstance(value, str) and value in choices:
+        return value
+    expected = f"expected one of {', '.join(choices)}"
+    if key.startswith("zero.offload") and value == "nvme":
+        raise ConfigError(f"{said}: offloading to NVMe needs a path for DeepSpeed's nvme_path, which the preset "
+                          f"does not set; {expected}.")
+    raise ConfigError(f"{said}: {expected}.")
 
 
 def _check_size(said: str, value: Any) -> int | None:
@@ -341,6 +360,28 @@ def apply_cpu_defaults(config: dict[str, object]) -> dict[str, object]:
         if key not in overridden:
             set_dotted(config, key, _check_size(f"on_cpu: {key}={value}", value) if key in SIZE_KEYS else value)
     return config
+
+
+class ZeroOffload(NamedTuple):
+    """What a ZeRO preset offloads, as its keys say: each ``none`` or ``cpu`` (``OFFLOAD_DEVICES``)."""
+
+    optimizer: str = "none"
+    """DeepSpeed's ``zero_optimization.offload_optimizer.device``: the fp32 master copy and the optimizer's state."""
+    param: str = "none"
+    """``zero_optimization.offload_param.device``: ZeRO-3's parameter partitions."""
+
+    @property
+    def any(self) -> bool:
+        return self.optimizer != "none" or self.param != "none"
+
+
+def zero_offload(settings: Mapping[str, Any]) -> ZeroOffload:
+    """A resolved preset's ``zero.offload_*`` keys; ``none`` where the preset has none."""
+    zero = settings.get("zero")
+    if not isinstance(zero, Mapping):
+        return ZeroOffload()
+    return ZeroOffload(optimizer=str(zero.get("offload_optimizer", "none")),
+                       param=str(zero.get("offload_param", "none")))
 
 
 class OnMachine(NamedTuple):

@@ -1,8 +1,9 @@
 """A preset or a user's command as fit drives it: the knobs it exposes, the set-ups they make, each set-up
 at a micro-batch as a rehearsal's settings, and the lines that use the pick.
 
-A preset exposes its keys: ``batch_size`` and ``max_steps``; its program fixes its engine, so its
-sharding is said, not searched.  A command exposes what its line carries (``command_line.py``) and the
+A preset exposes its keys: ``batch_size`` and ``max_steps``, and on a GPU a ZeRO preset's
+``zero.offload_optimizer`` / ``zero.offload_param``; its program fixes its engine, so its sharding is said,
+not searched.  A command exposes what its line carries (``command_line.py``) and the
 DeepSpeed config file it names.  On a GPU, ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` is an
 environment variable of any stack; on CPU there is no CUDA allocator to set.
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardtop.config import ConfigError, split_overrides
+from shardtop.config import ConfigError, ZeroOffload, load_preset, split_overrides, zero_offload
 from shardtop.fit.command_line import (
     FIT_STEPS,
     CommandShape,
@@ -60,6 +61,11 @@ def alloc_env(conf: Configuration, env: Mapping[str, str]) -> dict[str, str]:
     return {ALLOC_CONF: ",".join(p for p in (given, EXPANDABLE) if p)}
 
 
+OFFLOAD_KEYS = ("zero.offload_optimizer", "zero.offload_param")
+"""A ZeRO preset's offload keys (``config.CHOICE_KEYS``): fit sets them per set-up."""
+OFFLOADED = "cpu"
+
+
 @dataclass(frozen=True)
 class PresetStack:
     """A preset: its keys are its knobs."""
@@ -70,39 +76,88 @@ class PresetStack:
     batch_size: int
     engine_words: str
     """What the preset's program runs, in the plan's words (``FSDP2, fp32``)."""
+    offload: ZeroOffload | None = None
+    """The preset's ZeRO offload as given (its keys and the user's); None: the preset has no offload keys."""
+    default_offload: ZeroOffload = ZeroOffload()
+    """The preset's own offload, which a ``shardtop launch`` line need not repeat."""
 
     @classmethod
     def of(cls, settings: tuple[str, ...], config: Mapping[str, Any], engine_words: str) -> PresetStack:
         preset, pairs = split_overrides(settings)
-        kept = tuple(f"{k}={v}" for k, v in pairs if k not in ("batch_size", "max_steps", "gpu_mem_limit"))
+        set_by_fit = ("batch_size", "max_steps", "gpu_mem_limit", *OFFLOAD_KEYS)
+        kept = tuple(f"{k}={v}" for k, v in pairs if k not in set_by_fit)
+        has_keys = isinstance(config.get("zero"), Mapping)
         return cls(preset=preset or "", overrides=kept, batch_size=int(config["batch_size"]),
-                   engine_words=engine_words)
+                   engine_words=engine_words, offload=zero_offload(config) if has_keys else None,
+                   default_offload=zero_offload(load_preset(preset).defaults) if has_keys and preset else ZeroOffload())
 
     def knobs(self, cuda: bool) -> tuple[Knob, ...]:
+        if not cuda:
+            offload = Knob("offload", False, NOT_ON_CPU)
+        elif self.offload is None:
+            offload = Knob("offload", False, f"{self.preset} has no key for it")
+        else:
+            offload = Knob("offload", True, ", ".join(f"{key}={OFFLOADED}" for key in OFFLOAD_KEYS))
         return (
             Knob("micro-batch", True, "batch_size="),
             Knob("steps", True, f"max_steps={FIT_STEPS}"),
             Knob("activation checkpointing", False, f"{self.preset} has no key for it"),
             Knob("sharding", False,
                  f"{self.preset} runs {self.engine_words}; its program fixes that, no key changes it"),
-            Knob("offload", False, f"{self.preset} has no key for it" if cuda else NOT_ON_CPU),
+            offload,
             _allocator_knob(cuda),
         )
 
     def configurations(self, cuda: bool) -> tuple[Configuration, ...]:
-        return _with_expandable(Configuration(given=self.engine_words), [], cuda)
+        """The set-up as given; on a GPU, for a ZeRO preset, also with optimizer and with param + optimizer offload.
 
-    def settings_at(self, batch: int, cap: int | None) -> list[str]:
-        """``shardtop rehearse``'s settings for ``batch``: the preset, its overrides, the batch, the steps, the cap."""
+        Only there is the ZeRO stage named, so that the plan's strategy takes each set-up's offload: on CPU
+        processes the plan counts what an offload moves on the rank, as it stays there."""
+        if self.offload is None or not cuda:
+            return _with_expandable(Configuration(given=self.engine_words), [], cuda)
+        offload = self.offload
+        given = Configuration(zero_stage=3, offload_optimizer=offload.optimizer == OFFLOADED,
+                              offload_params=offload.param == OFFLOADED, given=self.engine_words)
+        others = [given.but(offload_optimizer=opt, offload_params=par, given="")
+                  for opt, par in ((False, False), (True, False), (True, True))
+                  if (opt, par) != (given.offload_optimizer, given.offload_params)]
+        return _with_expandable(given, others, cuda)
+
+    def offload_at(self, conf: Configuration) -> ZeroOffload | None:
+        """The offload keys' values for ``conf``; None for a preset without them."""
+        if self.offload is None:
+            return None
+        if conf.zero_stage is None:  # not searched here: as given
+            return self.offload
+        return ZeroOffload(optimizer=OFFLOADED if conf.offload_optimizer else "none",
+                           param=OFFLOADED if conf.offload_params else "none")
+
+    def _offload_settings(self, conf: Configuration, all_keys: bool) -> list[str]:
+        """``zero.offload_*=`` for ``conf``: every key (a rehearsal), or those the preset's own values do not say."""
+        offload = self.offload_at(conf)
+        if offload is None:
+            return []
+        pairs = zip(OFFLOAD_KEYS, offload, self.default_offload, strict=True)
+        return [f"{key}={value}" for key, value, default in pairs if all_keys or value != default]
+
+    def settings_at(self, conf: Configuration, batch: int, cap: int | None) -> list[str]:
+        """``shardtop rehearse``'s settings for ``conf`` at ``batch``: the preset, its overrides, the offload,
+        the batch, the steps, the cap."""
         limit = [f"gpu_mem_limit={cap}"] if cap is not None else []
-        return [self.preset, *self.overrides, f"batch_size={batch}", f"max_steps={FIT_STEPS}", *limit]
+        return [self.preset, *self.overrides, *self._offload_settings(conf, all_keys=True), f"batch_size={batch}",
+                f"max_steps={FIT_STEPS}", *limit]
 
     def use(self, conf: Configuration, batch: int, devices: int) -> tuple[str, list[str]]:
-        """The command that runs the pick, and the lines to change: here the overrides."""
+        """The command that runs the pick, and the lines to change: here the overrides (an offload key where the
+        pick's differs from the one given)."""
         env = f"{ALLOC_CONF}={EXPANDABLE} " if conf.expandable_segments else ""
-        line = env + shlex.join(["shardtop", "launch", self.preset, *self.overrides, f"devices={devices}",
+        offload = self._offload_settings(conf, all_keys=False)
+        line = env + shlex.join(["shardtop", "launch", self.preset, *self.overrides, *offload, f"devices={devices}",
                                  f"batch_size={batch}"])
-        return line, [f"batch_size={batch}"]
+        picked, given = self.offload_at(conf), self.offload
+        changed = [] if picked is None or given is None else [
+            f"{key}={value}" for key, value, was in zip(OFFLOAD_KEYS, picked, given, strict=True) if value != was]
+        return line, [*changed, f"batch_size={batch}"]
 
 
 @dataclass(frozen=True)

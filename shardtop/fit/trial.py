@@ -68,7 +68,7 @@ class Rehearser:
 
         started_at = time.monotonic()
         with environment({**self.env, **alloc_env(conf, os.environ)}):
-            started = start_one(self.spec, self.devices, stack.settings_at(batch, self.cap), None,
+            started = start_one(self.spec, self.devices, stack.settings_at(conf, batch, self.cap), None,
                                 runs_dir=self.runs_dir, name=None)
         return self._wait(started.run, batch, FIT_STEPS, started_at)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from shardtop.config import zero_offload
 from shardtop.plan.description import ModelDescription
 from shardtop.plan.strategies import (
     ADAMW,
@@ -47,9 +48,14 @@ def _zero3(fixed: bool) -> AskedStrategy:
         note = ("layers built in configure_model(), inside deepspeed.zero.Init" if fixed else
                 "layers built in __init__, outside deepspeed.zero.Init: DeepSpeed moves the whole model "
                 "to each device before partitioning it")
+        offload = zero_offload(config)
+        if offload.any and not lightning:
+            note += "; offload to CPU asked, but on CPU processes what it moves stays in the rank's memory"
         return Strategy(
             engine="zero3", optimizer=ADAMW, built_whole=not fixed, build_note=note,
             driver="lightning" if lightning else "loop", zero=LIGHTNING_ZERO if lightning else ZeroSettings(),
+            offload_optimizer=lightning and offload.optimizer != "none",
+            offload_params=lightning and offload.param != "none",
         )
 
     return asked

@@ -265,6 +265,10 @@ STORIES: dict[str, Any] = {
     "fsdp-auto-wrap": lambda base: preset_run(base, "fsdp-auto-wrap", "max_steps=2"),
     "zero3-linear": lambda base: preset_run(base, "zero3-linear", "max_steps=2", "model.n_layers=16"),
     "zero3-linear-fixed": lambda base: preset_run(base, "zero3-linear-fixed", "max_steps=2", "model.n_layers=16"),
+    "zero3-linear-fixed-offloaded": lambda base: preset_run(
+        base, "zero3-linear-fixed", "max_steps=2", "model.n_layers=16", "zero.offload_optimizer=cpu",
+        "zero.offload_param=cpu"
+    ),
     "fsdp2-mlp": lambda base: preset_run(base, "fsdp2-mlp", "max_steps=2"),
     "ddp-baseline": lambda base: preset_run(base, "ddp-baseline", "max_steps=2"),
     "manual-placement": lambda base: preset_run(base, "manual-placement", "max_steps=2"),

@@ -49,6 +49,7 @@ def test_bad_values_exit_2_and_create_nothing(runs_dir: Path) -> None:
         (("fsdp2-mlp", "max_step=3"), "Did you mean max_steps"),
         (("fsdp2-mlp", "max_steps"), "expected key=value"),
         (("fsdp2-mlp", "accelerator=cuda"), "no NVIDIA GPU is visible"),
+        (("zero3-linear-fixed", "zero.offload_optimizer=gpu"), "expected one of none, cpu"),
     ]:
         r = shardtop("launch", *args, "--headless", runs_dir=runs_dir, env={"CUDA_VISIBLE_DEVICES": ""})
         assert r.returncode == 2, (args, r.stderr)

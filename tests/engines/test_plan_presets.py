@@ -22,7 +22,8 @@ from shardtop.rundir.event_files import read_all
 from shardtop.rundir.events import Shards
 from shardtop.trace import recipes
 from shardtop.trace.presets import plan_config
-from tests.diagnose_scripts.real_runs import runs_base, story
+from shardtop.units import ceil_div
+from tests.diagnose_scripts.real_runs import report_json, runs_base, story
 from tests.support.distributed import run_ranks
 
 PRESETS = ("fsdp-not-sharding", "fsdp-auto-wrap", "zero3-linear", "zero3-linear-fixed", "fsdp2-mlp", "ddp-baseline",
@@ -83,6 +84,54 @@ def test_planned_model_states_per_rank_match_a_real_cpu_run(
             assert shards.grad_bytes is not None, real.describe()
             grads = sum(shards.grad_bytes)
         assert _close(planned.grads, grads), (rank, planned.grads, grads)
+
+
+ADAMW_BYTES = 4 + 8
+"""Per element of the rank's partition: ZeRO's fp32 master copy and AdamW's two fp32 moments."""
+ADAM_STEPS = 1024
+"""Room for Adam's step counters, a few 4-byte tensors, beside the state in the census."""
+
+
+def test_the_offload_keys_reach_deepspeed_and_the_state_stays_on_a_cpu_rank(real_base: Path) -> None:
+    """``zero.offload_optimizer=cpu zero.offload_param=cpu`` on 2 gloo processes: DeepSpeed's engine offloads both,
+    every parameter partition is held offloaded, and the rank holds its whole share of the optimizer's state
+    still (a CPU rank's host memory is its own): by module, by kind, and as the plan made at set-up says."""
+    real = story(real_base, "zero3-linear-fixed-offloaded")
+    report = report_json(real)
+    assert (report["info"]["offload_optimizer"], report["info"]["offload_param"]) == ("cpu", "cpu"), real.describe()
+    assert report["step"] == 2, real.describe()
+    states = ceil_div(report["model"]["params"], 2) * ADAMW_BYTES
+    for rank in report["ranks"]:
+        assert rank["status"] == "finished", real.describe()
+        assert rank["optim_bytes"] == states
+        assert states <= rank["memory_now"]["by_kind"]["optimizer"] <= states + ADAM_STEPS
+    for planned in report["plan"]["per_rank"]:
+        assert planned["predicted"]["optimizer"] == planned["measured"]["optimizer"] == states
+    for shards in _last_shards(real.path).values():
+        held = {shards.states[s] for s, numel in zip(shards.state, shards.bytes, strict=True) if numel}
+        assert held == {"offloaded"}, held
+
+
+def test_on_gpus_lightnings_strategy_is_given_the_offload_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the program hands Lightning on GPUs (no GPU is needed to build the strategy): DeepSpeed's sections,
+    and leave to step torch's AdamW on the offloaded state; without the keys, Lightning's own stage 3."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    from shardtop.config import resolve
+    from shardtop.runner.context import RankContext
+    from shardtop.runner.programs.zero3_linear import lightning_strategy
+
+    def config(*offload: tuple[str, str]) -> dict[str, Any]:
+        ctx = RankContext(Path("unused"), 0, 6, "cuda", resolve("zero3-linear-fixed", list(offload)))
+        made: dict[str, Any] = lightning_strategy(ctx).config
+        return made
+
+    both = config(("zero.offload_optimizer", "cpu"), ("zero.offload_param", "cpu"))
+    zero = both["zero_optimization"]
+    assert (zero["stage"], zero["offload_optimizer"]["device"], zero["offload_param"]["device"]) == (3, "cpu", "cpu")
+    assert both["zero_force_ds_cpu_optimizer"] is False
+    plain = config()
+    assert "offload_optimizer" not in plain["zero_optimization"] and "offload_param" not in plain["zero_optimization"]
+    assert "zero_force_ds_cpu_optimizer" not in plain
 
 
 def test_the_recipes_name_the_modules_the_programs_wrap_and_place() -> None:

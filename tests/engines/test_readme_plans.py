@@ -57,3 +57,10 @@ def test_the_gpu_sized_example_would_need_31_gib_of_a_cpu_host(tmp_path: Path) -
     assert result["accelerator"] == "cpu" and result["devices"] == 2
     peak = option(result, result["asked"])["per_rank"]["peak"]
     assert round(2 * peak / GiB) == 31, format_bytes(2 * peak)
+
+
+def test_story_2_fixed_with_the_presets_optimizer_offload_key_runs_what_the_plan_offered(tmp_path: Path) -> None:
+    result = plan(tmp_path, "zero3-linear-fixed", "devices=6", "gpu=16GiB", "zero.offload_optimizer=cpu")
+    assert result["asked"] == "ZeRO-3, fp32, optimizer offload" and result["verdict"]["fits"] is True
+    asked = option(result, result["asked"])
+    assert format_bytes(asked["per_rank"]["peak"]) == "7.96 GiB" and asked["per_rank"]["optimizer"] == 0

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from shardtop.config import ConfigError, parse_size, preset_names, resolve, split_overrides
+from shardtop.config import (
+    ConfigError,
+    ZeroOffload,
+    parse_size,
+    preset_names,
+    resolve,
+    split_overrides,
+    zero_offload,
+)
 from shardtop.launch import resolve_devices
 from shardtop.units import format_bytes
 
@@ -55,6 +63,27 @@ def test_unknown_key_lists_valid_keys() -> None:
 def test_wrong_types_say_what_was_expected(key: str, value: str, expected: str) -> None:
     with pytest.raises(ConfigError, match=expected):
         resolve("fsdp2-mlp", [(key, value)])
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("zero.offload_optimizer", "gpu", "zero.offload_optimizer=gpu: expected one of none, cpu"),
+        ("zero.offload_optimizer", "true", "expected one of none, cpu"),
+        ("zero.offload_optimizer", "", "expected one of none, cpu"),
+        ("zero.offload_param", "CPU", "expected one of none, cpu"),
+        ("zero.offload_param", "nvme", "NVMe needs a path for DeepSpeed's nvme_path"),
+        ("zero.offload_params", "cpu", "Did you mean zero.offload_param"),
+    ],
+)
+def test_a_zero_presets_offload_keys_take_none_or_cpu(key: str, value: str, expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        resolve("zero3-linear-fixed", [(key, value)])
+    config = resolve("zero3-linear", [("zero.offload_optimizer", "cpu")])
+    assert zero_offload(config) == ZeroOffload(optimizer="cpu", param="none")
+    assert zero_offload(resolve("fsdp2-mlp")) == ZeroOffload(), "a preset without the keys offloads nothing"
+    with pytest.raises(ConfigError, match="unknown key 'zero.offload_optimizer' for preset fsdp2-mlp"):
+        resolve("fsdp2-mlp", [("zero.offload_optimizer", "cpu")])
 
 
 def test_fixed_keys_cannot_be_overridden() -> None:

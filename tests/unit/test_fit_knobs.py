@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from shardtop.config import ConfigError
+from shardtop.config import ConfigError, resolve, split_overrides
 from shardtop.fit.command_line import command_at, deepspeed_config_at, read_command
 from shardtop.fit.configuration import Configuration
 from shardtop.fit.request import allowance, read_fit_request
@@ -83,13 +83,58 @@ def test_a_preset_searches_its_batch_only() -> None:
     stack = PresetStack.of(("fsdp-auto-wrap", "model.image=96", "batch_size=3", "max_steps=50"),
                            {"batch_size": 3}, "FSDP FULL_SHARD, fp32")
     assert stack.overrides == ("model.image=96",)
-    assert stack.settings_at(17, 64 * MiB)[-3:] == ["batch_size=17", "max_steps=2", f"gpu_mem_limit={64 * MiB}"]
+    assert stack.settings_at(Configuration(), 17, 64 * MiB) == [
+        "fsdp-auto-wrap", "model.image=96", "batch_size=17", "max_steps=2", f"gpu_mem_limit={64 * MiB}"]
     knobs = {k.kind: k for k in stack.knobs(cuda=False)}
     assert knobs["micro-batch"].found and not knobs["sharding"].found
     assert "runs FSDP FULL_SHARD, fp32" in knobs["sharding"].where
     line, changes = stack.use(Configuration(), 17, 8)
     assert line == "shardtop launch fsdp-auto-wrap model.image=96 devices=8 batch_size=17"
     assert changes == ["batch_size=17"]
+    on_gpu = {k.kind: k for k in stack.knobs(cuda=True)}["offload"]
+    assert not on_gpu.found and on_gpu.where == "fsdp-auto-wrap has no key for it", "no FSDP preset has one"
+    assert [c.label for c in stack.configurations(cuda=True)] == [
+        "as given (FSDP FULL_SHARD, fp32)", "expandable segments"]
+
+
+def _zero_stack(*settings: str) -> PresetStack:
+    preset, pairs = split_overrides(settings)
+    assert preset is not None
+    return PresetStack.of(settings, resolve(preset, pairs), "ZeRO-3, fp32")
+
+
+def test_a_zero_presets_offload_keys_are_its_offload_knob_on_a_gpu() -> None:
+    stack = _zero_stack("zero3-linear-fixed", "model.n_layers=64", "batch_size=3")
+    knob = {k.kind: k for k in stack.knobs(cuda=True)}["offload"]
+    assert knob.found and knob.where == "zero.offload_optimizer=cpu, zero.offload_param=cpu"
+    on_cpu = {k.kind: k for k in stack.knobs(cuda=False)}["offload"]
+    assert not on_cpu.found and "not on CPU processes" in on_cpu.where
+    assert len(stack.configurations(cuda=False)) == 1, "on CPU only the set-up as given"
+    given, _, optimizer, both = stack.configurations(cuda=True)
+    assert [c.label for c in (given, optimizer, both)] == [  # on a GPU each other set-up with expandable segments
+        "as given (ZeRO-3, fp32)", "ZeRO-3, optimizer offload, expandable segments",
+        "ZeRO-3, param + optimizer offload, expandable segments"]
+    assert stack.settings_at(given, 5, None)[:4] == [
+        "zero3-linear-fixed", "model.n_layers=64", "zero.offload_optimizer=none", "zero.offload_param=none"]
+    assert stack.settings_at(both, 5, None)[2:4] == ["zero.offload_optimizer=cpu", "zero.offload_param=cpu"]
+    line, changes = stack.use(optimizer, 5, 6)
+    assert line == ("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True shardtop launch zero3-linear-fixed "
+                    "model.n_layers=64 zero.offload_optimizer=cpu devices=6 batch_size=5")
+    assert changes == ["zero.offload_optimizer=cpu", "batch_size=5"]
+
+
+def test_an_offload_as_typed_is_the_set_up_as_given() -> None:
+    stack = _zero_stack("zero3-linear", "zero.offload_optimizer=cpu")
+    assert stack.overrides == (), "fit sets the offload keys of each set-up itself"
+    given, *others = stack.configurations(cuda=True)
+    assert given.as_given and given.offload_optimizer and not given.offload_params
+    none = next(c for c in others if c.offload_level == 0).but(expandable_segments=False)
+    line, changes = stack.use(none, 2, 6)
+    assert line == "shardtop launch zero3-linear devices=6 batch_size=2", "the preset's own none"
+    assert changes == ["zero.offload_optimizer=none", "batch_size=2"]
+    assert stack.use(given, 2, 6)[1] == ["batch_size=2"], "the offload as typed is no change"
+    (on_cpu,) = stack.configurations(cuda=False)
+    assert "zero.offload_optimizer=cpu" in stack.settings_at(on_cpu, 2, None), "kept as typed where not searched"
 
 
 @pytest.mark.parametrize(("words", "command", "said"), [
@@ -125,6 +170,8 @@ def test_what_a_rank_may_hold() -> None:
     (["fit", "fsdp-auto-wrap", "gpu=64MiB"], "how many GPUs has the job?"),
     (["fit", "fsdp-auto-wrap", "devices=2"], "which GPUs has the job?"),
     (["fit", "manual-placement", "devices=2", "gpu=64MiB"], "has no rank to rehearse"),
+    (["fit", "zero3-linear-fixed", "devices=6", "gpu=16GiB", "zero.offload_param=disk"],
+     "zero.offload_param=disk: expected one of none, cpu"),
     (["fit", "devices=2", "gpu=64MiB", "--", "python", "-c", "pass"], "nothing to search in this command"),
     (["fit", "devices=2", "gpu=64MiB", "--", "no-such-launcher", "train.py"], "cannot run 'no-such-launcher'"),
 ])

@@ -20,10 +20,13 @@ from typing import Any
 import pytest
 
 from shardtop.config import resolve
+from shardtop.plan.cards import parse_gpu
 from shardtop.plan.description import ModelDescription
 from shardtop.plan.memory import per_rank
-from shardtop.plan.strategies import Optimizer, Strategy
-from shardtop.trace.presets import describe_preset
+from shardtop.plan.strategies import ADAMW, Optimizer, Strategy
+from shardtop.plan.verdict import Option
+from shardtop.trace.presets import describe_preset, plan_config
+from shardtop.units import ceil_div
 
 ADAM_WITHOUT_TEMPORARIES = Optimizer("Adam", state_bytes=8, step_temporary=0.0)
 """The estimator's Adam: two fp32 moments, nothing else (the plan's foreach temporary is set aside)."""
@@ -99,3 +102,30 @@ def test_what_the_estimator_leaves_out_is_what_fails_story_2(estimators: Any) ->
     assert estimate < 16 * 2**30
     s = Strategy(engine="zero3", built_whole=True)
     assert per_rank(desc, s, 6, gpu=True).setup == desc.param_bytes > 16 * 2**30
+
+
+@pytest.mark.parametrize("preset", ["zero3-linear", "zero3-linear-fixed"])
+def test_a_zero_presets_offload_keys_move_its_optimizer_state_off_the_gpu(preset: str) -> None:
+    """``zero.offload_optimizer=cpu`` takes the fp32 master copy and AdamW's two moments of the rank's partition off
+    the GPU (into host memory); ``zero.offload_param=cpu`` the parameter partition too.  On CPU processes the plan
+    keeps them on the rank, where they stay."""
+
+    def asked(*offload: tuple[str, str], accelerator: str = "cuda") -> Option:
+        config = resolve(preset, [("model.n_layers", "1800"), *offload])
+        return plan_config(config, devices=6, accelerator=accelerator, gpu=parse_gpu("16GiB")).asked
+
+    given = asked()
+    optimizer = asked(("zero.offload_optimizer", "cpu"))
+    both = asked(("zero.offload_optimizer", "cpu"), ("zero.offload_param", "cpu"))
+    desc = describe_preset(resolve(preset, [("model.n_layers", "1800")]))
+    states = ceil_div(desc.trained, 6) * (4 + ADAMW.state_bytes)  # fp32 master + two fp32 moments per element
+    partition = ceil_div(desc.params, 6) * desc.dtype_bytes
+    assert (given.per_rank.optimizer, given.per_rank.host) == (states, 0)
+    assert (optimizer.per_rank.optimizer, optimizer.per_rank.host) == (0, states)
+    assert optimizer.per_rank.params == given.per_rank.params
+    assert (both.per_rank.host, both.per_rank.params) == (states + partition, given.per_rank.params - partition)
+    assert [o.strategy.label.split(", ")[2] for o in (optimizer, both)] == [
+        "optimizer offload", "param + optimizer offload"]
+    on_cpu = asked(("zero.offload_optimizer", "cpu"), ("zero.offload_param", "cpu"), accelerator="cpu")
+    assert on_cpu.per_rank == asked(accelerator="cpu").per_rank
+    assert "stays in the rank's memory" in on_cpu.strategy.build_note

@@ -12,13 +12,23 @@ did; on CPU, where Lightning refuses DeepSpeed, it drives
 move the model to: the whole model costs it memory as it is built, so the
 layers as asked are allocated one by one in ``__init__`` (``SequentialLinear``'s
 ``layer_by_layer``), and under a cap the layer that no longer fits runs out.
+
+``zero.offload_optimizer=cpu`` and ``zero.offload_param=cpu`` become DeepSpeed's
+``offload_optimizer`` / ``offload_param`` sections (Lightning's ``offload_optimizer`` /
+``offload_parameters`` on GPUs).  The optimizer stays torch's AdamW, stepped by
+DeepSpeed on the offloaded fp32 partitions (``zero_force_ds_cpu_optimizer: false``):
+DeepSpeedCPUAdam would step faster, but it compiles a C++ extension on first
+use.  On CPU processes the offloaded state stays in the rank's own memory.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
+from shardtop.config import ZeroOffload, zero_offload
 from shardtop.runner.context import RankContext
 from shardtop.runner.lightning_run import RegressionModule, fit
 from shardtop.runner.models import SequentialLinear
@@ -46,25 +56,54 @@ class LinearStackFixed(RegressionModule):
 
 
 def deepspeed_config(ctx: RankContext) -> dict[str, object]:
+    offload = zero_offload(ctx.config)
+    zero: dict[str, object] = {"stage": 3}
+    if offload.optimizer != "none":
+        zero["offload_optimizer"] = {"device": offload.optimizer}
+    if offload.param != "none":
+        zero["offload_param"] = {"device": offload.param}
     return {
         "train_micro_batch_size_per_gpu": ctx.config["batch_size"],
         "gradient_accumulation_steps": 1,
-        "zero_optimization": {"stage": 3},
+        "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,
+        **without_cpu_adam(offload),
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+
+
+def without_cpu_adam(offload: ZeroOffload) -> dict[str, Any]:
+    """What lets DeepSpeed step torch's AdamW on offloaded state: it refuses any optimizer but its own
+    CPU ones there unless told not to."""
+    return {"zero_force_ds_cpu_optimizer": False} if offload.optimizer != "none" else {}
+
+
+def lightning_strategy(ctx: RankContext) -> Any:
+    """Lightning's ``DeepSpeedStrategy`` at stage 3, offloading what the preset's keys say."""
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    offload = zero_offload(ctx.config)
+    strategy = DeepSpeedStrategy(
+        stage=3,
+        offload_optimizer=offload.optimizer != "none",
+        offload_optimizer_device=offload.optimizer if offload.optimizer != "none" else "cpu",
+        offload_parameters=offload.param != "none",
+        offload_params_device=offload.param if offload.param != "none" else "cpu",
+    )
+    config = strategy.config
+    if config is None:  # made from the arguments above whenever no config file or dict is given
+        raise RuntimeError("Lightning's DeepSpeedStrategy made no DeepSpeed config from its arguments")
+    config.update(without_cpu_adam(offload))
+    return strategy
 
 
 def run(ctx: RankContext) -> None:
     m = ctx.config["model"]
     fixed = ctx.config["program"] == "zero3-linear-fixed"
     if ctx.accelerator == "cuda":
-        from lightning.pytorch.strategies import DeepSpeedStrategy
-
         cls = LinearStackFixed if fixed else LinearStackAsAsked
-        strategy = DeepSpeedStrategy(stage=3)
-        fit(ctx, cls(m["n_layers"], m["width"]), strategy, features=m["width"], precision="32-true")
+        fit(ctx, cls(m["n_layers"], m["width"]), lightning_strategy(ctx), features=m["width"], precision="32-true")
     else:
         run_raw(ctx, fixed)
 
