@@ -7,8 +7,9 @@ micro-batch free activations, not tensors a loop keeps; none of them frees a
 library's workspace.  Tensors kept from earlier forwards with their autograd
 graph (an evaluation without ``torch.no_grad()``) are told as such, with what
 holds them.  Where ``other`` filled it, its largest part decides: gradients in
-flight in the backward and the model's output (logits) shrink with the tokens
-of a micro-batch, not with sharding.  A request that is a copy of the logits of
+flight in the backward, and the model's output (logits) with what the loss made
+of it (an fp32 copy, a log-softmax), shrink with the tokens of a micro-batch,
+not with sharding.  A request that is a copy of the logits of
 a large vocabulary on the failing stack (a loss upcasting them) is told as
 tokens × vocabulary.
 Where the memory at the OOM was not split, the fix says so and falls back to
@@ -203,19 +204,14 @@ def _kept_fix(e: OutOfMemory, kept: int) -> str:
 
 
 def _other_part_fix(e: OutOfMemory, other: int) -> str | None:
-    """The fix of the part that held most of ``other`` at the OOM (``read/other_parts.py``) where one held half
-    of it and a fix is known for it; the parts, where none held half; None where the parts were not told or
-    the largest has no fix of its own."""
+    """The fix of what held most of ``other`` at the OOM (``read/other_parts.py``): the backward's part where it
+    held half; the logits' where the model's output and what the loss made of it held half together; the parts,
+    where none held half; None where the parts were not told or the largest has no fix of its own."""
     parts = e.at_oom.other_parts if e.at_oom is not None else {}
     if not parts or not other:
         return None
     part = max(parts, key=parts.__getitem__)
-    if parts[part] < DOMINANT_SHARE * other:
-        return (
-            f"At the OOM most of the memory ({fmt(other)}) was other tensors, no part of them half: "
-            f"{parts_words(parts, other, 0.0)}. Sharding does not reduce them; " + _where_kind("other")
-        )
-    if part == "backward":
+    if part == "backward" and parts[part] >= DOMINANT_SHARE * other:
         return (
             f"At the OOM most of the memory ({fmt(other)} other, {fmt(parts[part])} of it) was gradients in flight, "
             "made by autograd in the backward: each activation's gradient, and that of what the loss was computed "
@@ -224,14 +220,36 @@ def _other_part_fix(e: OutOfMemory, other: int) -> str | None:
             "`LigerFusedLinearCrossEntropyLoss`, or the loss over chunks of the sequence); sharding the model "
             "does not."
         )
-    if part == "output":
+    if parts.get("output", 0) + parts.get("loss", 0) >= DOMINANT_SHARE * other:
+        return _logits_share_fix(other, parts.get("output", 0), parts.get("loss", 0))
+    if parts[part] < DOMINANT_SHARE * other:
         return (
-            f"At the OOM most of the memory ({fmt(other)} other, {fmt(parts[part])} of it) was the model's output, "
-            "still held (a language model's logits: tokens × vocabulary × bytes). Fewer tokens per micro-batch, a "
-            "chunked or fused linear-cross-entropy loss that never holds the whole logits, or only the logits the "
-            "loss needs (transformers: `logits_to_keep`) reduce it; sharding and activation checkpointing do not."
+            f"At the OOM most of the memory ({fmt(other)}) was other tensors, no part of them half: "
+            f"{parts_words(parts, other, 0.0)}. Sharding does not reduce them; " + _where_kind("other")
         )
     return None
+
+
+LOGITS_REMEDY = (
+    "Fewer tokens per micro-batch, a chunked or fused linear-cross-entropy loss that never holds the whole logits "
+    "(Liger's `LigerFusedLinearCrossEntropyLoss`, or the loss over chunks of the sequence), or only the logits the "
+    "loss needs (transformers: `logits_to_keep`) reduce it; sharding and activation checkpointing do not."
+)
+
+
+def _logits_share_fix(other: int, output: int, loss: int) -> str:
+    """The model's output (logits) and what the loss made of it held half of ``other``."""
+    if not loss:
+        return (
+            f"At the OOM most of the memory ({fmt(other)} other, {fmt(output)} of it) was the model's output, "
+            "still held (a language model's logits: tokens × vocabulary × bytes). " + LOGITS_REMEDY
+        )
+    held = f"{fmt(output)} the output, {fmt(loss)} the loss's" if output else f"{fmt(loss)} of it"
+    return (
+        f"At the OOM most of the memory ({fmt(other)} other; {held}) was the model's output and what the loss made "
+        "of it (an fp32 copy of the logits, their log-softmax): a language model's logits take tokens × "
+        "vocabulary × bytes, and the loss holds more than one such copy. " + LOGITS_REMEDY
+    )
 
 
 def _activations_fix(e: OutOfMemory) -> str:

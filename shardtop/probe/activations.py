@@ -21,6 +21,13 @@ loss) is reachable from none of them; where nodes were made after the model's
 last call and no backward has run since, the process's tensors that carry a
 graph made since ``start`` are looked for once (``gc.get_objects()``, about
 0.15 s per 400 000 objects on a 2-core machine) and held weakly in turn.
+
+What the loss made of the model's output is told apart from the activations
+(``loss``): the tensors of nodes made outside the model's modules from an
+output of its latest forward (an fp32 copy of the logits on the failing stack,
+the log-softmax a negative log-likelihood saved), never the output itself,
+which the census counts as such, nor what the loss took from elsewhere (the
+labels).
 """
 
 from __future__ import annotations
@@ -35,7 +42,15 @@ from torch import nn
 
 from shardtop.probe.allocator_timeline import block_bytes
 from shardtop.probe.eager import compiling
-from shardtop.probe.saved_graph import ModuleSpans, nodes_from, of_a_parameter, readable, saved_by, sequence_number
+from shardtop.probe.saved_graph import (
+    ModuleSpans,
+    nodes_from,
+    of_a_parameter,
+    readable,
+    saved_by,
+    saved_results,
+    sequence_number,
+)
 
 MAX_OUTPUTS = 64
 """Outputs of outermost calls held (weakly) as the graph's roots, the latest kept."""
@@ -70,6 +85,9 @@ class SavedActivations:
         self.kept: list[Any] = []
         """Storages the last read found held by graphs of earlier forwards, and those graphs' outputs on the
         roots it was given: kept with their graphs, not this forward's activations."""
+        self.loss: list[Any] = []
+        """Storages the last read found made of the model's output outside its modules (``_OutputDescent``):
+        what the loss made of the logits, saved for its backward or held by a root."""
         self.failed: str | None = readable()
         """Why saved tensors cannot be read on this torch (None: they can)."""
 
@@ -83,6 +101,8 @@ class SavedActivations:
         if compiling() or not self.spans.leave(module):
             return
         self._model_done = sequence_number()
+        if self.spans.enclosing:  # the model, whose call began before the spans: its modules' outputs were not its
+            self._model_outputs = []
         for tensor in _tensors_in(output):
             if tensor.grad_fn is not None:
                 self._outputs.append(weakref.ref(tensor))
@@ -170,31 +190,42 @@ class SavedActivations:
 
     def live_storages(self) -> list[tuple[Any, int]]:
         """(storage, module id) of every storage the graph holds for backward now (0: no module); those of
-        graphs an earlier forward made go to ``kept`` instead."""
+        graphs an earlier forward made go to ``kept`` instead, and those the loss made of the model's output
+        (saved for its backward, or roots themselves) to ``loss``."""
         if self.failed is not None:
             return []
         roots = self._roots()
         self.roots = []
         found: dict[int, tuple[Any, int]] = {}
         kept: dict[int, Any] = {}
+        made = _OutputDescent(self.model_outputs(), self.spans)
         saved = 0
         owner = self.spans.owner
         began = self.forward_began
         numbered = sorted((node._sequence_nr(), i, node) for i, node in enumerate(nodes_from(roots)))
         for sequence, _, node in numbered:  # in the order they were made: a storage is its first saver's
             earlier = began is not None and sequence < began
+            of_loss = not earlier and made.visit(sequence, node)
             for tensor in saved_by(node):
                 if of_a_parameter(tensor):
                     continue
                 saved += 1
                 storage = tensor.untyped_storage()
                 key = storage.data_ptr()
-                if key == 0 or key in found or key in kept:
+                if key == 0 or key in found or key in kept or key in made.loss:
                     continue
                 if earlier:
                     kept[key] = storage
+                elif of_loss and made.of_loss(tensor, key):
+                    made.loss[key] = storage
                 else:
                     found[key] = (storage, owner(sequence))
+        for root in roots:  # what the loss made of the output and holds as a tensor (an fp32 copy of the logits)
+            if isinstance(root, torch.Tensor) and made.made(root.grad_fn):
+                storage = root.untyped_storage()
+                key = storage.data_ptr()
+                if key and key not in found and key not in kept and key not in made.outputs:
+                    made.loss.setdefault(key, storage)
         if began is not None:  # the roots themselves, where an earlier forward made them (a list of outputs)
             for root in roots:
                 node = getattr(root, "grad_fn", None)
@@ -205,6 +236,7 @@ class SavedActivations:
         self.saved = saved
         self.last = list(found.values())
         self.kept = list(kept.values())
+        self.loss = list(made.loss.values())
         return self.last
 
     def by_module(
@@ -225,6 +257,48 @@ class SavedActivations:
             skipped.add(key)
             out[module] = out.get(module, 0) + block_bytes(nbytes, cuda)
         return out
+
+
+class _OutputDescent:
+    """Which autograd nodes the loss made of the model's output: a node made outside the model's modules (the
+    script's code after the model returned, or the model's own ``forward`` around its modules) that takes an
+    output of the model's latest forward, or such a node's result, as an input.  Nodes are visited in the
+    order they were made, so a node's inputs are settled before it."""
+
+    def __init__(self, outputs: list[torch.Tensor], spans: ModuleSpans) -> None:
+        self.nodes = {node._sequence_nr() for tensor in outputs if (node := tensor.grad_fn) is not None}
+        self.outputs = {tensor.untyped_storage().data_ptr() for tensor in outputs}
+        """The output's storages: counted as the output (or as what a node saved), never as the loss's."""
+        self.first = min(self.nodes, default=None)
+        self.spans = spans
+        self.of_output: set[int] = set()
+        """Sequence numbers of the nodes the loss made of the output."""
+        self.loss: dict[int, Any] = {}
+        """Storages found made of the output, by address."""
+        self._results: set[int] = set()
+
+    def visit(self, sequence: int, node: Any) -> bool:
+        """Is ``node`` (numbered ``sequence``) the loss's?  Noted for the nodes made after it."""
+        if self.first is None or sequence <= self.first or sequence in self.nodes:
+            return False
+        if not self.spans.outside_modules(sequence):
+            return False
+        inputs = (child._sequence_nr() for child, _ in node.next_functions if child is not None)
+        if not any(number in self.nodes or number in self.of_output for number in inputs):
+            return False
+        self.of_output.add(sequence)
+        self._results = {t.untyped_storage().data_ptr() for t in saved_results(node)}
+        return True
+
+    def made(self, node: Any) -> bool:
+        """``node`` is one the loss made of the output."""
+        return node is not None and node._sequence_nr() in self.of_output
+
+    def of_loss(self, tensor: torch.Tensor, key: int) -> bool:
+        """A tensor the node just visited saved is the loss's: its own result, or the result of a node the loss
+        made of the output (the log-softmax a negative log-likelihood saved); never the output itself, nor
+        what the loss took from elsewhere (the labels, a constant)."""
+        return key not in self.outputs and (key in self._results or self.made(tensor.grad_fn))
 
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:

@@ -4,8 +4,8 @@ A trace entry's frames (innermost first) are the Python stack that asked for
 the block.  ``kind_of_frames`` reads them against ``FRAME_RULES`` (an
 optimizer's state initialisation, an engine's gather, bucket or gradient
 code, a module's construction or move, a forward); ``site_of`` names the
-place; ``backward_made`` tells what the backward itself made, and
-``script_made`` what the training script's own code made.  Nothing here imports torch.
+place; ``backward_made`` tells what the backward itself made, ``loss_made``
+what a loss function made, and ``script_made`` what the training script's own code made.  Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -185,6 +185,39 @@ def script_made(frames: Sequence[Frame]) -> bool:
         return False
     path = str(inner.get("filename", "")).replace("\\", "/")
     return bool(path) and not path.startswith("<") and not any(p in path for p in _LIBRARY_PATHS)
+
+
+LOSS_RULES: tuple[FrameRule, ...] = (
+    FrameRule("torch/nn/functional.py", "loss", frozenset({
+        "cross_entropy", "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div",
+        "poisson_nll_loss", "gaussian_nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+        "multilabel_soft_margin_loss", "multi_margin_loss",
+    })),
+    FrameRule("torch/nn/modules/loss.py", "loss"),
+    FrameRule("transformers/loss/", "loss"),
+)
+"""A frame in one of these is a loss function's: ``torch.nn.functional``'s losses, ``torch.nn``'s loss
+modules, transformers' (``ForCausalLMLoss``, ``fixed_cross_entropy``)."""
+SOFTMAX = FrameRule("torch/nn/functional.py", "loss", frozenset({"log_softmax", "softmax"}))
+"""A softmax is a loss's only where no module's ``forward`` called it (an attention's is its module's)."""
+
+
+def loss_made(frames: Sequence[Frame]) -> bool:
+    """Allocated by a loss function's code (``LOSS_RULES``; a softmax the script called itself), innermost
+    first: a module's ``forward`` reached before any loss frame made it, not a loss (an attention's softmax)."""
+    softmax = False
+    for frame in frames:
+        filename = str(frame.get("filename", "")).replace("\\", "/")
+        name = str(frame.get("name", ""))
+        if name == MARKER_FUNCTION:
+            return False
+        if any(rule.matches(filename, name) for rule in LOSS_RULES):
+            return True
+        if SOFTMAX.matches(filename, name):
+            softmax = True
+        elif name == "forward" and not _in_engine(filename):
+            return False
+    return softmax
 
 
 def backward_made(frames: Sequence[Frame]) -> bool:

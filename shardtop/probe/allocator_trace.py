@@ -6,7 +6,8 @@ Nothing here imports torch, so it is tested on CPU with snapshots built by hand.
 ``split_blocks()`` says what each of those blocks was, in order:
 
 1. a census (``memory_kinds.py``) taken while the block was alive saw a
-   tensor's storage at its address: that tensor's kind;
+   tensor's storage at its address: that tensor's kind (the model's output
+   and what the loss made of it: ``other``, parts ``output`` and ``loss``);
 2. else the code that allocated it (``allocating_code.kind_of_frames``), where it names a
    parameter, gradient, optimizer state or buffer: an optimizer's state
    initialisation, an engine's gather, bucket or gradient code, a module's
@@ -20,7 +21,11 @@ Nothing here imports torch, so it is tested on CPU with snapshots built by hand.
    or buffer: kept from earlier steps (``kept``); so is a block a module's
    forward made during an earlier forward of the same step (an evaluation
    loop's, generation's: ``forward_at``) that no census saw saved for backward;
-5. else the code that allocated it: a module's forward (an activation,
+5. else the code that allocated it: outside a backward, a loss function
+   (``allocating_code.loss_made``: ``F.cross_entropy``, a loss module,
+   transformers' losses, a softmax no module called), what the loss made of
+   the model's output (``other``, part ``loss``; a copy the script made itself,
+   ``logits.float()``, is told only by a census); a module's forward (an activation,
    unless saved tensors were followed and this was not one of them), the
    optimizer's temporaries; or, allocated during a backward without a Python
    frame (autograd's engine made it on its own thread; in a forward's label
@@ -51,7 +56,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardtop.probe.allocating_code import Frame, backward_made, kind_of_frames, script_made, site_of
+from shardtop.probe.allocating_code import Frame, backward_made, kind_of_frames, loss_made, script_made, site_of
 from shardtop.probe.allocator_timeline import Timeline, TracedBlock, live_blocks, timeline
 from shardtop.rundir.memory_figures import (
     OTHER_PARTS,
@@ -69,6 +74,10 @@ KINDS = ("params", "grads", "optimizer", "comm", "other", "kept", "activations")
 OUTPUT = "output"
 """A census's name for the model's output (the latest forward's outermost call returned it): counted last,
 under ``other`` (``OtherParts.output``), unless an earlier step or forward made it (kept)."""
+LOSS = "loss"
+"""A census's name for what the loss made of the model's output (``activations.py``), counted after it, and
+the name of a block a loss function's code allocated outside a backward (``allocating_code.loss_made``):
+under ``other`` (``OtherParts.loss``), unless an earlier step or forward made it (kept)."""
 
 MAX_WORKSPACE_BLOCKS = 8
 """More blocks of one workspace size than this alive at the trace's end are a model's tensors of that
@@ -185,13 +194,15 @@ def split_blocks(
                 if kind is not None:
                     break
         census_kind = kind
-        if kind is None or kind in ("activations", OUTPUT):
+        if kind is None or kind in ("activations", OUTPUT, LOSS):
             kind = _uncounted_kind(block, kind, forward, phase_at, step_at, now, first, workspaces, end)
-            if kind in (forward, OUTPUT) and _of_an_earlier_forward(block, position, phase_at, forward_at):
+            if kind in (forward, OUTPUT, LOSS) and _of_an_earlier_forward(block, position, phase_at, forward_at):
                 kind = "kept"
-        if kind == OUTPUT:
-            kind = "other"
-        part = _other_part(census_kind, block.frames) if kind == "other" else None
+        part: OtherPart | None = None
+        if kind in (OUTPUT, LOSS):
+            kind, part = "other", "output" if kind == OUTPUT else "loss"
+        elif kind == "other":
+            part = _other_part(census_kind, block.frames)
         split.add(kind, block.size, block.frames, part)
         if part == "backward":
             split.backward_made_at = max(split.backward_made_at, block.start)
@@ -199,12 +210,11 @@ def split_blocks(
 
 
 def _other_part(census_kind: str | None, frames: Sequence[Frame]) -> OtherPart:
-    """What made a block of ``other``: the census's buffers or the model's output, else what its frames say
-    (a forward's, the optimizer step's), else the backward (rule 5: the one way left to ``other``)."""
+    """What made a block of ``other`` (the model's output and the loss's are told before): the census's
+    buffers, else what its frames say (a forward's, the optimizer step's), else the backward (rule 5: the
+    one way left to ``other``)."""
     if census_kind == "other":
         return "buffers"
-    if census_kind == OUTPUT:
-        return "output"
     framed = kind_of_frames(frames, forward="forward")
     if framed == "forward":
         return "forward"
@@ -256,9 +266,11 @@ def _uncounted_kind(
         return "workspace"
     if earlier:
         return "kept"
+    phase = phase_at(block.start) if block.start >= 0 and phase_at is not None else ""
+    if phase != "backward" and block.frames and loss_made(block.frames):
+        return LOSS
     if framed is not None:
         return framed
-    phase = phase_at(block.start) if block.start >= 0 and phase_at is not None else ""
     # a backward begins before the model's modules mark it: what the script computed after the model (the
     # loss) is differentiated first, on autograd's thread, with no Python frame
     in_backward = phase == "backward" or (phase == "forward" and not block.frames)

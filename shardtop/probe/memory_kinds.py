@@ -32,7 +32,7 @@ import torch
 
 from shardtop.probe.activations import SavedActivations
 from shardtop.probe.allocator_timeline import BLOCK, block_bytes
-from shardtop.probe.allocator_trace import KINDS, OUTPUT
+from shardtop.probe.allocator_trace import KINDS, LOSS, OUTPUT
 from shardtop.probe.engine_buffers import (
     FLAT_PARAM_TENSORS,
     FSDP2_COMM_CONTEXT,
@@ -62,7 +62,8 @@ class KindCount:
     seconds: float
     """What the census cost, for the sampler's budget."""
     other_parts: OtherParts | None = None
-    """``kinds.other`` by part: module buffers and the model's output (``OUTPUT``, while it is followed)."""
+    """``kinds.other`` by part: module buffers, the model's output (``OUTPUT``, while it is followed) and what
+    the loss made of it (``LOSS``)."""
 
     @property
     def total(self) -> int:
@@ -78,7 +79,7 @@ class _Tally:
         self.index = device.index if self.cuda and device.index is not None else -1
         """``Tensor.get_device()`` of the rank's device: an int compare, cheaper than a device compare."""
         self.addresses: dict[int, str] = {}
-        self.bytes = dict.fromkeys((*KINDS, OUTPUT), 0)
+        self.bytes = dict.fromkeys((*KINDS, OUTPUT, LOSS), 0)
 
     def add(self, kind: str, tensor: Any) -> None:
         if tensor is None:
@@ -178,9 +179,9 @@ class MemoryCensus:
             if activations.kept:
                 measured.add("kept")
         figures = dict(tally.bytes)
-        output = figures.pop(OUTPUT)
-        parts = OtherParts(buffers=figures["other"], output=output)
-        figures["other"] += output  # the model's output is a share of other, not a kind of its own
+        output, loss = figures.pop(OUTPUT), figures.pop(LOSS)
+        parts = OtherParts(buffers=figures["other"], output=output, loss=loss)
+        figures["other"] += output + loss  # the model's output and the loss's are shares of other, not kinds
         kinds = MemoryKinds(**{k: (v if k in measured else None) for k, v in figures.items()})
         return KindCount(kinds, tally.addresses, time.perf_counter() - started, parts)
 
@@ -280,6 +281,8 @@ def _count(tally: _Tally, holders: EngineHolders, activations: SavedActivations 
             tally.add_storage("kept", storage)
         for tensor in activations.model_outputs():  # what the loss is computed from (logits), while held
             tally.add(OUTPUT, tensor)
+        for storage in activations.loss:  # what the loss made of them (an fp32 copy, a log-softmax)
+            tally.add_storage(LOSS, storage)
 
 
 def ddp_bucket_bytes(wrapper: Any, tally: _Tally) -> int:

@@ -103,6 +103,21 @@ def saved_by(node: Any) -> Iterator[torch.Tensor]:
                 yield from (v for v in value if isinstance(v, torch.Tensor))
 
 
+def saved_results(node: Any) -> Iterator[torch.Tensor]:
+    """The tensors ``node`` saved of its own output (``result``, ``result0``...): autograd holds them without
+    their ``grad_fn``, so only their name tells that the node made them."""
+    for name in _raw_names(node):
+        if not name.startswith("_raw_saved_result"):
+            continue
+        try:
+            raw = getattr(node, name)
+        except RuntimeError:
+            return
+        for saved in raw if isinstance(raw, (tuple, list)) else (raw,):
+            if saved is not None and saved.unpack_hook is None and isinstance(saved.data, torch.Tensor):
+                yield saved.data
+
+
 def nodes_from(roots: Iterable[Any]) -> Iterator[Any]:
     """Every node reachable from ``roots`` (nodes or tensors), each once, at most ``MAX_NODES``."""
     stack: list[Any] = []
@@ -132,21 +147,43 @@ class ModuleSpans:
         self._stack: list[int] = []
         self.first: int | None = None
         """The sequence number when the spans began: nodes made before are from earlier forwards."""
+        self.outermost: set[int] = set()
+        """``id`` of each module called outermost (the model): its own code runs outside every other module."""
+        self._enclosing: set[int] = set()
+        self.enclosing = False
+        """The call that returned last began before the spans did (see ``leave``)."""
 
     def begin(self) -> None:
         self.starts, self.owners, self._stack = [], [], []
+        self.outermost, self._enclosing, self.enclosing = set(), set(), False
         self.first = sequence_number() if sequence_number is not None else None
 
     def enter(self, module: nn.Module) -> None:
         if sequence_number is None:
             return
+        if not self._stack:
+            self.outermost.add(id(module))
         self._stack.append(id(module))
         self.starts.append(sequence_number())
         self.owners.append(id(module))
 
     def leave(self, module: nn.Module) -> bool:
-        """The call of ``module`` returned; True when it was an outermost call."""
-        if sequence_number is None or not self._stack or self._stack[-1] != id(module):
+        """The call of ``module`` returned; True when it was an outermost call.
+
+        A call that returns with none open began before the spans did: the model, whose own forward's
+        pre-hook started them before any module entered.  It enclosed every call noted since: those were its
+        modules, not outermost calls (``enclosing`` says so until the next call returns)."""
+        self.enclosing = False
+        if sequence_number is None:
+            return False
+        if not self._stack:
+            self.enclosing = True
+            self._enclosing.add(id(module))
+            self.outermost = set(self._enclosing)
+            self.starts.append(sequence_number())
+            self.owners.append(0)
+            return True
+        if self._stack[-1] != id(module):
             return False
         self._stack.pop()
         self.starts.append(sequence_number())
@@ -157,6 +194,12 @@ class ModuleSpans:
         """``id`` of the module whose call made the node numbered ``sequence``; 0 for none."""
         i = bisect_right(self.starts, sequence) - 1
         return self.owners[i] if i >= 0 else 0
+
+    def outside_modules(self, sequence: int) -> bool:
+        """The node numbered ``sequence`` was made by no module but the outermost one's own code (the script's
+        after the model returned, or a model computing its loss in its own ``forward``)."""
+        owner = self.owner(sequence)
+        return owner == 0 or owner in self.outermost
 
     def earlier(self, sequence: int) -> bool:
         """Made before the spans began (a graph kept from an earlier forward)."""

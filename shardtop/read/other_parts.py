@@ -5,7 +5,8 @@ A split that tells its parts (``MemorySplit.other_parts``) is read as it is, eac
 largest): a place with no Python frame is named as the backward's (the only way the probe put such a
 block under ``other``, but for a module buffer allocated before the trace began), one in a ``backward``
 as an autograd Function's, one in a ``forward`` as a forward's tensor saved for no backward; any other
-place is said as a place, and what no place names is left unnamed.
+place is said as a place, and what no place names is left unnamed (such a recording never names the loss's
+part: it read what the loss made of the model's output as the script's tensors or the activations).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ PART_WORDS: dict[OtherPart, str] = {
     "backward": "made by autograd in the backward (gradients in flight: each activation's gradient, and that "
     "of what the loss was computed from, such as the logits)",
     "output": "the model's output, still held (a language model's logits, its head's output)",
+    "loss": "what the loss made of the model's output, still held (an fp32 copy of the logits, their "
+    "log-softmax)",
     "forward": "made in a forward and saved for no backward (a module's output still held, or a temporary)",
     "optimizer": "temporaries of the optimizer step",
     "buffers": "module buffers",
@@ -29,6 +32,7 @@ PART_WORDS: dict[OtherPart, str] = {
 PART_SHORT: dict[OtherPart, str] = {
     "backward": "gradients in flight in the backward",
     "output": "the model's output",
+    "loss": "what the loss made of the model's output",
     "forward": "a forward's tensors saved for no backward",
     "optimizer": "optimizer step temporaries",
     "buffers": "module buffers",

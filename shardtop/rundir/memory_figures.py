@@ -52,9 +52,10 @@ class MemoryKinds(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     """Communication buffers: ZeRO reduce buckets, DDP gradient buckets, FSDP all-gather and
     reduce-scatter buffers."""
     other: int | None = None
-    """Module buffers (BatchNorm statistics...), the model's output while it is held, and, from the
-    allocator's trace, what the backward made (gradients in flight), a forward's tensors saved for no
-    backward and the optimizer step's temporaries; ``MemorySplit.other_parts`` says how much of each."""
+    """Module buffers (BatchNorm statistics...), the model's output while it is held and what the loss
+    made of it, and, from the allocator's trace, what the backward made (gradients in flight), a
+    forward's tensors saved for no backward and the optimizer step's temporaries;
+    ``MemorySplit.other_parts`` says how much of each."""
     kept: int | None = None
     """Kept from earlier steps: tensors an earlier step made that are still alive, and no
     parameter, gradient, optimizer state or buffer (a list of each step's logits, a hook's stored
@@ -68,14 +69,16 @@ class MemoryKinds(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True)
     script: int | None = None
     """Made by the script: blocks the training script's own code allocated (the innermost frame
     outside torch's Python is in none of the installed libraries), outside any module's forward,
-    the optimizer, the engine and the backward, in the step split or in set-up: its inputs, its
-    own buffers.  Where they were made is in the split's ``script_at``.  From the allocator's trace."""
+    a loss function, the optimizer, the engine and the backward, in the step split or in set-up:
+    its inputs, its own buffers, and what it made of the model's output where no census saw it so
+    (``OtherParts.loss``).  Where they were made is in the split's ``script_at``.  From the
+    allocator's trace."""
 
 
-OtherPart = Literal["backward", "output", "forward", "optimizer", "buffers"]
+OtherPart = Literal["backward", "output", "loss", "forward", "optimizer", "buffers"]
 """What made a share of ``MemoryKinds.other`` (``OtherParts``' fields)."""
 
-OTHER_PARTS: tuple[OtherPart, ...] = ("backward", "output", "forward", "optimizer", "buffers")
+OTHER_PARTS: tuple[OtherPart, ...] = ("backward", "output", "loss", "forward", "optimizer", "buffers")
 
 
 class OtherParts(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
@@ -90,6 +93,13 @@ class OtherParts(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     output: int = 0
     """The model's output, still held: the tensors the outermost module call of the latest forward returned
     (a language model's logits, its head's output), seen by a census while the step is explained."""
+    loss: int = 0
+    """What the loss made of the model's output, still held: an fp32 copy of the logits, their log-softmax.
+    Seen by a census (a tensor whose autograd graph leads back to the model's output, made outside the
+    model's modules: on the failing stack, held by the script, or saved for the loss's backward), or
+    allocated by a loss function's code (``torch.nn.functional.cross_entropy``, ``torch.nn``'s loss
+    modules, transformers' losses) outside a backward, as the allocator's trace tells.  A recording made
+    before this part was told has it under the script's tensors or the activations."""
     forward: int = 0
     """Made in a module's forward, neither saved for backward nor the model's output: a forward's
     temporaries, or a module's output on its way.  From the allocator's trace."""

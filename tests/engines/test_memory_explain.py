@@ -18,7 +18,7 @@ from torch import nn
 from shardtop.probe.allocating_code import MARKER_FUNCTION
 from shardtop.probe.memory_explain import MemoryExplainer, MemoryOptions
 from shardtop.probe.split_figures import unexplained, with_lasting_workspaces
-from shardtop.rundir.events import Memory
+from shardtop.rundir.events import Memory, Oom
 from shardtop.rundir.memory_figures import MemoryKinds
 
 MiB = 1 << 20
@@ -175,3 +175,40 @@ def test_the_models_output_and_the_backwards_gradients_are_named_parts_of_other(
     assert split.by_kind.other == output.nbytes() + 2 * MiB and split.unexplained == 0
     places = [(site.part, site.where) for site in split.other_at]
     assert places == [("backward", ""), ("output", "linear.py:1 in forward")]
+
+
+def _raise_out_of_memory(input: torch.Tensor) -> None:
+    """A loss function that runs out of memory holding its input (as ``cross_entropy`` holds the fp32 copy)."""
+    raise torch.OutOfMemoryError("out of memory")
+
+
+def test_what_the_loss_made_of_the_models_output_is_a_part_of_other_of_its_own() -> None:
+    """A census handed the loss (as Lightning hands it before the backward) reads what the loss saved for its
+    backward: the log-softmax of the logits' fp32 copy is the loss's, beside the logits the model returned;
+    the labels it took and a tensor of the script's own that the loss also used are not.  At an OOM, the fp32
+    copy a loss function holds on the failing stack is the loss's too."""
+    tokens, vocab = 32, 512
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, vocab)).to(torch.bfloat16)
+    explainer = MemoryExplainer("cpu", MemoryOptions(explain_steps=1))
+    explainer.set_target(model)
+    explainer.on_phase("forward", 1)
+    logits = model(torch.randn(tokens, 64, dtype=torch.bfloat16))
+    labels = torch.randint(0, vocab, (tokens,))
+    own = torch.randn(tokens, vocab, requires_grad=True)  # the script's own, through no loss function
+    loss = nn.functional.cross_entropy(logits.float(), labels) + (own * own).mean()
+    explainer.on_phase("backward", 1, graph=loss)
+    census = explainer._pending
+    assert census is not None and census.other_parts is not None
+    # the log-softmax (fp32) and the loss itself (its 4 bytes); the logits, as the model's output
+    assert (census.other_parts.loss, census.other_parts.output) == (tokens * vocab * 4 + 4, tokens * vocab * 2)
+    assert census.by_kind.other == tokens * vocab * 6 + 4
+    saved_by_model = tokens * 64 * 2 * 2  # the first Linear's input and the ReLU's output, bf16
+    assert census.by_kind.activations == saved_by_model + tokens * 8 + tokens * vocab * 4 + 4  # labels, own, weight
+
+    try:
+        _raise_out_of_memory(logits.float())
+    except torch.OutOfMemoryError as error:
+        event = explainer.on_oom(Oom(phase="backward", step=1), error)
+    assert event.memory is not None and event.memory.other_parts is not None
+    assert event.memory.other_parts.loss == tokens * vocab * 4 + 4 + tokens * vocab * 4  # and the copy
+    del loss

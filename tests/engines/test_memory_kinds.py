@@ -23,7 +23,7 @@ from shardtop.probe.session import Probe
 from shardtop.rundir.event_files import read_all
 from shardtop.rundir.event_lines import decode, encode
 from shardtop.rundir.events import Memory, Oom, Shards, tree_paths
-from shardtop.rundir.memory_figures import MemoryKinds, MemorySplit
+from shardtop.rundir.memory_figures import MemoryKinds, MemorySplit, OtherParts
 from tests.support.shard_workers import TinyNet
 
 B, F, H, OUT = 8, 16, 32, 4
@@ -126,8 +126,10 @@ def test_probe_explains_the_first_steps(tmp_path: Path) -> None:
     weights = param_bytes(model)
     saved = B * F * 4 + B * H * 4 + B * OUT * 4  # and the model's output, saved by pow() outside any module
     splits = _splits(tmp_path)
+    # other: the loss itself (one fp32 value the script holds), what the loss made of the model's output
     assert splits[(1, "backward")].by_kind == MemoryKinds(params=weights, grads=0, optimizer=0, activations=saved,
-                                                           other=0)
+                                                           other=4)
+    assert splits[(1, "backward")].other_parts == OtherParts(loss=4)
     assert splits[(1, "optimizer")].by_kind == MemoryKinds(params=weights, grads=weights, optimizer=0, activations=0,
                                                             other=0)
     moments = 2 * weights + 4 * 4

@@ -1,5 +1,6 @@
 """OOMs that sharding does not fix, told from what filled the memory: outputs kept with their autograd graphs,
-and the logits of a large vocabulary.  Each beside a run that comes close without it.
+and the logits of a large vocabulary with what the loss made of them.  Each beside a run that comes close
+without it.
 
 The scripts are users' own (``tests/own_scripts/``), under ``shardtop run``, each capping its own data segment
 as a small GPU would cap it.
@@ -10,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from shardtop.units import format_bytes
 from tests.support.own_job_runs import SCRIPTS, OwnRun, run_own
 
 SHARDING_WORDS = ("shard the model", "micro-batch or sequence length, or activation checkpointing")
@@ -59,3 +61,30 @@ def test_the_logits_of_a_large_vocabulary_are_told_as_tokens_times_vocabulary(tm
     close = run_own(tmp_path / "close", "python", str(SCRIPTS / "large_vocab_loss.py"), "--cap-mib", "150",
                     "--vocab", "1024")
     assert close.code == 0, close.describe()  # the same loop, a small vocabulary
+
+
+def test_what_the_loss_made_of_the_logits_is_a_share_of_its_own_beside_them(tmp_path: Path) -> None:
+    """Under a cap that holds the logits and the loss's fp32 copy of them but not the log-softmax of that copy,
+    the split at the OOM names both: the bf16 logits the model returned, and the fp32 copy the loss made of
+    them (held on the failing stack as ``cross_entropy``'s ``input``), tokens × vocabulary × 4 bytes."""
+    batch, seq, vocab = 4, 256, 32768
+    args = ("--cap-mib", "300", "--batch", str(batch), "--seq", str(seq))
+    runs = tmp_path / "runs"
+    ran = run_own(runs, "python", str(SCRIPTS / "large_vocab_loss.py"), *args, "--vocab", str(vocab))
+    assert ran.code == 1, ran.describe()
+    oom, finding = _oom_finding(ran, runs)
+    tokens = batch * seq
+    assert oom["requested_bytes"] == tokens * vocab * 4  # the log-softmax of the fp32 copy
+    split = oom["memory"]
+    assert split["other_parts"] == {"loss": tokens * vocab * 4, "output": tokens * vocab * 2}
+    assert split["by_kind"]["other"] == tokens * vocab * 6  # the logits and the loss's copy, nothing else
+    copy, logits = format_bytes(tokens * vocab * 4), format_bytes(tokens * vocab * 2)
+    said = f"{format_bytes(tokens * vocab * 6)} other ({copy} what the loss made of the model's output, {logits} the"
+    assert said + " model's output)" in finding["detail"], finding["detail"]
+    assert f"{tokens:,} tokens × {vocab:,}" in finding["fix"] and "logits_to_keep" in finding["fix"]
+    assert not any(words in finding["fix"] for words in SHARDING_WORDS), finding["fix"]
+
+    close = run_own(tmp_path / "close", "python", str(SCRIPTS / "large_vocab_loss.py"), *args, "--vocab", "1024")
+    assert close.code == 0, close.describe()  # the same loop, a small vocabulary: no OOM, no logits story
+    report = close.report(tmp_path / "close")
+    assert report["oom"] is None and not [f for f in report["findings"] if "logits" in f.get("fix", "")]

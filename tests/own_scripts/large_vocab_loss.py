@@ -4,7 +4,7 @@ batch × sequence × vocabulary values is what no longer fits.  Nothing of shard
 ``--vocab 1024``: the same loop with a small vocabulary (the logits are small).  ``--cap-mib N``: the
 process may allocate at most N MiB more than at its start (its data segment): a stand-in for a small GPU.
 ``--cuda --cap-gib N``: on the GPU, capped with ``set_per_process_memory_fraction``; ``--seq`` and ``--dim``
-size it.
+(and ``--batch``) size it.
 
     python tests/own_scripts/large_vocab_loss.py --cap-mib 150
     python tests/own_scripts/large_vocab_loss.py --cuda --cap-gib 20 --vocab 256000 --seq 2048 --dim 1024
@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--cap-mib", type=int, default=0)
     parser.add_argument("--cuda", action="store_true")
     parser.add_argument("--cap-gib", type=float, default=0.0)
+    parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--dim", type=int, default=64)
     args = parser.parse_args()
@@ -62,7 +63,7 @@ def main() -> None:
     started = time.perf_counter()
     for step in range(1, args.steps + 1):
         generator = torch.Generator().manual_seed(step)
-        tokens = torch.randint(0, args.vocab, (4, args.seq + 1), generator=generator).to(device)
+        tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=generator).to(device)
         logits = model(tokens[:, :-1])
         loss = nn.functional.cross_entropy(logits.float().reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
         loss.backward()

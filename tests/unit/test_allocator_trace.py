@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardtop.probe.allocating_code import MARKER_FUNCTION, kind_of_frames
+from shardtop.probe.allocating_code import MARKER_FUNCTION, kind_of_frames, loss_made
 from shardtop.probe.allocator import allocator_stats, cublas_workspace_size, cublaslt_workspace_size
 from shardtop.probe.allocator_timeline import block_bytes, largest_free_block, timeline
 from shardtop.probe.allocator_trace import MAX_WORKSPACE_BLOCKS, current_split, peak_split, traced_splits
@@ -601,3 +601,73 @@ def test_the_models_output_from_an_earlier_step_is_kept() -> None:
     found = traced_splits(trace.snapshot(), 0, [{}, {logits: "output"}, {logits: "output"}], labels)
     assert found is not None
     assert found.at_end.kinds["kept"] == 64 * MiB and found.at_end.other_parts["output"] == 0
+
+
+TORCH_F = "/venv/site-packages/torch/nn/functional.py"
+CROSS_ENTROPY = [frame(TORCH_F, "cross_entropy", 3504), frame("/home/u/train.py", "main", 67)]
+HF_CAUSAL_LM_LOSS = [frame(TORCH_F, "cross_entropy"),
+                     frame("/venv/site-packages/transformers/loss/loss_utils.py", "fixed_cross_entropy"),
+                     frame("/venv/site-packages/transformers/loss/loss_utils.py", "ForCausalLMLoss"),
+                     frame("/venv/site-packages/transformers/models/llama/modeling_llama.py", "forward"),
+                     frame("/venv/site-packages/torch/nn/modules/module.py", "_call_impl"), USER_LOOP]
+"""transformers computes a causal LM's loss inside the model's ``forward``."""
+LOSS_MODULE = [frame("/venv/site-packages/torch/nn/modules/loss.py", "forward"),
+               frame("/venv/site-packages/torch/nn/modules/module.py", "_call_impl"), USER_LOOP]
+SCRIPTS_LOG_SOFTMAX = [frame(TORCH_F, "log_softmax"), frame("/home/u/train.py", "main", 66)]
+ATTENTION_SOFTMAX = [frame(TORCH_F, "softmax"), frame("/home/u/model.py", "forward", 12),
+                     frame("/venv/site-packages/torch/nn/modules/module.py", "_call_impl"), USER_LOOP]
+
+
+def test_a_loss_functions_frames_tell_what_the_loss_made() -> None:
+    assert loss_made(CROSS_ENTROPY) and loss_made(HF_CAUSAL_LM_LOSS) and loss_made(LOSS_MODULE)
+    assert loss_made(SCRIPTS_LOG_SOFTMAX)  # a log-softmax the script called itself, after the model
+    assert not loss_made(ATTENTION_SOFTMAX)  # a module's forward called it: the attention's
+    assert not loss_made(LINEAR_FORWARD) and not loss_made([USER_LOOP]) and not loss_made([])
+
+
+def test_what_the_loss_made_of_the_logits_is_other_and_the_scripts_own_tensors_stay_the_scripts() -> None:
+    """A plain loop over a large vocabulary, split at an OOM after the loss began: the logits the model
+    returned, what loss functions allocated (a log-softmax, transformers' and a loss module's, the script's
+    own log-softmax call) and the fp32 copy the census at the OOM saw made of the logits are other's parts
+    ``output`` and ``loss``; a tensor the script made in the same window through no loss, and the copy where
+    no census saw it (``logits.float()`` is the script's line, no loss's frame), stay the script's."""
+    trace = Trace()
+    trace.mark()  # forward
+    logits = trace.alloc(64 * MiB, LINEAR_FORWARD)
+    upcast = trace.alloc(128 * MiB, [frame("/home/u/train.py", "main", 66)])  # logits.float()
+    trace.alloc(128 * MiB, CROSS_ENTROPY)  # its log-softmax
+    trace.alloc(32 * MiB, HF_CAUSAL_LM_LOSS)
+    trace.alloc(8 * MiB, LOSS_MODULE)
+    trace.alloc(4 * MiB, SCRIPTS_LOG_SOFTMAX)
+    trace.alloc(16 * MiB, [frame("/home/u/train.py", "main", 70)])  # the script's own, through no loss
+    attention = trace.alloc(2 * MiB, ATTENTION_SOFTMAX)
+    labels = [("forward", 1)]
+    made = 128 * MiB + 32 * MiB + 8 * MiB + 4 * MiB
+    found = traced_splits(trace.snapshot(), 0, [{}], labels, now={logits: "output", attention: "activations"})
+    assert found is not None
+    unseen = found.at_end
+    assert unseen.parts() == OtherParts(output=64 * MiB, loss=made)
+    assert unseen.kinds["script"] == 128 * MiB + 16 * MiB and unseen.kinds["activations"] == 2 * MiB
+    assert [s.where for s in unseen.largest("script")] == ["train.py:66 in main", "train.py:70 in main"]
+    assert [(s.part, s.where) for s in unseen.largest("other")] == [
+        ("loss", "train.py:67 in main"), ("output", "train.py:1 in main"),
+        ("loss", "transformers/loss/loss_utils.py:1 in fixed_cross_entropy"),
+    ]
+
+    seen = traced_splits(trace.snapshot(), 0, [{}], labels, now={logits: "output", upcast: "loss"})
+    assert seen is not None
+    assert seen.at_end.parts() == OtherParts(output=64 * MiB, loss=made + 128 * MiB)
+    assert seen.at_end.kinds["script"] == 16 * MiB
+
+
+def test_what_the_loss_made_in_an_earlier_forward_is_kept_and_in_a_backward_is_not_the_losss() -> None:
+    trace = Trace()
+    trace.mark()  # forward, step 1
+    kept = trace.alloc(8 * MiB, CROSS_ENTROPY)  # a loss an evaluation keeps with its graph
+    trace.mark()  # the next forward
+    trace.mark()  # its backward
+    trace.alloc(4 * MiB, CROSS_ENTROPY)  # a frame of the loss, in a backward: not the loss's tensor
+    found = traced_splits(trace.snapshot(), 0, [{}, {}, {}], [("forward", 1), ("forward", 1), ("backward", 1)],
+                          now={kept: "loss"})
+    assert found is not None
+    assert found.at_end.kinds["kept"] == 8 * MiB and found.at_end.parts().loss == 0

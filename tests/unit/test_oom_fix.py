@@ -77,3 +77,17 @@ def test_other_of_no_part_that_fills_half_is_told_by_its_parts() -> None:
     assert not any(words in fix for words in SHARDING_WORDS), fix
     without = oom_fix(_oom(MIB, (), {"other": 2400 * MIB, "params": 100 * MIB}))  # an older recording's
     assert "which sharding, activation checkpointing and a smaller micro-batch do not reduce" in without
+
+
+def test_other_filled_by_what_the_loss_made_of_the_logits_is_told_as_the_logits_never_as_sharding() -> None:
+    parts = {"loss": 4000 * MIB, "output": 2000 * MIB}
+    fix = oom_fix(_oom(MIB, (), {"other": 6000 * MIB, "params": 1000 * MIB}, parts))
+    assert "(5.86 GiB other; 1.95 GiB the output, 3.91 GiB the loss's)" in fix
+    assert "the model's output and what the loss made of it (an fp32 copy of the logits, their log-softmax)" in fix
+    assert "Fewer tokens per micro-batch" in fix and "fused linear-cross-entropy" in fix and "logits_to_keep" in fix
+    assert not any(words in fix for words in SHARDING_WORDS), fix
+    # Neither half of other alone, the two together: still the logits, not the parts listed.
+    parts = {"backward": 900 * MIB, "loss": 800 * MIB, "output": 400 * MIB}
+    together = oom_fix(_oom(MIB, (), {"other": 2100 * MIB, "params": 100 * MIB}, parts))
+    assert "what the loss made of it" in together and "no part of them half" not in together
+    assert not any(words in together for words in SHARDING_WORDS), together

@@ -149,7 +149,9 @@ def test_the_small_vocabularys_trace_split_as_the_probe_splits_now_tells_the_log
     """The same H100 trace split again by today's probe, with the census it takes at the model's first
     backward hook seeing the tensor the model returned (the logits; the census was recorded before the
     probe looked for it): the peak is in the loss's backward, not the forward its last marker says, and
-    other is the backward's fp32 gradients and the model's bf16 output."""
+    other is the backward's fp32 gradients, the model's bf16 output and what the loss made of it: the fp32
+    log-softmax ``cross_entropy`` allocated (and the loss itself, 4 bytes), which the recording's own split
+    read as made by the script."""
     snapshot = pickle.loads((SMALL_VOCAB_AGAIN / "snapshots" / "rank-0-peak.pickle").read_bytes())
     tokens, vocab = 4 * 2048, 32_000
     line = timeline(snapshot["device_traces"][0], live_blocks(snapshot["segments"], 0))
@@ -159,11 +161,41 @@ def test_the_small_vocabularys_trace_split_as_the_probe_splits_now_tells_the_log
     assert found is not None
     peak = found.peak
     assert (peak.phase, peak.step, peak.allocated) == ("backward", 2, line.peak)
-    assert peak.other_parts == OtherParts(backward=2 * tokens * vocab * 4, output=tokens * vocab * 2)
+    assert peak.other_parts == OtherParts(backward=2 * tokens * vocab * 4, output=tokens * vocab * 2,
+                                          loss=tokens * vocab * 4 + 4)
     # a frame's path is shown from below the folders this process imports from: the checkout's, where the
     # recording was made from a checkout at the same path
     assert [(site.where.rsplit("/", 1)[-1], site.part) for site in peak.other_at] == [
-        ("", "backward"), ("large_vocab_loss.py:31 in forward", "output")
+        ("", "backward"), ("large_vocab_loss.py:67 in main", "loss"), ("large_vocab_loss.py:31 in forward", "output")
     ]
+    assert peak.by_kind.script is not None and peak.by_kind.script < 1 << 20  # the tokens, 64 KiB
     said = split_sentence(peak)
-    assert "2.44 GiB other (1.95 GiB gradients in flight in the backward, 500 MiB the model's output)" in said
+    assert ("3.42 GiB other (1.95 GiB gradients in flight in the backward, 1000 MiB what the loss made of the "
+            "model's output, 500 MiB the model's output)") in said
+    recorded: dict[str, Any] = json.loads(report(SMALL_VOCAB_AGAIN, "json"))["ranks"][0]["memory_peak"]
+    assert recorded["script_at"][0] == {"where": "large_vocab_loss.py:67 in main", "bytes": tokens * vocab * 4 + 4}
+    assert "loss" not in recorded["other_parts"]  # the recording reads as it was made
+
+
+def test_the_large_vocabularys_oom_trace_with_the_census_the_probe_takes_now_names_the_losss_copy() -> None:
+    """The 256k-vocabulary OOM's H100 trace, split with the census the probe now takes at an OOM, which
+    counts the tensors on the failing stack made of the model's output (``cross_entropy``'s ``input``, the
+    fp32 copy ``logits.float()`` made) as the loss's and the logits as the model's output: the copy, which the
+    recording read as made by the script, is other's part ``loss``; the labels the script made on the same
+    line (``tokens[:, 1:].reshape(-1)``, 8,192 int64 values) stay the script's."""
+    snapshot = pickle.loads((LARGE_VOCAB / "snapshots" / "rank-0-oom.pickle").read_bytes())
+    tokens, vocab = 4 * 2048, 256_000
+    line = timeline(snapshot["device_traces"][0], live_blocks(snapshot["segments"], 0))
+    alive = line.alive_at(line.length - 1)
+    (copy,) = [b for b in alive if b.size == tokens * vocab * 4]
+    (logits,) = [b for b in alive if b.size == tokens * vocab * 2]
+    found = traced_splits(snapshot, 0, [{}, {}], [("setup", 0), ("forward", 1)],
+                          now={copy.address: "loss", logits.address: "output"})
+    assert found is not None
+    at_oom = found.at_end
+    assert at_oom.parts() == OtherParts(output=tokens * vocab * 2, loss=tokens * vocab * 4)
+    assert [(s.where.rsplit("/", 1)[-1], s.bytes) for s in at_oom.largest("script")] == [
+        ("large_vocab_loss.py:67 in main", tokens * 8)
+    ]
+    recorded: dict[str, Any] = json.loads(report(LARGE_VOCAB, "json"))["oom"]["memory"]
+    assert recorded["by_kind"]["script"] == tokens * vocab * 4 + tokens * 8  # as the recording reads
