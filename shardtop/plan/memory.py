@@ -41,7 +41,8 @@ from typing import NamedTuple
 import msgspec
 
 from shardtop.plan.description import Convolution, ModelDescription
-from shardtop.plan.held import Held, step_temporary
+from shardtop.plan.fsdp2 import fsdp2_backward, gathered_in_forward
+from shardtop.plan.held import START, UNIT, BackwardMoment, Held, step_temporary
 from shardtop.plan.strategies import SINGLE, Strategy
 from shardtop.plan.workspaces import conv_workspace, on_rows, run_within
 from shardtop.plan.zero import zero_held
@@ -177,6 +178,23 @@ def _activations(desc: ModelDescription, strategy: Strategy, rows: tuple[int, ..
     return floats * 2 + other
 
 
+def _activations_before(desc: ModelDescription, strategy: Strategy, row: int) -> int:
+    """Saved activations of the rows before ``row`` in forward order (pre-order), at the strategy's precision,
+    and the batch.  The root's own saved tensors are left out: its own code (the loss) runs after its children,
+    so they are the first the backward frees."""
+    own_float = desc.saved_float_upto[1] - desc.saved_float_upto[0]
+    own_other = desc.saved_other_upto[1] - desc.saved_other_upto[0]
+    floats = max(0, desc.saved_float_upto[row] - own_float) if row > 0 else 0
+    other = (max(0, desc.saved_other_upto[row] - own_other) if row > 0 else 0) + desc.input_bytes
+    if not strategy.half:
+        return floats * desc.dtype_bytes + other
+    if strategy.half_in_units_only:
+        units = strategy.units or tuple(desc.repeated_blocks)
+        half = sum(n for u, n in desc.units(desc.saved_float_upto, units).items() if u > 0 and desc.end[u] <= row)
+        return half * 2 + (floats - half) * desc.dtype_bytes + other
+    return floats * 2 + other
+
+
 class Recompute(NamedTuple):
     """Activation checkpointing's backward, in bytes at the configured batch: the largest checkpointed region's
     activations, recomputed when the backward reaches it, and its transient; what the backward freed before
@@ -241,14 +259,31 @@ def _phases(
             held_most = max(held_most, max(activations - recompute.freed_before, growing) + in_region)
         return gathered + held_most + reduced + held.backward_buffers
 
+    def at(moment: BackwardMoment) -> int:
+        """A moment of a backward that goes unit by unit: the engine's holdings beside the activations still
+        saved then, the largest output and its gradient, a checkpointed region recomputed in a unit, and the
+        stem convolutions' workspace at the end."""
+        if moment.what == START:
+            return moment.held + activations + 2 * transient
+        saved = int(_activations_before(desc, strategy, moment.row) * batch_scale)
+        if moment.what == UNIT:
+            in_region = recompute.activations + 2 * recompute.transient if recompute is not None else 0
+            return moment.held + saved + 2 * transient + in_region
+        return moment.held + saved + conv
+
+    unit_by_unit = max(map(at, held.backward_moments), default=0) + held.backward_buffers
+    first_backward_peak = first + unit_by_unit if held.backward_moments else first + backward(
+        first_backward, first_transient)
+    next_backward_peak = base + unit_by_unit if held.backward_moments else base + backward(
+        held.gathered_backward, held.backward_transient)
     step = base + (0 if held.grads_persist else held.grads) + held.step_temporary
     timeline = Timeline(
         setup=held.setup,
         first_forward=first + forward(first_forward),
-        first_backward=first + backward(first_backward, first_transient),
+        first_backward=first_backward_peak,
         first_step=step,
         next_forward=base + grads_forward + forward(held.gathered_forward),
-        next_backward=base + backward(held.gathered_backward, held.backward_transient),
+        next_backward=next_backward_peak,
     )
     return PerRank(
         params=held.params,
@@ -325,19 +360,16 @@ def _fsdp(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> 
     else:
         gathered_forward = (root + largest_unit) * gathered_bytes
         gathered_backward = (root + 2 * largest_unit) * gathered_bytes
-    if strategy.engine == FSDP2:
-        unit_grads = 2 * largest_unit * gathered_bytes
-    else:
-        # FSDP1 reduce-scatters the unit's whole gradient into a new shard at compute precision, and under
-        # mixed precision casts that shard to the parameters' dtype; the whole gradient lives until both
-        # are made.  Unsharded, it reduces in place and casts the whole gradient.
-        scattered = ceil_div(largest_unit, shard_ranks) * gathered_bytes if shard_ranks > 1 else 0
-        sharded_copy = ceil_div(largest_unit, shard_ranks) * stored if strategy.half else 0
-        unit_grads = largest_unit * gathered_bytes + scattered + sharded_copy
+    # FSDP1 reduce-scatters the unit's whole gradient into a new shard at compute precision, and under
+    # mixed precision casts that shard to the parameters' dtype; the whole gradient lives until both
+    # are made.  Unsharded, it reduces in place and casts the whole gradient.
+    scattered = ceil_div(largest_unit, shard_ranks) * gathered_bytes if shard_ranks > 1 else 0
+    sharded_copy = ceil_div(largest_unit, shard_ranks) * stored if strategy.half else 0
+    unit_grads = largest_unit * gathered_bytes + scattered + sharded_copy
     unit_grads = int(unit_grads * desc.trained_share)  # frozen parameters (LoRA's base) get no gradient
     held_numel = on_device + unmanaged
     trained = int(held_numel * desc.trained_share)
-    return Held(
+    held = Held(
         params=held_numel * stored,
         grads=trained * stored,
         optimizer=trained * state_per_element,
@@ -348,6 +380,13 @@ def _fsdp(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> 
         step_temporary=step_temporary(strategy, held_numel, desc.largest_param, gpu),
         setup=desc.params * stored if strategy.built_whole else held_numel * stored + 2 * largest_unit * stored,
     )
+    if strategy.engine != FSDP2:
+        return held
+    backward = fsdp2_backward(desc, strategy, shard_ranks)
+    if strategy.sharding != "SHARD_GRAD_OP":
+        gathered_forward = gathered_in_forward(desc, strategy) * gathered_bytes
+    return replace(held, gathered_forward=gathered_forward, gathered_backward=backward.gathered,
+                   backward_transient=backward.unit_grads, backward_moments=backward.moments)
 
 
 def _manual(desc: ModelDescription, strategy: Strategy, *, gpu: bool, batch_scale: float) -> PerRank:
