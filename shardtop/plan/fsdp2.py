@@ -1,8 +1,9 @@
 """FSDP2's backward, one unit at a time: what ``fully_shard`` holds while each unit's gradients are made.
 
-FSDP2 (torch 2.6-2.14: ``_fsdp_param_group.py``, ``_fsdp_collectives.py``)
-runs the backward of its units in the reverse of their forward order.  For
-each unit:
+FSDP2 (torch 2.13's ``_fsdp_param_group.py`` and ``_fsdp_collectives.py``;
+the allocator traces of torch 2.11 on an H200 show the same terms at their
+peaks) runs the backward of its units in the reverse of their forward order.
+For each unit:
 
 - its parameters are made whole before its backward: on one rank copied from
   the shard, one parameter at a time; on more, all-gathered, and the next
@@ -31,6 +32,7 @@ Torch-free.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from shardtop.plan.description import ModelDescription
@@ -113,35 +115,43 @@ def fsdp2_backward(desc: ModelDescription, strategy: Strategy, shard_ranks: int)
 
     backward_order = list(reversed(units))
     resharded = [r for r in backward_order if r not in kept]
+    next_resharded = dict(zip(resharded, resharded[1:], strict=False))
 
     def prefetched(row: int) -> int:
         """The next resharded unit's all-gather output, issued as ``row``'s backward starts (more than one
         rank: on one, each unit is copied from its shard when its own backward starts)."""
-        if shard_ranks == 1 or row in kept:
-            return 0
-        later = resharded[resharded.index(row) + 1:]
-        return whole(numel[later[0]]) if later else 0
+        following = next_resharded.get(row) if shard_ranks > 1 else None
+        return 0 if following is None else whole(numel[following])
 
+    @functools.cache
+    def unit(n: int) -> tuple[int, int, int, int, int]:
+        """A unit of ``n`` elements: whole, whole gradients, reduce-scatter input, what reducing it adds, and
+        its sharded gradients."""
+        return whole(n), grads(n), reduce_input(n), max(grads(n), reduced(n)), sharded_grads(n)
+
+    # the gradients of parameters in no unit (whole, outside FSDP) and of the root's own: whole until the end
     outside_grads = int(unmanaged * share) * stored + grads(root)
-    """Gradients of parameters in no unit (whole, outside FSDP) and of the root's own, whole until the end."""
+    root_whole = whole(root)
+    kept_bytes = sum(whole(numel[r]) for r in kept)
     first = resharded[0] if resharded else None
-    start = whole(root) + sum(whole(numel[r]) for r in kept) + (
-        whole(numel[first]) + prefetched(first) if first is not None else 0)
+    start = root_whole + kept_bytes + (whole(numel[first]) + prefetched(first) if first is not None else 0)
     moments = [BackwardMoment(START, desc.rows, start)]
     largest_reduction, most_whole = 0, start
     done = previous_input = 0
-    for i, row in enumerate(backward_order):
-        n = numel[row]
-        whole_now = (whole(root) + sum(whole(numel[r]) for r in backward_order[i + 1:] if r in kept)
-                     + whole(n) + prefetched(row))
-        making = whole_now + grads(n) + previous_input
-        reducing = whole_now - whole(n) + reduce_input(n) + max(grads(n), reduced(n))
-        moments.append(BackwardMoment(UNIT, row, outside_grads + done + max(making, reducing)))
-        largest_reduction = max(largest_reduction, grads(n) + reduce_input(n))
-        most_whole = max(most_whole, whole_now)
-        done += sharded_grads(n)
-        previous_input = reduce_input(n)
-    root_reduction = max(whole(root) + grads(root) + previous_input,
+    for row in backward_order:
+        whole_unit, unit_grads, unit_input, reducing_adds, unit_sharded_grads = unit(numel[row])
+        if row in kept:
+            kept_bytes -= whole_unit  # the units kept whole still to come in backward, beside this one
+        beside = root_whole + kept_bytes + prefetched(row)
+        # while its gradients are made, and while they are copied into its reduce-scatter input
+        making = whole_unit + unit_grads + previous_input
+        reducing = unit_input + reducing_adds
+        moments.append(BackwardMoment(UNIT, row, outside_grads + done + beside + max(making, reducing)))
+        largest_reduction = max(largest_reduction, unit_grads + unit_input)
+        most_whole = max(most_whole, beside + whole_unit)
+        done += unit_sharded_grads
+        previous_input = unit_input
+    root_reduction = max(root_whole + grads(root) + previous_input,
                          reduce_input(root) + max(grads(root), reduced(root)) if root else 0)
     end = done + int(unmanaged * share) * stored + root_reduction
     moments.append(BackwardMoment(END, units[0] if units else 1, end))

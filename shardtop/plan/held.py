@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
 from shardtop.plan.strategies import Strategy
 
@@ -13,9 +13,9 @@ UNIT: Final = "unit"
 END: Final = "end"
 
 
-@dataclass(frozen=True)
-class BackwardMoment:
-    """One moment of an engine's backward that goes unit by unit (FSDP2), in bytes."""
+class BackwardMoment(NamedTuple):
+    """One moment of an engine's backward that goes unit by unit (FSDP2), in bytes (a tuple: a model of
+    18 000 units has as many moments)."""
 
     what: MomentKind
     """The start of backward (every activation saved, no gradient yet), a unit's backward, or the end."""

@@ -201,13 +201,17 @@ def _phases(
             held_most = max(held_most, max(activations - recompute.freed_before, growing) + in_region)
         return gathered + held_most + reduced + held.backward_buffers
 
+    saved_before = dict(zip(
+        (m.row for m in held.backward_moments),
+        activations_before(desc, strategy, [m.row for m in held.backward_moments]), strict=True))
+
     def at(moment: BackwardMoment) -> int:
         """A moment of a backward that goes unit by unit: the engine's holdings beside the activations still
         saved then, the largest output and its gradient, a checkpointed region recomputed in a unit, and the
         stem convolutions' workspace at the end."""
         if moment.what == START:
             return moment.held + activations + 2 * transient
-        saved = int(activations_before(desc, strategy, moment.row) * batch_scale)
+        saved = int(saved_before[moment.row] * batch_scale)
         if moment.what == UNIT:
             in_region = recompute.activations + 2 * recompute.transient if recompute is not None else 0
             return moment.held + saved + 2 * transient + in_region

@@ -7,6 +7,8 @@ in which dtype they are held: fp32 models hold them in their own dtype, mixed pr
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from shardtop.plan.description import ModelDescription
@@ -21,19 +23,29 @@ def saved_activations(desc: ModelDescription, strategy: Strategy, rows: tuple[in
     else:
         floats = sum(desc.subtree(desc.saved_float_upto, r) for r in rows)
         other = sum(desc.subtree(desc.saved_other_upto, r) for r in rows)
-    return _as_held(desc, strategy, floats, other, sum(_in_units(desc, strategy).values()))
+    in_units = sum(_in_units(desc, strategy).values()) if strategy.half_in_units_only else 0
+    return _as_held(desc, strategy, floats, other, in_units)
 
 
-def activations_before(desc: ModelDescription, strategy: Strategy, row: int) -> int:
-    """Saved activations of the rows before ``row`` in forward order (pre-order), at the strategy's precision,
-    and the batch.  The root's own saved tensors are left out: its own code (the loss) runs after its children,
-    so they are the first the backward frees."""
+def activations_before(desc: ModelDescription, strategy: Strategy, rows: Sequence[int]) -> list[int]:
+    """For each of ``rows``: the saved activations of the rows before it in forward order (pre-order), at the
+    strategy's precision, and the batch.  The root's own saved tensors are left out: its own code (the loss)
+    runs after its children, so they are the first the backward frees."""
     own_float = desc.saved_float_upto[1] - desc.saved_float_upto[0]
     own_other = desc.saved_other_upto[1] - desc.saved_other_upto[0]
-    floats = max(0, desc.saved_float_upto[row] - own_float) if row > 0 else 0
-    other = (max(0, desc.saved_other_upto[row] - own_other) if row > 0 else 0) + desc.input_bytes
-    in_units = sum(n for u, n in _in_units(desc, strategy).items() if u > 0 and desc.end[u] <= row)
-    return _as_held(desc, strategy, floats, other, in_units)
+    ends: list[int] = []
+    in_units_upto = [0]
+    if strategy.half_in_units_only:
+        for end, n in sorted((desc.end[u], n) for u, n in _in_units(desc, strategy).items() if u > 0):
+            ends.append(end)
+            in_units_upto.append(in_units_upto[-1] + n)
+    floats_upto, other_upto = desc.saved_float_upto, desc.saved_other_upto
+    return [
+        _as_held(desc, strategy, max(0, floats_upto[row] - own_float) if row > 0 else 0,
+                 (max(0, other_upto[row] - own_other) if row > 0 else 0) + desc.input_bytes,
+                 in_units_upto[bisect.bisect_right(ends, row)] if ends else 0)
+        for row in rows
+    ]
 
 
 def _in_units(desc: ModelDescription, strategy: Strategy) -> dict[int, int]:
