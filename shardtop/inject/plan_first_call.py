@@ -222,6 +222,7 @@ def write_plan(described: tuple[Any, list[str]], *, complete: bool) -> None:
         facts["sharding"] = fsdp2_sharding(STATE.reshard, root)
     classes = STATE.policy_classes
     units = [rows[id(m)] for m in STATE.units if id(m) in rows]
+    kept = [rows[id(m)] for m in STATE.units if id(m) in rows and STATE.reshard.get(id(m)) is False]
     if classes and root is not None:
         units += [i for i, m in enumerate(walk(root)[0]) if isinstance(m, classes)]
     accelerator = _accelerator(root) if root is not None else "cpu"
@@ -230,6 +231,7 @@ def write_plan(described: tuple[Any, list[str]], *, complete: bool) -> None:
     on_device = accelerator in handed
     asked = Asked(
         engine=STATE.engine, entry=STATE.entry, units=tuple(sorted(set(units))), on_device=on_device,
+        kept_whole=tuple(sorted(set(kept) - {0})) if STATE.engine == FSDP2 else (),
         optimizer=STATE.optimizer, momentum=STATE.momentum, trainer_precision=STATE.trainer_precision, **facts,
     )
     strategy, assumed = strategy_of(asked)

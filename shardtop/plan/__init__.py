@@ -21,8 +21,10 @@ the meta device), nor textual.  Modules: ``description`` (the struct),
 ``preset_strategies`` (the strategy each preset runs), ``presets`` (a
 preset's plan from its description), ``strategies``, ``memory`` (the one
 model of memory; ``held`` what an engine holds, ``zero`` DeepSpeed ZeRO's
-holdings and set-up, ``allocator`` what the caching allocator must hold for
-such a set-up), ``options``, ``verdict``, ``cards``, ``compare``,
+holdings and set-up, ``fsdp2`` FSDP2's backward unit by unit, ``saved``
+the activations at a strategy's precision, ``allocator`` what the caching
+allocator must hold for such a set-up), ``options``, ``verdict``, ``cards``,
+``compare``,
 ``render``/``json_plan``, ``command`` (the CLI's settings; the command
 itself is ``shardtop.plan_command``); ``script`` and ``asked`` (``shardtop
 plan -- CMD``: the user's own command, traced in its ranks by

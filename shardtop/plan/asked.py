@@ -49,6 +49,8 @@ class Asked:
     """FSDP's mixed precision: ``fp16-mixed`` or ``bf16-mixed`` from its ``param_dtype``."""
     units: tuple[int, ...] = ()
     """Rows of the modules the engine makes units (by hand or by policy), the root's row 0 included if wrapped."""
+    kept_whole: tuple[int, ...] = ()
+    """FSDP2: rows of the units besides the root asked to keep their parameters whole after forward."""
     policy_unknown: str = ""
     """An auto-wrap policy shardtop cannot read, by name."""
     mesh_dims: int = 1
@@ -151,6 +153,7 @@ def strategy_of(a: Asked) -> tuple[Strategy, list[str]]:
             engine=a.engine, sharding=a.sharding or "FULL_SHARD", precision=precision,
             half_in_units_only=bool(a.half) and autocast == "fp32", offload_params=a.offload_params,
             units=units, root_wrapped=0 in a.units or bool(a.policy_unknown), built_whole=a.on_device,
+            kept_whole=tuple(r for r in a.kept_whole if r in units),
             optimizer=optimizer, driver=driver,
             build_note="the whole model was on the device before the engine sharded it" if a.on_device else "",
         )

@@ -3,8 +3,28 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final, Literal, NamedTuple
 
 from shardtop.plan.strategies import Strategy
+
+MomentKind = Literal["start", "unit", "end"]
+START: Final = "start"
+UNIT: Final = "unit"
+END: Final = "end"
+
+
+class BackwardMoment(NamedTuple):
+    """One moment of an engine's backward that goes unit by unit (FSDP2), in bytes (a tuple: a model of
+    18 000 units has as many moments)."""
+
+    what: MomentKind
+    """The start of backward (every activation saved, no gradient yet), a unit's backward, or the end."""
+    row: int
+    """The activations saved in forward before this row (pre-order) are still held: before the unit then
+    running, or before the first unit at the end."""
+    held: int
+    """What the engine holds then beside the rank's shards and optimizer state: parameters whole, gradients
+    (whole and sharded), reduce-scatter buffers."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +60,9 @@ class Held:
     setup_requests: tuple[tuple[str, int], ...] = ()
     """Where the engine's own buffers decide set-up: its requests in order, named for the user, each with
     what set-up needs from the device once it is served."""
+    backward_moments: tuple[BackwardMoment, ...] = ()
+    """Where set, the backward is planned as the largest of these moments (``fsdp2.py``) instead of from
+    ``gathered_backward`` and ``backward_transient`` beside the larger of the activations and the gradients."""
 
 
 def step_temporary(s: Strategy, local_numel: int, largest: int, gpu: bool) -> int:

@@ -16,7 +16,9 @@ phases:
 - backward: activations are freed as gradients arrive, so it is the larger of
   the two, plus the gradients of the unit being reduced (and the buffers an
   engine makes for backward alone); a convolution's cuDNN workspace comes
-  with the gradients, since the stem convolutions' backward runs last;
+  with the gradients, since the stem convolutions' backward runs last.
+  FSDP2's backward is followed unit by unit instead (``fsdp2``): the largest
+  of its moments, each with the activations still saved then;
 - optimizer step: gradients, state (created at the first step) and the step's
   own temporaries.
 
@@ -41,7 +43,9 @@ from typing import NamedTuple
 import msgspec
 
 from shardtop.plan.description import Convolution, ModelDescription
-from shardtop.plan.held import Held, step_temporary
+from shardtop.plan.fsdp2 import fsdp2_backward, gathered_in_forward
+from shardtop.plan.held import START, UNIT, BackwardMoment, Held, step_temporary
+from shardtop.plan.saved import activations_before, largest_transient, recomputed_region, saved_activations
 from shardtop.plan.strategies import SINGLE, Strategy
 from shardtop.plan.workspaces import conv_workspace, on_rows, run_within
 from shardtop.plan.zero import zero_held
@@ -137,7 +141,7 @@ def per_rank(
     if strategy.engine == MANUAL:
         return _manual(desc, strategy, gpu=gpu, batch_scale=batch_scale)
     held = _ENGINES[strategy.engine](desc, strategy, max(1, devices), gpu)
-    activations = int(_activations(desc, strategy) * batch_scale)
+    activations = int(saved_activations(desc, strategy) * batch_scale)
     return _phases(desc, strategy, held, activations, gpu=gpu, batch_scale=batch_scale)
 
 
@@ -160,50 +164,6 @@ def _conv_workspace(desc: ModelDescription, strategy: Strategy, rows: tuple[int,
     return conv_workspace(convolutions_as_run(desc, strategy, rows), batch_scale=batch_scale).bytes if gpu else 0
 
 
-def _activations(desc: ModelDescription, strategy: Strategy, rows: tuple[int, ...] | None = None) -> int:
-    """Saved activations at the strategy's precision; ``rows``: only those subtrees (manual placement)."""
-    if rows is None:
-        floats = desc.saved_float_upto[-1]
-        other = desc.saved_other_upto[-1] + desc.input_bytes
-    else:
-        floats = sum(desc.subtree(desc.saved_float_upto, r) for r in rows)
-        other = sum(desc.subtree(desc.saved_other_upto, r) for r in rows)
-    if not strategy.half:
-        return floats * desc.dtype_bytes + other
-    if strategy.half_in_units_only:
-        units = strategy.units or tuple(desc.repeated_blocks)
-        half = sum(desc.units(desc.saved_float_upto, units).values())
-        return half * 2 + (floats - half) * desc.dtype_bytes + other
-    return floats * 2 + other
-
-
-class Recompute(NamedTuple):
-    """Activation checkpointing's backward, in bytes at the configured batch: the largest checkpointed region's
-    activations, recomputed when the backward reaches it, and its transient; what the backward freed before
-    reaching any region."""
-
-    activations: int
-    transient: int
-    freed_before: int
-
-
-def _recompute(desc: ModelDescription, strategy: Strategy, batch_scale: float) -> Recompute:
-    """The regions run in the repeated blocks (half precision where the strategy computes in it); the head
-    after them outside, like ``_activations``."""
-    in_blocks = 2 if strategy.half else desc.dtype_bytes
-    outside = 2 if strategy.half and not strategy.half_in_units_only else desc.dtype_bytes
-    return Recompute(
-        activations=int((desc.recomputed_float * in_blocks + desc.recomputed_other) * batch_scale),
-        transient=int(desc.recomputed_output * in_blocks * batch_scale),
-        freed_before=int((desc.after_checkpointed_float * outside + desc.after_checkpointed_other) * batch_scale),
-    )
-
-
-def _transient(desc: ModelDescription, strategy: Strategy) -> int:
-    """The largest module output (and, in backward, its gradient) at compute precision."""
-    return desc.largest_output * (2 if strategy.half and not strategy.half_in_units_only else desc.dtype_bytes)
-
-
 def _phases(
     desc: ModelDescription, strategy: Strategy, held: Held, activations: int, *, gpu: bool, batch_scale: float = 1.0,
     rows: tuple[int, ...] | None = None,
@@ -211,8 +171,8 @@ def _phases(
     """``rows``: the subtrees on this device (manual placement), else the whole model."""
     workspace = CUDA_WORKSPACES if gpu else 0
     conv = _conv_workspace(desc, strategy, rows, gpu=gpu, batch_scale=batch_scale)
-    transient = int(_transient(desc, strategy) * batch_scale)
-    recompute = _recompute(desc, strategy, batch_scale) if rows is None and desc.checkpointed else None
+    transient = int(largest_transient(desc, strategy) * batch_scale)
+    recompute = recomputed_region(desc, strategy, batch_scale) if rows is None and desc.checkpointed else None
     persistent_grads = held.grads if held.grads_persist else 0
     first = held.params + held.optimizer_before_step + held.buffers + workspace + persistent_grads
     base = held.params + held.optimizer + held.buffers + workspace + persistent_grads
@@ -241,14 +201,35 @@ def _phases(
             held_most = max(held_most, max(activations - recompute.freed_before, growing) + in_region)
         return gathered + held_most + reduced + held.backward_buffers
 
+    saved_before = dict(zip(
+        (m.row for m in held.backward_moments),
+        activations_before(desc, strategy, [m.row for m in held.backward_moments]), strict=True))
+
+    def at(moment: BackwardMoment) -> int:
+        """A moment of a backward that goes unit by unit: the engine's holdings beside the activations still
+        saved then, the largest output and its gradient, a checkpointed region recomputed in a unit, and the
+        stem convolutions' workspace at the end."""
+        if moment.what == START:
+            return moment.held + activations + 2 * transient
+        saved = int(saved_before[moment.row] * batch_scale)
+        if moment.what == UNIT:
+            in_region = recompute.activations + 2 * recompute.transient if recompute is not None else 0
+            return moment.held + saved + 2 * transient + in_region
+        return moment.held + saved + conv
+
+    unit_by_unit = max(map(at, held.backward_moments), default=0) + held.backward_buffers
+    first_backward_peak = first + unit_by_unit if held.backward_moments else first + backward(
+        first_backward, first_transient)
+    next_backward_peak = base + unit_by_unit if held.backward_moments else base + backward(
+        held.gathered_backward, held.backward_transient)
     step = base + (0 if held.grads_persist else held.grads) + held.step_temporary
     timeline = Timeline(
         setup=held.setup,
         first_forward=first + forward(first_forward),
-        first_backward=first + backward(first_backward, first_transient),
+        first_backward=first_backward_peak,
         first_step=step,
         next_forward=base + grads_forward + forward(held.gathered_forward),
-        next_backward=base + backward(held.gathered_backward, held.backward_transient),
+        next_backward=next_backward_peak,
     )
     return PerRank(
         params=held.params,
@@ -300,7 +281,8 @@ def _fsdp(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> 
     next unit is prefetched too; SHARD_GRAD_OP keeps every unit whole
     between forward and backward.  Mixed precision keeps fp32 shards and
     gathers half-precision copies.  CPU offload keeps shards, gradients and
-    the optimizer step in host memory.
+    the optimizer step in host memory.  FSDP2's forward and backward whole
+    units, and its backward moment by moment, are ``fsdp2``'s.
     """
     stored = desc.dtype_bytes  # a shard's value, and a gradient's (mixed precision keeps fp32 shards)
     gathered_bytes = 2 if strategy.half else stored  # a gathered parameter's value, at compute precision
@@ -325,19 +307,16 @@ def _fsdp(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> 
     else:
         gathered_forward = (root + largest_unit) * gathered_bytes
         gathered_backward = (root + 2 * largest_unit) * gathered_bytes
-    if strategy.engine == FSDP2:
-        unit_grads = 2 * largest_unit * gathered_bytes
-    else:
-        # FSDP1 reduce-scatters the unit's whole gradient into a new shard at compute precision, and under
-        # mixed precision casts that shard to the parameters' dtype; the whole gradient lives until both
-        # are made.  Unsharded, it reduces in place and casts the whole gradient.
-        scattered = ceil_div(largest_unit, shard_ranks) * gathered_bytes if shard_ranks > 1 else 0
-        sharded_copy = ceil_div(largest_unit, shard_ranks) * stored if strategy.half else 0
-        unit_grads = largest_unit * gathered_bytes + scattered + sharded_copy
+    # FSDP1 reduce-scatters the unit's whole gradient into a new shard at compute precision, and under
+    # mixed precision casts that shard to the parameters' dtype; the whole gradient lives until both
+    # are made.  Unsharded, it reduces in place and casts the whole gradient.
+    scattered = ceil_div(largest_unit, shard_ranks) * gathered_bytes if shard_ranks > 1 else 0
+    sharded_copy = ceil_div(largest_unit, shard_ranks) * stored if strategy.half else 0
+    unit_grads = largest_unit * gathered_bytes + scattered + sharded_copy
     unit_grads = int(unit_grads * desc.trained_share)  # frozen parameters (LoRA's base) get no gradient
     held_numel = on_device + unmanaged
     trained = int(held_numel * desc.trained_share)
-    return Held(
+    held = Held(
         params=held_numel * stored,
         grads=trained * stored,
         optimizer=trained * state_per_element,
@@ -348,6 +327,13 @@ def _fsdp(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> 
         step_temporary=step_temporary(strategy, held_numel, desc.largest_param, gpu),
         setup=desc.params * stored if strategy.built_whole else held_numel * stored + 2 * largest_unit * stored,
     )
+    if strategy.engine != FSDP2:
+        return held
+    backward = fsdp2_backward(desc, strategy, shard_ranks)
+    if strategy.sharding != "SHARD_GRAD_OP":
+        gathered_forward = gathered_in_forward(desc, strategy) * gathered_bytes
+    return replace(held, gathered_forward=gathered_forward, gathered_backward=backward.gathered,
+                   backward_transient=backward.unit_grads, backward_moments=backward.moments)
 
 
 def _manual(desc: ModelDescription, strategy: Strategy, *, gpu: bool, batch_scale: float) -> PerRank:
@@ -368,7 +354,7 @@ def _manual(desc: ModelDescription, strategy: Strategy, *, gpu: bool, batch_scal
             step_temporary=step_temporary(strategy, numel, desc.largest_param, gpu),
             setup=part_bytes,
         )
-        activations = int(_activations(desc, strategy, rows) * batch_scale)
+        activations = int(saved_activations(desc, strategy, rows) * batch_scale)
         part = _phases(desc, strategy, held, activations, gpu=gpu, batch_scale=batch_scale, rows=tuple(rows))
         if best is None or part.peak > best.peak:
             best = part

@@ -78,6 +78,9 @@ class Strategy:
     units: tuple[int, ...] = ()
     """FSDP units (tree rows); parameters in none of them are held whole on each rank."""
     root_wrapped: bool = True
+    kept_whole: tuple[int, ...] = ()
+    """FSDP2: units asked to keep their parameters whole from forward to their backward
+    (``reshard_after_forward=False`` on those units only, as accelerate asks it of the last norm and head)."""
     built_whole: bool = False
     """The whole model was on the device before the engine split it (e.g. ZeRO-3 outside ``zero.Init``)."""
     optimizer: Optimizer = ADAMW

@@ -14,10 +14,13 @@ planned for the GPU the recording ran on, as ``shardtop plan -- CMD`` plans it t
 
 That reaches the engine the run used where the script picks it whatever the device: DeepSpeed ZeRO-3
 (the Trainer, accelerate's plugin, LoRA) and ``fully_shard`` under torchrun.  The other four clients pick
-theirs by device: on CPU processes accelerate's FSDP plugin, and the Trainer's ``--fsdp`` that runs on
-it, train with DDP; Lightning's ``FSDPStrategy`` (its script asks for ``accelerator="cuda"``) refuses a
-machine without GPU.  Their plans (``plans/NAME.json``) were made on the H200 on 2026-12-02 and are not
-made again here.
+theirs by device.  On CPU processes accelerate's FSDP plugin, and the Trainer's ``--fsdp`` that runs on
+it, train with DDP: the command traced on CPU still gives the model, the batch and the optimizer, and the
+FSDP2 units are those the recording's rank held (its ``Shards`` event after ``fully_shard``: each unit's
+modules, and which kept their parameters whole after forward), as the plan-only mode reads them from
+``fully_shard`` on a GPU.  Lightning's ``FSDPStrategy`` (its script asks for ``accelerator="cuda"``)
+refuses a machine without GPU; its plan (``plans/lightning-bf16-true.json``) was made on the H200 on
+2026-12-02 and is not made again here.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import json
 import shlex
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,8 +39,10 @@ from shardtop.inject import plan_env
 from shardtop.plan.cards import card
 from shardtop.plan.compare import Plan, make_plan
 from shardtop.plan.script import read_script_plan
+from shardtop.plan.strategies import Strategy
+from shardtop.rundir.engines import DDP, FSDP2
 from shardtop.rundir.event_files import read_all
-from shardtop.rundir.events import Hello, Memory
+from shardtop.rundir.events import Event, Hello, Memory, Shards, Tree
 from tests.support.cli import ROOT, report
 from tests.support.own_job_runs import user_env
 
@@ -53,13 +59,18 @@ class Client:
     """The figure docs/your-own-job.md shows: the plan's peak against the allocator's peak, in per cent, one decimal."""
     hf_tiny_gpu: bool = True
     """``HF_TINY_SIZE=gpu``: the Llama of 168 M parameters the Hugging Face scripts build for GPU runs."""
+    units_recorded: bool = False
+    """The script trains with DDP on CPU processes: planned with the FSDP2 units of the recording."""
 
 
 CLIENTS = [
     Client("hf-trainer-zero3", +0.1),
     Client("accelerate-zero3", +0.1),
     Client("peft-lora-zero3", -0.6),
-    Client("compile-fsdp2", -5.1, hf_tiny_gpu=False),
+    Client("compile-fsdp2", -18.6, hf_tiny_gpu=False),
+    Client("hf-trainer-fsdp", -0.4, units_recorded=True),
+    Client("accelerate-fsdp2", -0.4, units_recorded=True),
+    Client("peft-lora-fsdp2", +0.8, units_recorded=True),
 ]
 
 
@@ -67,6 +78,19 @@ def recording(name: str) -> Path:
     found = [p for p in sorted(RECORDINGS.iterdir()) if p.is_dir() and p.name[16:-5] == name]
     assert len(found) == 1, (name, found)
     return found[0]
+
+
+def recorded_units(strategy: Strategy, events: Sequence[Event]) -> Strategy:
+    """``strategy`` with the FSDP2 units the recording's rank 0 held after ``fully_shard``: each unit's
+    modules (a unit of several, as ``fully_shard([norm, lm_head])`` makes, by each of them) and those that
+    kept their parameters whole after forward."""
+    tree = next(e for e in events if isinstance(e, Tree))
+    shards = next(e for e in events if isinstance(e, Shards) and e.stage == "engine" and e.rank == 0)
+    unit = shards.unit
+    rows = [r for r, u in enumerate(unit) if u >= 0 and (r == 0 or unit[tree.parents[r]] != u)]
+    kept = [r for r in rows if shards.units[unit[r]].strategy == "SHARD_GRAD_OP"]
+    return strategy.with_(engine=FSDP2, sharding="FULL_SHARD", units=tuple(r for r in rows if r != 0),
+                          root_wrapped=0 in rows, kept_whole=tuple(r for r in kept if r != 0))
 
 
 def planned_again(run: Path, client: Client) -> tuple[Plan, list[str]]:
@@ -80,10 +104,19 @@ def planned_again(run: Path, client: Client) -> tuple[Plan, list[str]]:
                               text=True, timeout=PLAN_S, check=False)
         seen = read_script_plan(Path(seen_dir))
     assert seen is not None, f"{shlex.join(command)}: exit {done.returncode}, no plan\n{done.stdout[-3000:]}"
-    plan = make_plan(seen.description, seen.strategy, devices=seen.devices, accelerator="cuda",
+    strategy = seen.strategy
+    if client.units_recorded:
+        assert strategy.engine == DDP, f"{client.name} traced on CPU as {strategy.engine}"
+        assert tree_names(events) == seen.description.names, "the recording's tree is the traced model's"
+        strategy = recorded_units(strategy, events)
+    plan = make_plan(seen.description, strategy, devices=seen.devices, accelerator="cuda",
                      gpu=card(gpu.name.removeprefix("NVIDIA ").strip(), gpu.total, "the recording"),
                      command=shlex.join(command), notes=tuple(seen.notes))
     return plan, [e.engine for e in events if isinstance(e, Hello)]
+
+
+def tree_names(events: Sequence[Event]) -> list[str]:
+    return next(e for e in events if isinstance(e, Tree)).names
 
 
 @pytest.mark.timeout(2 * PLAN_S)

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from shardtop.inject import plan_env
+from shardtop.plan.script import read_script_plan
 from tests.support.cli import shardtop
 from tests.support.distributed import free_port
 from tests.support.own_job_runs import SCRIPTS, user_env
@@ -188,7 +192,25 @@ def test_the_roots_reshard_setting_is_not_taken_for_the_blocks() -> None:
     assert planned["root"]["strategy"].startswith("FSDP2, fp32")
     assert planned["all"]["sharding"] == "SHARD_GRAD_OP"
     assert planned["all"]["strategy"].startswith("FSDP2 (no reshard after forward)")
-    assert planned["all"]["per_rank"]["peak"] > planned["root"]["per_rank"]["peak"]
+    kept, resharded = planned["all"]["per_rank"], planned["root"]["per_rank"]
+    assert kept["gathered"] > resharded["gathered"]  # every unit whole at the end of forward
+    assert kept["phases"]["forward"] > resharded["phases"]["forward"]
+
+
+def test_a_unit_kept_whole_after_forward_is_planned_whole_from_forward_to_its_backward() -> None:
+    """``fully_shard(head, reshard_after_forward=False)`` beside resharded blocks, as accelerate keeps the last
+    norm and head: FULL_SHARD, with the head's unit kept whole."""
+    with tempfile.TemporaryDirectory(prefix="shardtop-plan-") as seen_dir:
+        command = ["torchrun", "--standalone", "--nproc_per_node", "2", str(SCRIPTS / "fsdp2_train.py"),
+                   "--steps", MANY_STEPS, "--keep-whole", "head"]
+        done = subprocess.run(command, env=plan_env(env(), Path(seen_dir)), capture_output=True, text=True,
+                              timeout=PLAN_S, check=False)
+        seen = read_script_plan(Path(seen_dir))
+    assert seen is not None, done.stderr[-3000:]
+    head = seen.description.row_of("head")
+    assert head is not None
+    assert seen.strategy.sharding == "FULL_SHARD" and seen.strategy.kept_whole == (head,)
+    assert head in seen.strategy.units and seen.strategy.root_wrapped
 
 
 def test_an_hf_trainer_under_deepspeed_is_planned_at_the_batch_it_passes() -> None:

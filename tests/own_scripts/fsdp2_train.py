@@ -61,8 +61,9 @@ def main() -> None:
     parser.add_argument("--os-exit", action="store_true")
     parser.add_argument("--cuda", action="store_true", help="NCCL on one GPU per rank instead of gloo on CPU")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model after fully_shard")
-    parser.add_argument("--keep-whole", choices=["root", "all"], default=None,
-                        help="reshard_after_forward=False for the root (as accelerate and torchtitan do), or for all")
+    parser.add_argument("--keep-whole", choices=["root", "all", "head"], default=None,
+                        help="reshard_after_forward=False for the root (as accelerate and torchtitan do), for all, "
+                             "or for the head in a unit of its own (as accelerate keeps the last norm and head)")
     parser.add_argument("--optimizer-in-backward", action="store_true",
                         help="an AdamW per parameter, stepped in backward as each gradient arrives")
     args = parser.parse_args()
@@ -75,7 +76,9 @@ def main() -> None:
     model = Net(args.dim, depth=3).to(device)
     for block in model.blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=args.keep_whole != "all")
-    fully_shard(model, mesh=mesh, reshard_after_forward=args.keep_whole is None)
+    if args.keep_whole == "head":
+        fully_shard(model.head, mesh=mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, reshard_after_forward=args.keep_whole in (None, "head"))
     if args.compile:
         model = torch.compile(model)
     optimizer = None if args.optimizer_in_backward else torch.optim.SGD(model.parameters(), lr=0.01)
