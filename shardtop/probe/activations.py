@@ -56,6 +56,20 @@ MAX_OUTPUTS = 64
 """Outputs of outermost calls held (weakly) as the graph's roots, the latest kept."""
 
 
+
+def tensor_types() -> frozenset[type]:
+    """``torch.Tensor`` and every subclass of it defined now (``Parameter``, ``DTensor``, a library's own): a
+    set to look an object's type up in, which is faster than ``issubclass`` over every object of a process."""
+    found: set[type] = {torch.Tensor}
+    todo: list[type] = [torch.Tensor]
+    while todo:
+        subclasses: list[type] = todo.pop().__subclasses__()
+        for sub in subclasses:
+            if sub not in found:
+                found.add(sub)
+                todo.append(sub)
+    return frozenset(found)
+
 class SavedActivations:
     """Tensors autograd holds for backward in this process, per storage, with the module that made each."""
 
@@ -175,12 +189,11 @@ class SavedActivations:
         if first is None:
             return []
         found: list[tuple[int, torch.Tensor]] = []
-        tensor = torch.Tensor
-        for obj in gc.get_objects():
-            if issubclass(type(obj), tensor):  # by its type: ``isinstance`` reads ``__class__``, which some
-                node = obj.grad_fn             # module-level proxies answer with a warning
-                if node is not None and (number := node._sequence_nr()) >= first:
-                    found.append((number, obj))
+        kinds = tensor_types()  # by its type: ``isinstance`` reads ``__class__``, which some module-level
+        for obj in [o for o in gc.get_objects() if type(o) in kinds]:  # proxies answer with a warning
+            node = obj.grad_fn
+            if node is not None and (number := node._sequence_nr()) >= first:
+                found.append((number, obj))
         found.sort(key=lambda pair: -pair[0])
         return [t for _, t in found[:MAX_OUTPUTS]]
 
