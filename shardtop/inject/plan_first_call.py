@@ -122,17 +122,26 @@ def _plan_and_leave(root: Any, called: Any, args: Any, kwargs: Any) -> None:
     run while dynamo traces its forward, and the meta trace must not be compiled with it."""
     import torch
 
-    disable = getattr(getattr(torch, "compiler", None), "disable", None)
-    (disable(_plan_now) if disable is not None else _plan_now)(root, called, args, kwargs)
+    compiler = getattr(torch, "compiler", None)
+    compiling = getattr(compiler, "is_compiling", None)
+    compiled = bool(compiling is not None and compiling()) or getattr(root, "_compiled_call_impl", None) is not None
+    disable = getattr(compiler, "disable", None)
+    (disable(_plan_now) if disable is not None else _plan_now)(root, called, args, kwargs, compiled)
 
 
-def _plan_now(root: Any, called: Any, args: Any, kwargs: Any) -> None:
+COMPILED_NOTE = ("the model runs compiled (torch.compile): its activations are traced as its eager forward saves "
+                 "them; a compiled graph can save other tensors for the backward, more or fewer, which the plan "
+                 "does not see")
+
+
+def _plan_now(root: Any, called: Any, args: Any, kwargs: Any, compiled: bool = False) -> None:
     from shardtop.inject.plan_trace import describe_call, path_in
 
     STATE.planning = True
     try:
         if global_rank() == 0:
-            write_plan(describe_call(root, called, args, kwargs), complete=True)
+            description, notes = describe_call(root, called, args, kwargs)
+            write_plan((description, [*notes, *([COMPILED_NOTE] if compiled else [])]), complete=True)
             path = path_in(root, called)
             _say(f"planned at the first call of {type(called).__name__}"
                  + (f" ({path})" if path else "") + "; stopping before training")

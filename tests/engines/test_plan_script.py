@@ -69,11 +69,18 @@ def test_a_raw_zero3_script_built_outside_zero_init() -> None:
 
 
 def test_an_fsdp2_script_under_torchrun() -> None:
-    code, doc, err = plan(
-        "--", "torchrun", "--standalone", "--nproc_per_node", "2", str(SCRIPTS / "fsdp2_train.py"),
-        "--steps", MANY_STEPS,
-    )
+    """Eager, and compiled after ``fully_shard``: the same plan, and the compiled one says the plan traced the
+    eager forward, not what the compiled graph saves."""
+    command = ("--", "torchrun", "--standalone", "--nproc_per_node", "2", str(SCRIPTS / "fsdp2_train.py"),
+               "--steps", MANY_STEPS)
+    with ThreadPoolExecutor(2) as both:  # two plans at once: each waits on its imports
+        eager, compiled = both.map(lambda extra: plan(*command, *extra), ((), ("--compile",)))
+    code, doc, err = eager
     assert code == 0, err[-3000:]
+    assert compiled[0] == 0, compiled[2][-3000:]
+    said = [note for note in compiled[1]["notes"] if note.startswith("the model runs compiled (torch.compile)")]
+    assert said and not any("compiled" in note for note in doc["notes"]), (compiled[1]["notes"], doc["notes"])
+    assert compiled[1]["options"][0]["per_rank"]["params"] == doc["options"][0]["per_rank"]["params"]
     asked = doc["options"][0]
     assert asked["engine"] == "fsdp2" and doc["devices"] == 2
     params = 3 * (2 * 64 + 64 * 64 + 64) + 65
