@@ -1,6 +1,8 @@
 """OOMs that sharding does not fix, recorded on an H100 (``tests/fixtures/runs/h100-oom-stories``,
 ``gpu/record.sh oom_stories``, torch 2.11): an evaluation loop that keeps every batch's outputs with their
-autograd graphs, under a 20 GiB cap, and a loss over a 32 000-token vocabulary that finishes.
+autograd graphs, under a 20 GiB cap, and a loss over a 32 000-token vocabulary that finishes; recorded three
+times (2026-12-06, 2026-12-07 01:46 and 07:29), the last by the probe that names the model's output and what the
+loss made of it as they happen.
 
 - the OOM is told from what filled the memory: tensors kept from earlier forwards, with what holds them,
   and the fix is ``torch.no_grad()``, never sharding or a smaller micro-batch;
@@ -199,3 +201,53 @@ def test_the_large_vocabularys_oom_trace_with_the_census_the_probe_takes_now_nam
     ]
     recorded: dict[str, Any] = json.loads(report(LARGE_VOCAB, "json"))["oom"]["memory"]
     assert recorded["by_kind"]["script"] == tokens * vocab * 4 + tokens * 8  # as the recording reads
+
+
+# Recorded again on 2026-12-07 at 07:29 (H100, torch 2.11, ``record-0729.log``) by the probe that names the
+# model's output and what the loss made of it as they happen
+KEEPS_GRAPHS_LIVE = RECORDINGS / "20261207-072914-eval-keeps-graphs-1468"
+NO_GRAD_LIVE = RECORDINGS / "20261207-072926-eval-no-grad-493a"
+LARGE_VOCAB_LIVE = RECORDINGS / "20261207-072933-large-vocab-25f7"
+SMALL_VOCAB_LIVE = RECORDINGS / "20261207-072944-small-vocab-6044"
+
+
+def test_recorded_live_the_large_vocabularys_oom_names_the_logits_and_the_losss_copy_to_the_byte() -> None:
+    """8,192 tokens of a 256,000-token vocabulary: the bf16 logits the head returned and the fp32 copy
+    ``cross_entropy`` made of them, each named where it is held, every allocated byte explained; the fix is
+    the logits', never sharding or checkpointing."""
+    data: dict[str, Any] = json.loads(report(LARGE_VOCAB_LIVE, "json"))
+    oom = data["oom"]
+    split = oom["memory"]
+    tokens, vocab = 4 * 2048, 256_000
+    assert split["other_parts"] == {"loss": tokens * vocab * 4, "output": tokens * vocab * 2}
+    assert split["unexplained"] == 0 and sum(n for n in split["by_kind"].values() if n) == split["allocated"]
+    (finding,) = [f for f in data["findings"] if f["code"] == "oom"]
+    assert "chunked or fused linear-cross-entropy loss" in finding["fix"] and "logits_to_keep" in finding["fix"]
+    assert "sharding and activation checkpointing do not" in finding["fix"]
+    text = report(LARGE_VOCAB_LIVE, "text")
+    assert "7.81 GiB what the loss made of the model's output, 3.91 GiB the model's output" in text
+
+
+def test_recorded_live_the_small_vocabularys_peak_names_every_share_of_other() -> None:
+    """The 32,000-token loop that finishes: at its peak, in the loss's backward, other is the backward's fp32
+    gradients, the fp32 log-softmax the loss made (and the 4-byte loss) and the bf16 logits, none unnamed."""
+    data: dict[str, Any] = json.loads(report(SMALL_VOCAB_LIVE, "json"))
+    (rank,) = data["ranks"]
+    peak = rank["memory_peak"]
+    tokens, vocab = 4 * 2048, 32_000
+    assert rank["status"] == "finished" and data["oom"] is None
+    assert peak["other_parts"] == {"backward": 2 * tokens * vocab * 4, "loss": tokens * vocab * 4 + 4,
+                                   "output": tokens * vocab * 2}
+    assert sum(peak["other_parts"].values()) == peak["by_kind"]["other"] and peak["unexplained"] == 0
+    assert not [f for f in data["findings"] if f["severity"] == "error"]
+
+
+def test_recorded_live_the_evaluation_keeping_graphs_is_told_by_what_holds_them_its_no_grad_twin_not() -> None:
+    kept: dict[str, Any] = json.loads(report(KEEPS_GRAPHS_LIVE, "json"))
+    split = kept["oom"]["memory"]
+    assert split["unexplained"] == 0 and split["by_kind"]["kept"] > 0.75 * split["allocated"]
+    (finding,) = [f for f in kept["findings"] if f["code"] == "oom"]
+    assert "torch.no_grad()" in finding["fix"] and "shard the model" not in finding["fix"]
+    calm: dict[str, Any] = json.loads(report(NO_GRAD_LIVE, "json"))
+    assert calm["oom"] is None and calm["ranks"][0]["status"] == "finished"
+    assert calm["ranks"][0]["allocator"]["peak"] < CAP / 2 and not calm["findings"]
