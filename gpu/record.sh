@@ -222,8 +222,9 @@ fit() { fit_story2; fit_hf; }  # (BUDGET_S=1800 gpu/record.sh fit) shardtop fit 
 # fit's result is fits/*/fit.json in the runs dir
 fit_story2() {  # story 2 fixed at six 16 GiB GPUs (the preset has no offload key: fit says which strategy the plan gives
   # a batch to)
-  step 120 "fit story 2 fixed, six 16 GiB GPUs" python3 -m shardtop fit zero3-linear-fixed devices=6 gpu=16GiB \
-    budget=20m
+  local minutes=${FIT_BUDGET:-20m}
+  step $(( ${minutes%m} * 60 + 60 )) "fit story 2 fixed, six 16 GiB GPUs" python3 -m shardtop fit zero3-linear-fixed \
+    devices=6 gpu=16GiB budget=$minutes
 }
 fit_hf() {  # an HF Trainer FSDP2 Llama of about 1 B parameters at eight 80 GiB GPUs, activation checkpointing off and
   # on (FIT_BUDGET: fit's own budget, 24m by default)
