@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
@@ -185,10 +185,8 @@ def _command_target(stack: CommandStack, request: FitRequest, machine: Machine, 
                      "device")
         stack.write_deepspeed(conf, stack.given_batch, directory)
         plans[checkpointing] = command_plan(stack.command_at(conf, stack.given_batch, directory), request.devices)
-    for said in dict.fromkeys(p.no_forward for p in plans.values() if p.no_forward):
-        start = f"the command's own micro-batch ({stack.given_batch})" if stack.given_batch else "one sample"
-        progress.say(f"the plan traced no forward, so it gives no micro-batch (activations not planned): {said}. "
-                     f"Each set-up's search starts at {start} and doubles.")
+    for line in no_forward_lines(plans.values(), stack.given_batch):
+        progress.say(line)
     stack = replace(stack, strategy_words=plans[given.checkpointing].strategy.label)
     confs = stack.configurations(cuda, os.environ)
     found = predictions(plans, confs, devices=request.devices, gpu=allowed.judged)
@@ -196,6 +194,14 @@ def _command_target(stack: CommandStack, request: FitRequest, machine: Machine, 
                   searchable=stack.given_batch is not None and any(k.kind == "micro-batch" and k.found for k in knobs),
                   planned_only=_unexposed(plans[given.checkpointing], found, request, allowed),
                   given_batch=stack.given_batch)
+
+
+def no_forward_lines(plans: Iterable[TracedPlan], given_batch: int | None) -> list[str]:
+    """What progress says of plans that traced no forward: each thing they said, once."""
+    start = f"the command's own micro-batch ({given_batch})" if given_batch else "one sample"
+    return [f"the plan traced no forward, so it gives no micro-batch (activations not planned): {said}. Each "
+            f"set-up's search starts at {start} and doubles."
+            for said in dict.fromkeys(p.no_forward for p in plans if p.no_forward)]
 
 
 def order(found: Sequence[Prediction]) -> list[Prediction]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shardtop.fit.command import Target, order
+from shardtop.fit.command import Target, no_forward_lines, order
 from shardtop.fit.configuration import Configuration
 from shardtop.fit.predict import TracedPlan, no_forward_words, predict, predictions
 from shardtop.fit.search import MAX_BATCH, BoundarySearch, Probe
@@ -104,3 +104,11 @@ def test_what_the_plan_said_where_it_traced_no_forward() -> None:
     assert said == f"{COULD_NOT.removeprefix('shardtop plan: ')}; {NOTE}"
     traced = "activations traced on the meta device through the model, at the shapes of the batch"
     assert no_forward_words(_script_plan([traced], complete=True), output) == ""
+
+
+def test_progress_says_once_what_the_plans_said() -> None:
+    blind = TracedPlan(description(), Strategy(engine="ddp"), "cuda", no_forward=NOTE)
+    seen = TracedPlan(description(saved=4, batch=4), Strategy(engine="ddp"), "cuda")
+    lines = no_forward_lines([blind, blind, seen], 4)
+    assert len(lines) == 1 and NOTE in lines[0] and "starts at the command's own micro-batch (4)" in lines[0]
+    assert no_forward_lines([seen], 4) == []
