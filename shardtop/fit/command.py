@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
@@ -72,6 +72,16 @@ class Target:
     """The micro-batch is a knob: each set-up's boundary is searched (else each is tried at its own batch)."""
     planned_only: tuple[PlannedOnly, ...] = ()
     """Strategies the plan gives a larger batch that the stack has no knob for."""
+    given_batch: int | None = None
+    """The micro-batch as given (the preset's, the command's flag or DeepSpeed config): where a set-up's
+    search starts when the plan gives no batch."""
+
+    def first_batch(self, prediction: Prediction) -> int:
+        """Where the search of ``prediction``'s set-up starts: the plan's batch; the batch as given where the
+        plan gives none (then it doubles up); one where the plan says not even one fits."""
+        if prediction.no_guess:
+            return self.given_batch or 1
+        return prediction.largest_batch or 1
 
 
 @dataclass
@@ -131,7 +141,8 @@ def _preset_target(request: FitRequest, machine: Machine, allowed: Allowance) ->
     confs = stack.configurations(cuda)
     found = predictions({None: plan}, confs, devices=request.devices, gpu=allowed.judged)
     return Target(title=stack.preset, stack=stack, knobs=stack.knobs(cuda), predictions=tuple(found),
-                  searchable=True, planned_only=_unexposed(plan, found, request, allowed))
+                  searchable=True, planned_only=_unexposed(plan, found, request, allowed),
+                  given_batch=stack.batch_size)
 
 
 def _unexposed(plan: TracedPlan, found: Sequence[Prediction], request: FitRequest,
@@ -174,12 +185,23 @@ def _command_target(stack: CommandStack, request: FitRequest, machine: Machine, 
                      "device")
         stack.write_deepspeed(conf, stack.given_batch, directory)
         plans[checkpointing] = command_plan(stack.command_at(conf, stack.given_batch, directory), request.devices)
+    for line in no_forward_lines(plans.values(), stack.given_batch):
+        progress.say(line)
     stack = replace(stack, strategy_words=plans[given.checkpointing].strategy.label)
     confs = stack.configurations(cuda, os.environ)
     found = predictions(plans, confs, devices=request.devices, gpu=allowed.judged)
     return Target(title=shlex.join(stack.shape.argv), stack=stack, knobs=knobs, predictions=tuple(found),
                   searchable=stack.given_batch is not None and any(k.kind == "micro-batch" and k.found for k in knobs),
-                  planned_only=_unexposed(plans[given.checkpointing], found, request, allowed))
+                  planned_only=_unexposed(plans[given.checkpointing], found, request, allowed),
+                  given_batch=stack.given_batch)
+
+
+def no_forward_lines(plans: Iterable[TracedPlan], given_batch: int | None) -> list[str]:
+    """What progress says of plans that traced no forward: each thing they said, once."""
+    start = f"the command's own micro-batch ({given_batch})" if given_batch else "one sample"
+    return [f"the plan traced no forward, so it gives no micro-batch (activations not planned): {said}. Each "
+            f"set-up's search starts at {start} and doubles."
+            for said in dict.fromkeys(p.no_forward for p in plans if p.no_forward)]
 
 
 def order(found: Sequence[Prediction]) -> list[Prediction]:
@@ -291,12 +313,12 @@ def _search_one(target: Target, rehearser: Rehearser, prediction: Prediction, li
     conf = prediction.configuration
     if not target.searchable:
         return _as_given_batch(target, rehearser, prediction, limit, progress, durations, head)
-    search = BoundarySearch(start=prediction.largest_batch or 1, limit=limit, plan_slope=prediction.slope)
+    search = BoundarySearch(start=target.first_batch(prediction), limit=limit, plan_slope=prediction.slope)
     trials: list[Trial] = []
     while (batch := search.next_batch()) is not None:
         if not _time_left(progress, durations):
             return SetupResult(prediction, tuple(trials), "budget", note="the budget was spent before the boundary")
-        why = "the plan's" if not trials else "where the line through what was measured meets the limit"
+        why = _why(search, prediction, trials)
         progress.say(f"{head}: rehearsing micro-batch {batch} ({why}); {left} more set-up(s) after this one")
         trial = _rehearse(target.stack, rehearser, conf, batch)
         durations.append(trial.seconds)
@@ -308,6 +330,20 @@ def _search_one(target: Target, rehearser: Rehearser, prediction: Prediction, li
     if not any(t.outcome == "fits" for t in trials):
         return SetupResult(prediction, tuple(trials), "nothing fits", note="not even one sample fits")
     return SetupResult(prediction, tuple(trials), "found")
+
+
+def _why(search: BoundarySearch, prediction: Prediction, trials: Sequence[Trial]) -> str:
+    """Why the next batch: the plan's or the one as given, the line through what was measured, or a doubling
+    or halving where there is no line to follow."""
+    if not trials:
+        return "the batch as given: the plan gives none" if prediction.no_guess else "the plan's"
+    if search.line() is not None:
+        return "where the line through what was measured meets the limit"
+    if search.fitting is None:
+        return "half the smallest that ran out of memory"
+    if search.too_large is None:
+        return "twice the largest that fit"
+    return "halfway between the largest that fit and the smallest that ran out"
 
 
 def _as_given_batch(target: Target, rehearser: Rehearser, prediction: Prediction, limit: int, progress: Progress,

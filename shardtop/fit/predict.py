@@ -4,7 +4,9 @@ A preset's model is described as ``shardtop plan`` describes it (meta device, on
 command is planned as ``shardtop plan -- CMD`` plans it, once as given and once more with activation
 checkpointing switched where that is a knob (it changes what the forward saves, so it is traced
 again).  A ZeRO stage or an offload changes only the arithmetic (``plan.memory.per_rank``), as a plan's
-alternatives do.  Activations scale with the batch; the rest of a rank's memory does not.
+alternatives do.  Activations scale with the batch; the rest of a rank's memory does not.  A plan that
+traced no forward (or saw nothing grow with the batch) gives no batch: its peak would stay under the limit
+up to the search's ceiling, which says nothing of where the boundary is.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from shardtop.fit.search import MAX_BATCH
 from shardtop.plan.cards import Gpu
 from shardtop.plan.description import ModelDescription
 from shardtop.plan.memory import per_rank
+from shardtop.plan.script import ScriptPlan
 from shardtop.plan.strategies import Strategy
 from shardtop.rundir.engines import ZERO3
 
@@ -40,6 +43,9 @@ class Prediction:
     peak_at_largest: int | None
     slope: float | None
     """Bytes one more sample adds to the planned peak; None where it adds none the plan sees."""
+    no_guess: str = ""
+    """Why the plan gives no batch though one sample fits it (it traced no forward, or nothing it saw grows
+    with the batch); "" where it gives one, or rules out even one."""
 
     def ruled_out(self, limit: int) -> bool:
         return self.peak_at_one > RULED_OUT * limit
@@ -63,17 +69,26 @@ def largest_batch(peak: Peak, usable: int, ceiling: int = MAX_BATCH) -> int | No
     return low
 
 
+NOTHING_GROWS = "nothing the plan saw grows with the batch: activations not planned"
+
+
 def predict(conf: Configuration, desc: ModelDescription, strategy: Strategy, *, devices: int, on_gpu: bool,
-            gpu: Gpu) -> Prediction:
+            gpu: Gpu, no_forward: str = "") -> Prediction:
+    """The set-up's plan; ``no_forward``: what the plan said where it traced no forward ("" where it did)."""
     def peak(batch: int) -> int:
         return per_rank(desc, strategy, devices, gpu=on_gpu, batch_scale=batch / max(1, desc.batch_size)).peak
 
-    largest = largest_batch(peak, gpu.usable)
     wide = max(2, desc.batch_size * 2)
     rise = (peak(wide) - peak(1)) / (wide - 1)
+    slope = rise if rise > 0 and not no_forward else None
+    no_guess = ""
+    if peak(1) <= gpu.usable and slope is None:
+        no_guess = f"the plan traced no forward: activations not planned ({no_forward})" if no_forward \
+            else NOTHING_GROWS
+    largest = None if no_guess else largest_batch(peak, gpu.usable)
     return Prediction(
         configuration=conf, strategy=strategy.label, largest_batch=largest, peak_at_one=peak(1),
-        peak_at_largest=peak(largest) if largest is not None else None, slope=rise if rise > 0 else None,
+        peak_at_largest=peak(largest) if largest is not None else None, slope=slope, no_guess=no_guess,
     )
 
 
@@ -96,7 +111,8 @@ def planned_only(plan: TracedPlan, *, devices: int, gpu: Gpu, beyond: int | None
     on_gpu = plan.accelerator == "cuda"
     found = []
     for strategy in alternatives(plan.strategy, devices, plan.accelerator)[1:]:
-        p = predict(Configuration(as_given=False), plan.description, strategy, devices=devices, on_gpu=on_gpu, gpu=gpu)
+        p = predict(Configuration(as_given=False), plan.description, strategy, devices=devices, on_gpu=on_gpu, gpu=gpu,
+                    no_forward=plan.no_forward)
         if p.largest_batch is not None and p.largest_batch > (beyond or 0):
             found.append(PlannedOnly(strategy.label, p.largest_batch))
     found.sort(key=lambda p: -(p.largest_batch or 0))
@@ -122,6 +138,9 @@ class TracedPlan:
     description: ModelDescription
     strategy: Strategy
     accelerator: str
+    no_forward: str = ""
+    """What the plan said where it traced no forward (the command's "could not trace" line, the plan's
+    note); "" where it traced one."""
 
 
 def preset_plan(config: Mapping[str, Any], *, devices: int, accelerator: str) -> TracedPlan:
@@ -134,11 +153,32 @@ def preset_plan(config: Mapping[str, Any], *, devices: int, accelerator: str) ->
 
 
 def command_plan(command: Sequence[str], devices: int) -> TracedPlan:
-    """``shardtop plan -- CMD`` once; the command's output is kept out of the way (a failure quotes its tail)."""
+    """``shardtop plan -- CMD`` once; the command's output is kept out of the way (a failure quotes its tail),
+    but for what the plan said where it traced no forward."""
     from shardtop.plan_command import plan_command
 
-    _, seen = plan_command(list(command), [f"devices={devices}"], err=io.StringIO())
-    return TracedPlan(seen.description, seen.strategy, seen.accelerator)
+    output = io.StringIO()
+    _, seen = plan_command(list(command), [f"devices={devices}"], err=output)
+    return TracedPlan(seen.description, seen.strategy, seen.accelerator,
+                      no_forward=no_forward_words(seen, output.getvalue()))
+
+
+PLAN_SAID = "shardtop plan: "
+"""How the bootstrap's lines start in the command's output (``shardtop.inject.plan_first_call``)."""
+NO_FORWARD_NOTE = "no forward pass was traced"
+"""How the plan's note starts where it traced none (``shardtop.inject.plan_trace``)."""
+
+
+def no_forward_words(seen: ScriptPlan, output: str) -> str:
+    """What the plan said where it traced no forward: the bootstrap's lines of the command's output that say
+    why (a forward it could not trace, a command that ended before one), then the plan's own note; ""
+    where it traced one."""
+    notes = [n for n in seen.notes if n.startswith(NO_FORWARD_NOTE)]
+    if seen.complete and not notes:
+        return ""
+    said = [line.strip()[len(PLAN_SAID):] for line in output.splitlines()
+            if line.strip().startswith(PLAN_SAID) and ("could not" in line or "without activations" in line)]
+    return "; ".join(dict.fromkeys([*said, *notes])) or "the plan was written before the model was called"
 
 
 def predictions(plans: Mapping[bool | None, TracedPlan], confs: Sequence[Configuration], *, devices: int,
@@ -148,5 +188,5 @@ def predictions(plans: Mapping[bool | None, TracedPlan], confs: Sequence[Configu
     for conf in confs:
         plan = plans[conf.checkpointing]
         out.append(predict(conf, plan.description, strategy_for(plan.strategy, conf), devices=devices,
-                           on_gpu=plan.accelerator == "cuda", gpu=gpu))
+                           on_gpu=plan.accelerator == "cuda", gpu=gpu, no_forward=plan.no_forward))
     return out

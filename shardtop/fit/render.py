@@ -39,7 +39,8 @@ def largest_words(s: SetupResult) -> str:
 
 
 def _row(s: SetupResult, limit: int) -> tuple[str, ...]:
-    planned = str(s.prediction.largest_batch) if s.prediction.largest_batch is not None else "none"
+    p = s.prediction
+    planned = "-" if p.no_guess else str(p.largest_batch) if p.largest_batch is not None else "none"
     fit, over = s.largest, s.too_large
     step = fit.step_seconds if fit is not None else None
     return (
@@ -78,6 +79,8 @@ def render_text(result: FitResult, directory: Path | None = None) -> str:
           "rehearsals")] + [_row(s, result.limit) for s in result.setups],
         right=(1, 2, 3, 5, 6),
     )]
+    for no_guess in dict.fromkeys(s.prediction.no_guess for s in result.setups if s.prediction.no_guess):
+        lines.append(f"  planned -: {no_guess}; the search starts at the micro-batch as given and doubles")
     for s in result.setups:
         if s.ending != "found":
             lines.append(f"  {s.configuration.label}: {_ending_words(s)}")
@@ -154,7 +157,8 @@ def _setup_dict(s: SetupResult, limit: int) -> JsonObject:
         "activation_checkpointing": conf.checkpointing,
         "expandable_segments": conf.expandable_segments,
         "plan": {"strategy": p.strategy, "largest_batch": p.largest_batch, "peak_at_one": p.peak_at_one,
-                 "peak_at_largest": p.peak_at_largest, "bytes_per_sample": p.slope},
+                 "peak_at_largest": p.peak_at_largest, "bytes_per_sample": p.slope,
+                 "no_guess": p.no_guess or None},
         "ending": s.ending,
         "note": s.note or None,
         "largest_batch": fit.batch if fit is not None else None,

@@ -104,6 +104,10 @@ class BoundarySearch:
         measured = sum(1 for p in self.probes if p.outcome == "fits" and p.peak is not None) >= 2
         return measured or self.probes[-1] is lo
 
+    def line(self) -> int | None:
+        """The estimate, where the search follows it now; None: it doubles or halves instead."""
+        return self.estimate() if self._trusted() else None
+
     def next_batch(self) -> int | None:
         """The batch to rehearse next; None once the boundary is found, or a rehearsal failed."""
         if self.failed is not None or self.found:
@@ -111,7 +115,7 @@ class BoundarySearch:
         if not self.probes:
             return min(max(1, self.start), self.ceiling)
         lo, hi = self.fitting, self.too_large
-        line = self.estimate() if self._trusted() else None
+        line = self.line()
         if lo is None:
             assert hi is not None
             return max(1, hi // 2)

@@ -111,3 +111,17 @@ def test_a_command_whose_batch_no_knob_changes_is_tried_at_its_own() -> None:
     text = render_text(FitResult(title="t", devices=2, gpu="g", limit=LIMIT, on="CPU", knobs=(), setups=(own,),
                                  seconds=1.0, budget_s=2.0, use=Use("t", ())))
     assert "micro-batch its own, peak 50 MiB (78.1 %)" in text
+
+
+def test_a_set_up_the_plan_gives_no_batch_says_so_and_why() -> None:
+    no_guess = "the plan traced no forward: activations not planned (no forward pass was traced)"
+    blind = SetupResult(Prediction(setups()[1].configuration, "ZeRO-3, fp32", None, 12 * MiB, None, None,
+                                   no_guess=no_guess), (trial(4, True, 20 * MiB, "r8"),), "budget")
+    res = FitResult(title="t", devices=2, gpu="g", limit=LIMIT, on="CPU", knobs=(), setups=(blind,), seconds=1.0,
+                    budget_s=2.0)
+    text = render_text(res)
+    row = next(line for line in text.splitlines() if line.startswith("as given"))
+    assert row.split(")")[1].split()[0] == "-", row
+    assert f"planned -: {no_guess}; the search starts at the micro-batch as given and doubles" in text
+    plan = json.loads(render_json(res))["configurations"][0]["plan"]
+    assert plan["largest_batch"] is None and plan["no_guess"] == no_guess
