@@ -69,7 +69,7 @@ class KindsEvidence:
 
     def sentence(self, requested: int | None = None) -> str:
         return kinds_sentence(self.allocated, self.by_kind, self.unexplained, requested,
-                              other_parts=self.other_parts)
+                              other_parts=self.other_parts, phase=self.phase)
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ def split_sentence(split: MemorySplit, requested: int | None = None, limit: int 
     kinds' sum.
     """
     return kinds_sentence(split.allocated, bytes_by_kind(split), split.unexplained, requested, limit,
-                          parts_dict(split))
+                          parts_dict(split), split.phase)
 
 
 def kinds_sentence(
@@ -114,9 +114,11 @@ def kinds_sentence(
     requested: int | None = None,
     limit: int = 4,
     other_parts: Mapping[str, int] | None = None,
+    phase: str | None = None,
 ) -> str:
     """``split_sentence`` from the figures alone (as a finding's evidence keeps them); ``other_parts``:
-    what ``other`` holds, by part (``other_parts.py``), said after it where a part is worth saying."""
+    what ``other`` holds, by part (``other_parts.py``), said after it where a part is worth saying, as at a
+    moment of ``phase`` (the forward's part inside a forward is the running forward's)."""
     rows = sorted(
         (KindBytes(k, v) for k in KINDS if (v := by_kind.get(k)) is not None and v > 0), key=lambda r: -r.bytes
     )
@@ -124,7 +126,7 @@ def kinds_sentence(
     rows = [r for r in rows if r.bytes * TRACE_SHARE >= total]  # 2 B of gradients beside 11.7 GiB: noise
     shown = rows if len(rows) <= limit + 1 else rows[:limit]  # one kind left over is named, not summed
     named = [f"{format_bytes(r.bytes)} {KIND_WORDS[r.kind]}" for r in shown]
-    if other_parts and (parts := parts_words(other_parts, total, 1 / TRACE_SHARE)):
+    if other_parts and (parts := parts_words(other_parts, total, 1 / TRACE_SHARE, phase)):
         named = [f"{text} ({parts})" if r.kind == "other" else text for r, text in zip(shown, named, strict=False)]
     if len(shown) < len(rows):
         named.append(f"{format_bytes(sum(r.bytes for r in rows[limit:]))} in {len(rows) - limit} more kinds")

@@ -7,6 +7,10 @@ block under ``other``, but for a module buffer allocated before the trace began)
 as an autograd Function's, one in a ``forward`` as a forward's tensor saved for no backward; any other
 place is said as a place, and what no place names is left unnamed (such a recording never names the loss's
 part: it read what the loss made of the model's output as the script's tensors or the activations).
+
+The forward's part is "saved for no backward" only once that forward is over: at a moment inside a forward
+(a split whose phase is a forward's, before any backward began) it is what the forward running then was
+making (its activations on their way, its temporaries), which grows with the tokens of a micro-batch.
 """
 
 from __future__ import annotations
@@ -38,6 +42,31 @@ PART_SHORT: dict[OtherPart, str] = {
     "buffers": "module buffers",
 }
 """Each part in a few words, inside a sentence that lists the kinds."""
+
+RUNNING_FORWARD_PHASES = frozenset({"forward", "validation"})
+"""The phases of a split taken while a forward runs, no backward begun: there its forward part is the running
+forward's, not yet saved for a backward or let go."""
+
+RUNNING_FORWARD_WORDS = (
+    "made by the forward running then (activations it was making and its temporaries), which grow with the "
+    "tokens of a micro-batch"
+)
+RUNNING_FORWARD_SHORT = "the running forward's tensors"
+
+
+def in_forward(phase: str | None) -> bool:
+    """The moment of a split of this phase is inside a forward (``RUNNING_FORWARD_PHASES``)."""
+    return phase in RUNNING_FORWARD_PHASES
+
+
+def part_words(part: OtherPart, phase: str | None) -> str:
+    """``PART_WORDS[part]``, the forward's part as the running forward's at a moment inside a forward."""
+    return RUNNING_FORWARD_WORDS if part == "forward" and in_forward(phase) else PART_WORDS[part]
+
+
+def part_short(part: OtherPart, phase: str | None) -> str:
+    """``PART_SHORT[part]``, the forward's part as the running forward's at a moment inside a forward."""
+    return RUNNING_FORWARD_SHORT if part == "forward" and in_forward(phase) else PART_SHORT[part]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,15 +124,15 @@ def unnamed_other(split: MemorySplit) -> int:
     return sum(share.bytes for share in other_shares(split) if share.part is None)
 
 
-def parts_words(parts: Mapping[str, int], total: int, min_share: float) -> str:
+def parts_words(parts: Mapping[str, int], total: int, min_share: float, phase: str | None = None) -> str:
     """``1.95 GiB gradients in flight in the backward, 500 MiB the model's output``: the parts of at least
     ``min_share`` of ``total``, largest first, in a few words each (a part that is all of ``other``, only its
-    words); empty where none is."""
+    words; the forward's as the running forward's where ``phase`` is inside a forward); empty where none is."""
     named = sorted(((n, p) for p, n in parts.items() if p in PART_SHORT and n and n >= min_share * total),
                    key=lambda item: -item[0])
     if len(named) == 1 and named[0][0] == sum(parts.values()):
-        return PART_SHORT[named[0][1]]
-    return ", ".join(f"{format_bytes(n)} {PART_SHORT[p]}" for n, p in named)
+        return part_short(named[0][1], phase)
+    return ", ".join(f"{format_bytes(n)} {part_short(p, phase)}" for n, p in named)
 
 
 def other_sentence(split: MemorySplit, min_share: float) -> str | None:
@@ -119,7 +148,7 @@ def other_sentence(split: MemorySplit, min_share: float) -> str | None:
         if share.part is None:  # what no part names: its places, as the split kept them
             said.extend(_place(site, with_bytes=True) for site in share.sites)
             continue
-        text = f"{format_bytes(share.bytes)} {PART_WORDS[share.part]}"
+        text = f"{format_bytes(share.bytes)} {part_words(share.part, split.phase)}"
         if len(share.sites) == 1 and share.sites[0].bytes == share.bytes:
             text += ", " + _place(share.sites[0], with_bytes=False)
         elif share.sites:

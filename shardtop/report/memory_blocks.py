@@ -143,7 +143,7 @@ def memory_section(data: ReportData) -> list[Block]:
         "script (made by the training script's own code, outside the model), comm (communication buffers), "
         "workspace (cuBLAS's and cuBLASLt's), "
         "other (module buffers, the model's output and what the loss made of it, the backward's gradients in "
-        "flight, temporaries): "
+        "flight, what a forward still running was making, temporaries): "
         "each kind measured from its own source (tensors found, "
         "engine buffers read, allocator blocks traced); "
         "`unexplained` is what no source accounts for. `cache`: the allocator's reserved minus allocated, "
