@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from shardtop.diagnose.facts import ENGINE_WORDS, KindsEvidence, OomEvidence, fmt
 from shardtop.diagnose.finding import Evidence
-from shardtop.read.other_parts import RUNNING_FORWARD_WORDS, in_forward, parts_words
+from shardtop.read.other_parts import RUNNING_FORWARD_WORDS, parts_words
 from shardtop.rundir.engines import FSDP_ENGINES, OPTIMIZER_SHARDING_ENGINES, SHARDED_ENGINES, ZERO3, ZERO_ENGINES
 from shardtop.rundir.events import StackTensor
 
@@ -212,9 +212,9 @@ def _other_part_fix(e: OutOfMemory, other: int) -> str | None:
     parts = e.at_oom.other_parts if e.at_oom is not None else {}
     if not parts or not other:
         return None
-    phase = e.at_oom.phase if e.at_oom is not None and e.at_oom.phase else e.oom.phase
+    running = e.at_oom is not None and e.at_oom.running_forward
     part = max(parts, key=parts.__getitem__)
-    if part == "forward" and in_forward(phase) and parts[part] >= DOMINANT_SHARE * other:
+    if part == "forward" and running and parts[part] >= DOMINANT_SHARE * other:
         return _running_forward_fix(e, other, parts[part])
     if part == "backward" and parts[part] >= DOMINANT_SHARE * other:
         return (
@@ -230,7 +230,7 @@ def _other_part_fix(e: OutOfMemory, other: int) -> str | None:
     if parts[part] < DOMINANT_SHARE * other:
         return (
             f"At the OOM most of the memory ({fmt(other)}) was other tensors, no part of them half: "
-            f"{parts_words(parts, other, 0.0, phase)}. Sharding does not reduce them; " + _where_kind("other")
+            f"{parts_words(parts, other, 0.0, running)}. Sharding does not reduce them; " + _where_kind("other")
         )
     return None
 

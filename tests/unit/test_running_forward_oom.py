@@ -15,7 +15,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from shardtop.read.memory_kinds import kinds_sentence, split_sentence
+from shardtop.read.other_parts import running_forward
+from shardtop.rundir.events import Oom
 from shardtop.rundir.memory_figures import MemoryKinds, MemorySplit, OtherParts
 from tests.support.cli import report
 
@@ -44,11 +48,17 @@ def test_the_report_never_says_a_running_forwards_tensors_were_saved_for_no_back
     assert "the running forward's tensors" in text
 
 
-def test_the_forward_part_is_saved_for_no_backward_only_once_the_forward_is_over() -> None:
-    def split(phase: str) -> MemorySplit:
-        return MemorySplit(allocated=10 * GIB, by_kind=MemoryKinds(other=9 * GIB, params=GIB), unexplained=0,
-                           phase=phase, other_parts=OtherParts(forward=9 * GIB))
-
-    assert "the running forward's tensors" in split_sentence(split("forward"))
-    assert "saved for no backward" in split_sentence(split("backward"))
+def test_the_forward_part_is_the_running_forwards_only_at_an_oom_raised_inside_a_modules_forward() -> None:
+    """The phase stays ``forward`` while the loss is computed after the model returned (the 256k vocabulary's
+    OOM, in ``tests/fixtures/runs/h100-oom-stories``: its forward part is the logits the head returned); only
+    the modules on the OOM's stack tell a forward still running."""
+    split = MemorySplit(allocated=10 * GIB, by_kind=MemoryKinds(other=9 * GIB, params=GIB), unexplained=0,
+                        phase="forward", step=1, other_parts=OtherParts(forward=9 * GIB))
+    inside = Oom(rank=0, t=0.0, phase="forward", step=1, module="net.0", attributed_by="forward-frame",
+                 module_stack=["", "net", "net.0"], allocated=10 * GIB)
+    after = Oom(rank=0, t=0.0, phase="forward", step=1, allocated=10 * GIB)
+    assert running_forward(split, inside) and not running_forward(split, after)
+    assert not running_forward(msgspec.structs.replace(split, allocated=9 * GIB), inside)  # not the OOM's moment
+    assert "the running forward's tensors" in split_sentence(split, running=True)
+    assert "saved for no backward" in split_sentence(split)
     assert "saved for no backward" in kinds_sentence(10 * GIB, {"other": 9 * GIB}, 0, other_parts={"forward": 9 * GIB})
