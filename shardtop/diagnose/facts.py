@@ -13,10 +13,10 @@ from typing import Literal
 
 from shardtop.read.memory_kinds import bytes_by_kind, kinds_sentence
 from shardtop.read.oom_story import OomStory
-from shardtop.read.other_parts import parts_dict
+from shardtop.read.other_parts import parts_dict, running_forward
 from shardtop.read.run_model import RunModel
 from shardtop.rundir.engines import DDP, FSDP1, FSDP2, ZERO1, ZERO2, ZERO3
-from shardtop.rundir.events import PhaseName
+from shardtop.rundir.events import Oom, PhaseName
 from shardtop.rundir.memory_figures import MemorySplit
 from shardtop.units import format_bytes
 
@@ -54,13 +54,17 @@ class KindsEvidence:
     step: int | None
     other_parts: dict[str, int] = field(default_factory=dict)
     """What ``other`` holds, by part (``read/other_parts.py``): those the split or its places name."""
+    running_forward: bool = False
+    """The moment is inside a module's forward (``read/other_parts.running_forward``): ``other``'s forward part
+    is what the forward running then was making."""
 
     @classmethod
-    def of(cls, split: MemorySplit | None) -> KindsEvidence | None:
+    def of(cls, split: MemorySplit | None, oom: Oom | None = None) -> KindsEvidence | None:
+        """The evidence of ``split``, a moment inside a forward where it is ``oom``'s, raised in one."""
         if split is None:
             return None
         return cls(split.allocated, bytes_by_kind(split), split.unexplained, split.phase, split.step,
-                   parts_dict(split))
+                   parts_dict(split), running_forward(split, oom))
 
     @property
     def when(self) -> str:
@@ -69,7 +73,7 @@ class KindsEvidence:
 
     def sentence(self, requested: int | None = None) -> str:
         return kinds_sentence(self.allocated, self.by_kind, self.unexplained, requested,
-                              other_parts=self.other_parts)
+                              other_parts=self.other_parts, running=self.running_forward)
 
 
 @dataclass(frozen=True)

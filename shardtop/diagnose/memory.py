@@ -170,8 +170,8 @@ def find_out_of_memory(m: RunModel) -> OutOfMemory | None:
             f"rank {s.rank} during {s.oom.phase}" + (f" in {module_label(s.module)}" if s.module is not None else "")
             for s in m.ooms[1:]
         ),
-        peak=KindsEvidence.of(rank.memory_peak) if (rank := m.rank(first.rank)) is not None else None,
-        at_oom=KindsEvidence.of(first.oom.memory),
+        peak=KindsEvidence.of(rank.memory_peak, first.oom) if (rank := m.rank(first.rank)) is not None else None,
+        at_oom=KindsEvidence.of(first.oom.memory, first.oom),
         kept_graph_bytes=first.oom.kept_graph_bytes,
         kept_by=first.oom.kept_by,
         stack_tensors=tuple(first.oom.stack_tensors),

@@ -9,7 +9,9 @@ graph (an evaluation without ``torch.no_grad()``) are told as such, with what
 holds them.  Where ``other`` filled it, its largest part decides: gradients in
 flight in the backward, and the model's output (logits) with what the loss made
 of it (an fp32 copy, a log-softmax), shrink with the tokens of a micro-batch,
-not with sharding.  A request that is a copy of the logits of
+not with sharding; so does what the forward running at the OOM was making (its
+activations on their way, its temporaries), which is "saved for no backward"
+only once that forward is over.  A request that is a copy of the logits of
 a large vocabulary on the failing stack (a loss upcasting them) is told as
 tokens × vocabulary.
 Where the memory at the OOM was not split, the fix says so and falls back to
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 
 from shardtop.diagnose.facts import ENGINE_WORDS, KindsEvidence, OomEvidence, fmt
 from shardtop.diagnose.finding import Evidence
-from shardtop.read.other_parts import parts_words
+from shardtop.read.other_parts import RUNNING_FORWARD_WORDS, parts_words
 from shardtop.rundir.engines import FSDP_ENGINES, OPTIMIZER_SHARDING_ENGINES, SHARDED_ENGINES, ZERO3, ZERO_ENGINES
 from shardtop.rundir.events import StackTensor
 
@@ -210,7 +212,10 @@ def _other_part_fix(e: OutOfMemory, other: int) -> str | None:
     parts = e.at_oom.other_parts if e.at_oom is not None else {}
     if not parts or not other:
         return None
+    running = e.at_oom is not None and e.at_oom.running_forward
     part = max(parts, key=parts.__getitem__)
+    if part == "forward" and running and parts[part] >= DOMINANT_SHARE * other:
+        return _running_forward_fix(e, other, parts[part])
     if part == "backward" and parts[part] >= DOMINANT_SHARE * other:
         return (
             f"At the OOM most of the memory ({fmt(other)} other, {fmt(parts[part])} of it) was gradients in flight, "
@@ -225,9 +230,21 @@ def _other_part_fix(e: OutOfMemory, other: int) -> str | None:
     if parts[part] < DOMINANT_SHARE * other:
         return (
             f"At the OOM most of the memory ({fmt(other)}) was other tensors, no part of them half: "
-            f"{parts_words(parts, other, 0.0)}. Sharding does not reduce them; " + _where_kind("other")
+            f"{parts_words(parts, other, 0.0, running)}. Sharding does not reduce them; " + _where_kind("other")
         )
     return None
+
+
+def _running_forward_fix(e: OutOfMemory, other: int, forward: int) -> str:
+    """Half of ``other`` at an OOM inside a forward was what that forward was making."""
+    module = f" (`{e.oom.module}`)" if e.oom.module else ""
+    return (
+        f"At the OOM most of the memory ({fmt(other)} other, {fmt(forward)} of it) was {RUNNING_FORWARD_WORDS}: "
+        f"fewer tokens per micro-batch (a smaller micro-batch or a shorter sequence) reduce them. Activation "
+        f"checkpointing keeps less of each layer once it is done, not what the layer that failed{module} makes "
+        "while it runs; sharding the model does not reduce them. The places that made them are listed with the "
+        "memory split."
+    )
 
 
 LOGITS_REMEDY = (

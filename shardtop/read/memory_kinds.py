@@ -96,15 +96,15 @@ def explained_share(split: MemorySplit) -> float | None:
     return min(1.0, max(0.0, (split.allocated - max(split.unexplained or 0, 0)) / split.allocated))
 
 
-def split_sentence(split: MemorySplit, requested: int | None = None, limit: int = 4) -> str:
+def split_sentence(split: MemorySplit, requested: int | None = None, limit: int = 4, running: bool = False) -> str:
     """``12.6 GiB allocated: 9.4 GiB optimizer state, 2.0 GiB parameters, …; asked for 1.96 GiB more``.
 
     The ``limit`` largest kinds are named, the rest summed as ``x more``; unexplained bytes are
-    always named, and ``other``'s parts after it.  On CPU (no allocator) the sentence starts from the
-    kinds' sum.
+    always named, and ``other``'s parts after it (``running``: the split is a moment inside a forward,
+    ``other_parts.running_forward``).  On CPU (no allocator) the sentence starts from the kinds' sum.
     """
     return kinds_sentence(split.allocated, bytes_by_kind(split), split.unexplained, requested, limit,
-                          parts_dict(split))
+                          parts_dict(split), running)
 
 
 def kinds_sentence(
@@ -114,9 +114,11 @@ def kinds_sentence(
     requested: int | None = None,
     limit: int = 4,
     other_parts: Mapping[str, int] | None = None,
+    running: bool = False,
 ) -> str:
     """``split_sentence`` from the figures alone (as a finding's evidence keeps them); ``other_parts``:
-    what ``other`` holds, by part (``other_parts.py``), said after it where a part is worth saying."""
+    what ``other`` holds, by part (``other_parts.py``), said after it where a part is worth saying (``running``:
+    a moment inside a forward, whose forward part is the running forward's)."""
     rows = sorted(
         (KindBytes(k, v) for k in KINDS if (v := by_kind.get(k)) is not None and v > 0), key=lambda r: -r.bytes
     )
@@ -124,7 +126,7 @@ def kinds_sentence(
     rows = [r for r in rows if r.bytes * TRACE_SHARE >= total]  # 2 B of gradients beside 11.7 GiB: noise
     shown = rows if len(rows) <= limit + 1 else rows[:limit]  # one kind left over is named, not summed
     named = [f"{format_bytes(r.bytes)} {KIND_WORDS[r.kind]}" for r in shown]
-    if other_parts and (parts := parts_words(other_parts, total, 1 / TRACE_SHARE)):
+    if other_parts and (parts := parts_words(other_parts, total, 1 / TRACE_SHARE, running)):
         named = [f"{text} ({parts})" if r.kind == "other" else text for r, text in zip(shown, named, strict=False)]
     if len(shown) < len(rows):
         named.append(f"{format_bytes(sum(r.bytes for r in rows[limit:]))} in {len(rows) - limit} more kinds")
@@ -168,7 +170,7 @@ the bytes left unexplained, are said: below it, a few bytes of a loss scaler's o
 read as a problem."""
 
 
-def sites_sentence(split: MemorySplit) -> str | None:
+def sites_sentence(split: MemorySplit, running: bool = False) -> str | None:
     """Where the script made its tensors, where the tensors kept from earlier steps were made, where the
     unexplained bytes of ``split`` were allocated, and what ``other`` holds (``other_parts.py``), in words;
     None where the trace named no place or the bytes are under ``SITES_WORTH_SAYING`` of the split."""
@@ -180,7 +182,7 @@ def sites_sentence(split: MemorySplit) -> str | None:
     ):
         if sites and total and total > 0 and not (split.allocated and total < SITES_WORTH_SAYING * split.allocated):
             said.append(f"{head} " + "; ".join(_place(site) for site in sites))
-    if (other := other_sentence(split, SITES_WORTH_SAYING)) is not None:
+    if (other := other_sentence(split, SITES_WORTH_SAYING, running)) is not None:
         said.append(other)
     return "; ".join(said) or None
 
@@ -191,13 +193,13 @@ def _place(site: AllocationSite) -> str:
     return f"{format_bytes(site.bytes)} at {site.where}"
 
 
-def sites_lines(peaks: Iterable[tuple[int, MemorySplit | None]]) -> list[str]:
+def sites_lines(peaks: Iterable[tuple[int, MemorySplit | None]], running: frozenset[int] = frozenset()) -> list[str]:
     """A line per set of ranks whose peaks' script tensors and unexplained bytes came from the same places
-    (``sites_sentence``):
+    (``sites_sentence``; ``running``: the ranks whose peak is a moment inside a forward):
     the ranks of a rehearsal tell the same ones, once."""
     said: dict[str, list[int]] = {}
     for rank, split in peaks:
-        if split is not None and (words := sites_sentence(split)):
+        if split is not None and (words := sites_sentence(split, rank in running)):
             said.setdefault(words, []).append(rank)
     return [f"{noun(len(ranks), 'Rank')} {list_names([str(n) for n in ranks], limit=8)}: {words}."
             for words, ranks in said.items()]

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shardtop.read.memory_kinds import split_sentence
+from shardtop.read.other_parts import running_forward
 from shardtop.rundir.events import ATTRIBUTED_BY_WORDS, Oom
 from shardtop.rundir.memory_figures import MemorySplit
 from shardtop.units import format_bytes
@@ -149,7 +150,8 @@ class OomStory:
         rows = []
         if peak is not None:
             at = f" (step {peak.step}, {peak.phase})" if peak.phase and peak.step is not None else ""
-            rows.append((f"at the peak{at}", split_sentence(peak)))
+            rows.append((f"at the peak{at}", split_sentence(peak, running=running_forward(peak, self.oom))))
         if self.oom.memory is not None:
-            rows.append(("at the OOM", split_sentence(self.oom.memory, self.oom.requested_bytes)))
+            rows.append(("at the OOM", split_sentence(self.oom.memory, self.oom.requested_bytes,
+                                                      running=running_forward(self.oom.memory, self.oom))))
         return tuple(rows)

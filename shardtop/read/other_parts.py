@@ -7,6 +7,12 @@ block under ``other``, but for a module buffer allocated before the trace began)
 as an autograd Function's, one in a ``forward`` as a forward's tensor saved for no backward; any other
 place is said as a place, and what no place names is left unnamed (such a recording never names the loss's
 part: it read what the loss made of the model's output as the script's tensors or the activations).
+
+The forward's part is "saved for no backward" only once that forward is over: at a moment inside a module's
+forward it is what the forward running then was making (its activations on their way, its temporaries), which
+grows with the tokens of a micro-batch.  A split's phase alone does not tell it (the phase stays ``forward``
+while the loss is computed after the model returned): an OOM does, by the modules on its stack
+(``running_forward``), for its own split and for a peak that is its moment.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from shardtop.rundir.events import Oom
 from shardtop.rundir.memory_figures import OTHER_PARTS, AllocationSite, MemorySplit, OtherPart
 from shardtop.units import format_bytes
 
@@ -38,6 +45,36 @@ PART_SHORT: dict[OtherPart, str] = {
     "buffers": "module buffers",
 }
 """Each part in a few words, inside a sentence that lists the kinds."""
+
+RUNNING_FORWARD_PHASES = frozenset({"forward", "validation"})
+"""The phases in which a module's forward may be running, no backward begun."""
+
+RUNNING_FORWARD_WORDS = (
+    "made by the forward running then (activations it was making and its temporaries), which grow with the "
+    "tokens of a micro-batch"
+)
+RUNNING_FORWARD_SHORT = "the running forward's tensors"
+
+
+def running_forward(split: MemorySplit | None, oom: Oom | None) -> bool:
+    """``split`` is a moment inside a module's forward: the moment of ``oom`` (its phase and step, as many
+    bytes allocated), an OOM raised with modules' ``forward`` frames on its stack in a forward's phase."""
+    return (
+        split is not None and oom is not None and oom.phase in RUNNING_FORWARD_PHASES
+        and oom.attributed_by == "forward-frame" and bool(oom.module_stack)
+        and split.phase == oom.phase and split.step == oom.step
+        and split.allocated is not None and split.allocated == oom.allocated
+    )
+
+
+def part_words(part: OtherPart, running: bool) -> str:
+    """``PART_WORDS[part]``, the forward's part as the running forward's at a moment inside a forward."""
+    return RUNNING_FORWARD_WORDS if part == "forward" and running else PART_WORDS[part]
+
+
+def part_short(part: OtherPart, running: bool) -> str:
+    """``PART_SHORT[part]``, the forward's part as the running forward's at a moment inside a forward."""
+    return RUNNING_FORWARD_SHORT if part == "forward" and running else PART_SHORT[part]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,22 +132,23 @@ def unnamed_other(split: MemorySplit) -> int:
     return sum(share.bytes for share in other_shares(split) if share.part is None)
 
 
-def parts_words(parts: Mapping[str, int], total: int, min_share: float) -> str:
+def parts_words(parts: Mapping[str, int], total: int, min_share: float, running: bool = False) -> str:
     """``1.95 GiB gradients in flight in the backward, 500 MiB the model's output``: the parts of at least
     ``min_share`` of ``total``, largest first, in a few words each (a part that is all of ``other``, only its
-    words); empty where none is."""
+    words; the forward's as the running forward's where ``running``: a moment inside a forward); empty where
+    none is."""
     named = sorted(((n, p) for p, n in parts.items() if p in PART_SHORT and n and n >= min_share * total),
                    key=lambda item: -item[0])
     if len(named) == 1 and named[0][0] == sum(parts.values()):
-        return PART_SHORT[named[0][1]]
-    return ", ".join(f"{format_bytes(n)} {PART_SHORT[p]}" for n, p in named)
+        return part_short(named[0][1], running)
+    return ", ".join(f"{format_bytes(n)} {part_short(p, running)}" for n, p in named)
 
 
-def other_sentence(split: MemorySplit, min_share: float) -> str | None:
+def other_sentence(split: MemorySplit, min_share: float, running: bool = False) -> str | None:
     """``other: 1.95 GiB made by autograd in the backward (…), from torch's C++ code (no Python frame);
     500 MiB …, at train.py:31 in forward``: each share of ``other`` of at least ``min_share`` of the split,
     what it is and where it was allocated (what no part names: only the places kept for it); None where
-    nothing is said."""
+    nothing is said; ``running``: the split is a moment inside a forward (``running_forward``)."""
     total = split.allocated or 0
     said: list[str] = []
     for share in other_shares(split):
@@ -119,7 +157,7 @@ def other_sentence(split: MemorySplit, min_share: float) -> str | None:
         if share.part is None:  # what no part names: its places, as the split kept them
             said.extend(_place(site, with_bytes=True) for site in share.sites)
             continue
-        text = f"{format_bytes(share.bytes)} {PART_WORDS[share.part]}"
+        text = f"{format_bytes(share.bytes)} {part_words(share.part, running)}"
         if len(share.sites) == 1 and share.sites[0].bytes == share.bytes:
             text += ", " + _place(share.sites[0], with_bytes=False)
         elif share.sites:

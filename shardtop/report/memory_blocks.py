@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from shardtop.read.memory_kinds import KINDS, bytes_by_kind, explained_share, sites_lines
+from shardtop.read.other_parts import running_forward
 from shardtop.read.plan_check import RankCheck
 from shardtop.report.document import Block, Heading, Para, Table
 from shardtop.report.gather import ReportData
@@ -143,7 +144,7 @@ def memory_section(data: ReportData) -> list[Block]:
         "script (made by the training script's own code, outside the model), comm (communication buffers), "
         "workspace (cuBLAS's and cuBLASLt's), "
         "other (module buffers, the model's output and what the loss made of it, the backward's gradients in "
-        "flight, temporaries): "
+        "flight, what a forward still running was making, temporaries): "
         "each kind measured from its own source (tensors found, "
         "engine buffers read, allocator blocks traced); "
         "`unexplained` is what no source accounts for. `cache`: the allocator's reserved minus allocated, "
@@ -151,7 +152,9 @@ def memory_section(data: ReportData) -> list[Block]:
         "(the cache at the OOM for a rank the OOM ended)."
     )
     right = frozenset(range(2, len(headers)))
-    sites = sites_lines((r.rank, split) for r, split in peaks)
+    running = frozenset(r.rank for r, split in peaks for story in m.ooms
+                        if story.oom.rank == r.rank and running_forward(split, story.oom))
+    sites = sites_lines(((r.rank, split) for r, split in peaks), running)
     return [Heading("Memory at the peak, by kind"), Table(headers, tuple(rows), right=right), Para(notes),
             *(Para(line) for line in sites)]
 
