@@ -104,7 +104,8 @@ class OtherParts(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """Made in a module's forward, neither saved for backward nor the model's output: a forward's
     temporaries, or a module's output on its way.  At a moment inside a module's forward (an OOM raised
     there: ``read/other_parts.running_forward``) it is what the forward running then was making, which grows
-    with the tokens of a micro-batch: "saved for no backward" only once that forward is over.  From the allocator's trace."""
+    with the tokens of a micro-batch: "saved for no backward" only once that forward is over.  From the
+    allocator's trace."""
     optimizer: int = 0
     """The optimizer step's temporaries (``torch.optim``'s foreach intermediates).  From the allocator's trace."""
     buffers: int = 0
