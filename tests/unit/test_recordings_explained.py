@@ -56,10 +56,10 @@ SHORT: dict[str, Short] = {
         "recorded before blocks with no Python frame in a forward's label were read as the backward's: the loss's "
         "backward over a 32 000-token vocabulary runs before the model's first backward hook marks the phase "
         "(tests/unit/test_allocator_trace.py splits that moment now)", _frameless),
-    "h100-oom-stories/20261207-014639-eval-no-grad-6162": Short(
+    **{f"h100-oom-stories/{name}": Short(
         "an evaluation loop that finishes: it takes no optimizer step, so no step is explained, and it has no OOM "
         "to split; the probe counted its tensors once, at the first forward (its parameters), not at the peak",
-        _peak_not_split),
+        _peak_not_split) for name in ("20261207-014639-eval-no-grad-6162", "20261207-072926-eval-no-grad-493a")},
     **{f"h200x2/{p.name}": Short("two GPUs, recorded on 2026-11-29 before the probe split memory by kind",
                                  _no_split) for p in sorted((RUNS / "h200x2").iterdir()) if p.is_dir()},
 }
