@@ -52,6 +52,8 @@ gradient of a backward pass to the step, which frees the gradients.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from shardtop.plan.allocator import Alloc, EmptyCache, Free, Step, need
 from shardtop.plan.description import ModelDescription
 from shardtop.plan.held import Held, step_temporary
@@ -76,8 +78,21 @@ MASTER_GRADIENT_BYTES = 4
 
 
 def zero_held(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> Held:
+    if strategy.engine == ZERO3 and not gpu and (strategy.offload_optimizer or strategy.offload_params):
+        return _offloaded_on_cpu(desc, strategy, ranks)
     stage = _stage3 if strategy.engine == ZERO3 else _stage1_2
     return stage(desc, strategy, ranks, gpu)
+
+
+def _offloaded_on_cpu(desc: ModelDescription, strategy: Strategy, ranks: int) -> Held:
+    """ZeRO-3 offloading on CPU processes: what it moves to host memory stays in the process's own, so the
+    rank holds what it would without the offload, and the fp32 gradient DeepSpeed keeps beside each
+    offloaded master partition between steps (``offload_optimizer``)."""
+    held = _stage3(desc, strategy.with_(offload_optimizer=False, offload_params=False), ranks, False)
+    if not strategy.offload_optimizer:
+        return held
+    master_grads = ceil_div(desc.trained, ranks) * MASTER_GRADIENT_BYTES
+    return replace(held, grads=held.grads + master_grads)
 
 
 def _stage3(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> Held:
