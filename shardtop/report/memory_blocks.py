@@ -120,6 +120,9 @@ def plan_section(data: ReportData) -> list[Block]:
         blocks.append(
             Para("No peak was measured: CPU processes have no allocator to ask, only their parts are compared.")
         )
+    if any(r.offloaded.total and not r.device.startswith("cuda") for r in data.model.ranks):
+        blocks.append(Para("On CPU processes what the engine offloads stays in the process's own memory: the run's "
+                           "parts here count it, as the plan for CPU processes does."))
     blocks.extend(Para(f"Note: {note}") for note in plan.notes)
     return blocks
 
