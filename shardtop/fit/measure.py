@@ -32,6 +32,9 @@ class RankMeasure:
     fills: MemorySplit | None
     """What filled its memory: at its peak where that was split, at its OOM where it ran out."""
     oom_phase: str | None
+    offloaded: int = 0
+    """Bytes the engine's offload policy held in host memory for this rank (parameters, gradients, optimizer
+    state): beside ``peak``, which counts the device's memory only."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ def rank_measure(r: RankFacts) -> RankMeasure:
         step_seconds=usual_step(r.state.step_seconds),
         fills=_fills(r),
         oom_phase=r.oom.phase if r.oom is not None else None,
+        offloaded=r.offloaded.total,
     )
 
 

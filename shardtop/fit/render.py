@@ -59,8 +59,10 @@ def _fills_line(s: SetupResult) -> str | None:
     if trial is None or trial.largest is None:
         return None
     at = "at its peak" if trial.outcome == "fits" else "at its out-of-memory error"
+    moved = trial.largest.offloaded
+    host = f"; {format_bytes(moved)} more offloaded to host memory, outside the peak" if moved else ""
     return f"  what fills it: {fills_sentence(trial.largest.fills)} (rank {trial.largest.rank}, micro-batch " \
-           f"{trial.batch}, {at})"
+           f"{trial.batch}, {at}){host}"
 
 
 def render_text(result: FitResult, directory: Path | None = None) -> str:
@@ -139,7 +141,7 @@ def _trial_dict(t: Trial) -> JsonObject:
         "detail": t.detail or None,
         "ranks": [
             {"rank": r.rank, "status": r.state, "peak": r.peak, "steps": r.steps, "step_seconds": r.step_seconds,
-             "oom_phase": r.oom_phase, "fills": fills_dict(r.fills)}
+             "oom_phase": r.oom_phase, "fills": fills_dict(r.fills), "offloaded_bytes": r.offloaded}
             for r in t.ranks
         ],
     }

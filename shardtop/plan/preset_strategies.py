@@ -54,8 +54,7 @@ def _zero3(fixed: bool) -> AskedStrategy:
         return Strategy(
             engine="zero3", optimizer=ADAMW, built_whole=not fixed, build_note=note,
             driver="lightning" if lightning else "loop", zero=LIGHTNING_ZERO if lightning else ZeroSettings(),
-            offload_optimizer=lightning and offload.optimizer != "none",
-            offload_params=lightning and offload.param != "none",
+            offload_optimizer=offload.optimizer != "none", offload_params=offload.param != "none",
         )
 
     return asked

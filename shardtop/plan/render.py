@@ -60,6 +60,11 @@ def verdict_lines(plan: Plan) -> list[str]:
         lines.append(f"As run it does not fit: out of memory {when(asked.runs_out_at or '')}, "
                      f"where the largest part is {asked.dominant} ({format_bytes(asked.dominant_bytes)}); "
                      f"peak {format_bytes(asked.per_rank.peak)} per rank.")
+    host = asked.per_rank.host
+    if host:
+        all_ranks = f"; {format_bytes(host * plan.devices)} for all {plan.devices}" if plan.devices > 1 else ""
+        lines.append(f"Offloaded to host memory: {format_bytes(host)} per rank{all_ranks} (the parameters, "
+                     "gradients and optimizer state the offload moves), not counted in the peak above.")
     if plan.build_note:
         lines.append(f"How it is built: {plan.build_note}.")
     rebuilt = next(
@@ -117,14 +122,15 @@ def render_markdown(plan: Plan) -> str:
         f"- {_where(plan)}",
         *[f"- Planned for {plan.planned_for}."] * bool(plan.planned_for),
         "",
-        "| strategy | params | grads | optimizer | activations | gathered | buffers | peak | phase | fits | note |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|---|---|---|",
+        "| strategy | params | grads | optimizer | activations | gathered | buffers | peak | host (offloaded) | phase "
+        "| fits | note |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|---|---|",
     ]
     for i, o in enumerate(plan.options):
         p = o.per_rank
         name = f"**{o.strategy.label}** (as run)" if i == 0 else o.strategy.label
         sizes = " | ".join(format_bytes(n) for n in (p.params, p.grads, p.optimizer, p.activations, p.gathered,
-                                                      p.buffers, p.peak))
+                                                      p.buffers, p.peak, p.host))
         out.append(f"| {name} | {sizes} | {p.peak_phase} | {_fits_word(o)} | {o.note} |")
     out.append("")
     out.extend(f"- {line}" for line in verdict_lines(plan))

@@ -33,6 +33,16 @@ gradients are flattened for the reduce-scatter, into memory that the
 parameters released by then leave free.  Its step makes the fp32 gradient of
 each sub-group, then the torch optimizer its state and temporaries.
 
+Offloaded (``offload_optimizer``, ``offload_param``), what moves to host
+memory is counted in ``Held.host``, not on the device: the fp32 master
+partition and the optimizer's state, and, as DeepSpeed keeps them there
+between steps, the gradient partitions (ZeRO-3's flat buffer is made on the
+optimizer's device, the host) and an fp32 gradient beside each offloaded
+master partition (ZeRO-1/2: its only gradient partition); ZeRO-3's parameter
+partitions too under ``offload_param``.  DeepSpeed's own host staging copies
+(ZeRO-1/2's half-precision copy of the partition, pinned swap buffers) are
+not counted.
+
 ZeRO-1/2 set-up (``DeepSpeedZeroOptimizer.__init__``): the whole model on the
 device, one flat copy of it, the partition's fp32 master copy, and the same
 temporary fp32 gradient of the partition.  Their reduce buckets (two with
@@ -41,6 +51,8 @@ gradient of a backward pass to the step, which frees the gradients.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from shardtop.plan.allocator import Alloc, EmptyCache, Free, Step, need
 from shardtop.plan.description import ModelDescription
@@ -61,11 +73,26 @@ BUCKET = "the reduce bucket"
 GRADIENTS = "the gradient partitions"
 PARTITION_COPY = "the copy of the partition"
 STAGING = "the gradient staging buffer for the offloaded optimizer"
+MASTER_GRADIENT_BYTES = 4
+"""The fp32 gradient DeepSpeed keeps beside each offloaded master partition, per element."""
 
 
 def zero_held(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> Held:
+    if strategy.engine == ZERO3 and not gpu and (strategy.offload_optimizer or strategy.offload_params):
+        return _offloaded_on_cpu(desc, strategy, ranks)
     stage = _stage3 if strategy.engine == ZERO3 else _stage1_2
     return stage(desc, strategy, ranks, gpu)
+
+
+def _offloaded_on_cpu(desc: ModelDescription, strategy: Strategy, ranks: int) -> Held:
+    """ZeRO-3 offloading on CPU processes: what it moves to host memory stays in the process's own, so the
+    rank holds what it would without the offload, and the fp32 gradient DeepSpeed keeps beside each
+    offloaded master partition between steps (``offload_optimizer``)."""
+    held = _stage3(desc, strategy.with_(offload_optimizer=False, offload_params=False), ranks, False)
+    if not strategy.offload_optimizer:
+        return held
+    master_grads = ceil_div(desc.trained, ranks) * MASTER_GRADIENT_BYTES
+    return replace(held, grads=held.grads + master_grads)
 
 
 def _stage3(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> Held:
@@ -99,7 +126,8 @@ def _stage3(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -
         optimizer=states if on_device else 0,
         optimizer_before_step=trained * 4 if on_device else 0,
         buffers=bucket,
-        host=(0 if on_device else states) + (partition * param_bytes if strategy.offload_params else 0),
+        host=(0 if on_device else states + trained * (param_bytes + MASTER_GRADIENT_BYTES))
+        + (partition * param_bytes if strategy.offload_params else 0),
         gathered_forward=gathered,
         gathered_backward=gathered,
         first_gathered=module,
@@ -158,7 +186,7 @@ def _stage1_2(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool)
         optimizer_before_step=0 if strategy.offload_optimizer else partition * 4,
         buffers=staging,
         backward_buffers=buckets,
-        host=states if strategy.offload_optimizer else 0,
+        host=states + trained * MASTER_GRADIENT_BYTES if strategy.offload_optimizer else 0,
         grads_freed_by_step=True,
         step_temporary=(
             0 if strategy.offload_optimizer else partition * 4 + step_temporary(strategy, partition, partition, gpu)

@@ -37,7 +37,8 @@ def shards_problem(shards: Shards) -> str:
     """Why a rank's shards cannot be read (arrays of different lengths, indexes out of range), or ``""``."""
     n = len(shards.bytes)
     columns = [shards.device, shards.state, shards.unit]
-    columns += [c for c in (shards.grad_bytes, shards.optim_bytes) if c is not None]
+    kinds = (shards.grad_bytes, shards.optim_bytes, shards.offloaded_grad_bytes, shards.offloaded_optim_bytes)
+    columns += [c for c in kinds if c is not None]
     if any(len(col) != n for col in columns):
         return "its arrays differ in length"
     if not _within(shards.device, len(shards.devices)):

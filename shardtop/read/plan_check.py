@@ -144,16 +144,22 @@ def _two_steps(r: RankFacts) -> bool:
     return r.state.last_step is not None and r.state.last_step.step >= 2
 
 
-def on_device(r: RankFacts, values: Sequence[int] | None, manual: bool) -> int | None:
+def on_device(
+    r: RankFacts, values: Sequence[int] | None, manual: bool, offloaded: Sequence[int] | None = None
+) -> int | None:
     """A per-row array of a rank's snapshot summed where the plan counts it: on the rank's GPUs (the most
-    loaded one for manual placement, which plans its busiest device); on a CPU process, everywhere."""
+    loaded one for manual placement, which plans its busiest device), less what the engine offloads to host
+    memory (``offloaded``, aligned with ``values``); on a CPU process, everywhere, as the plan counts
+    what an offload moves there (it stays in the process's memory)."""
     held = r.shards
     if held is None or values is None:
         return None
     gpu = r.device.startswith("cuda")
+    off = offloaded if gpu and offloaded is not None else [0] * len(values)
     by_device: dict[int, int] = {}
-    for value, d in zip(values, held.device, strict=True):
+    for value, moved, d in zip(values, off, held.device, strict=True):
         name = held.devices[d] if 0 <= d < len(held.devices) else ""
+        value -= moved
         if value and (name.startswith("cuda") if gpu else name not in ("", "meta")):
             by_device[d] = by_device.get(d, 0) + value
     if manual and gpu:
@@ -164,7 +170,8 @@ def on_device(r: RankFacts, values: Sequence[int] | None, manual: bool) -> int |
 def measured(r: RankFacts, engine: str, manual: bool) -> Measured:
     """Parameters from a snapshot taken once the engine held the model (a set-up one is the model as built,
     not as run); gradients and optimizer state only from one taken after a step (before it they do not
-    exist yet).  Offloaded bytes (on the CPU of a GPU rank) are not the device's, as in the plan."""
+    exist yet).  On a GPU rank, what the engine offloads to host memory (parameters on its CPU, the gradients
+    and optimizer state it says it offloads) is not the device's, as in the plan."""
     held = r.shards
     params = grads = optimizer = None
     if held is not None:
@@ -173,8 +180,8 @@ def measured(r: RankFacts, engine: str, manual: bool) -> Measured:
             whole = held.info.get("gathered_bytes")
             params += whole if isinstance(whole, int) else 0
         if held.stage == "step":
-            grads = on_device(r, held.grad_bytes, manual) or None
-            optimizer = on_device(r, held.optim_bytes, manual)
+            grads = on_device(r, held.grad_bytes, manual, held.offloaded_grad_bytes) or None
+            optimizer = on_device(r, held.optim_bytes, manual, held.offloaded_optim_bytes)
     peak, source = None, ""
     oom = r.oom
     if oom is not None and oom.allocated is not None:

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from shardtop.read.memory_kinds import total_of
-from shardtop.read.run_state import RankState
+from shardtop.read.run_state import NOTHING_OFFLOADED, Offloaded, RankState
 from shardtop.rundir.events import Exit, Hello, Memory, Oom, Shards
 from shardtop.rundir.memory_figures import MemorySplit
 from shardtop.rundir.run_status import RankExit, RunStatus
@@ -155,6 +155,16 @@ PEAK_SPLIT_NEAR = 0.95
 
 
 @dataclass(frozen=True, slots=True)
+class OnDevice:
+    """What a rank holds on its own device: its parameters, gradients and optimizer state less what the
+    engine's offload policy holds in host memory; None where the kind was not recorded."""
+
+    params: int | None
+    grads: int | None
+    optimizer: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class RankFacts:
     """One rank: who it is, how it stands, and its holdings summed over the tree."""
 
@@ -172,6 +182,19 @@ class RankFacts:
     optim_bytes: int | None = None
     by_device: Mapping[str, int] = field(default_factory=dict)
     """Stored parameter bytes per device (meta excluded)."""
+    offloaded: Offloaded = NOTHING_OFFLOADED
+    """Of ``param_bytes``, ``grad_bytes`` and ``optim_bytes`` (held anywhere), what the engine's offload
+    policy holds in host memory (or on NVMe), off the rank's device."""
+
+    @property
+    def on_device(self) -> OnDevice:
+        """The holdings on the rank's own device: what a GPU's memory is compared with."""
+        o = self.offloaded
+        return OnDevice(
+            params=self.param_bytes - o.params if self.holdings is not None else None,
+            grads=None if self.grad_bytes is None else self.grad_bytes - o.grads,
+            optimizer=None if self.optim_bytes is None else self.optim_bytes - o.optimizer,
+        )
 
     @property
     def hello(self) -> Hello | None:
@@ -282,4 +305,5 @@ def rank_facts(rs: RankState, run: RunStatus | None) -> RankFacts:
         grad_bytes=held.grad_bytes if held is not None else None,
         optim_bytes=held.optim_bytes if held is not None else None,
         by_device=held.by_device if held is not None else MappingProxyType({}),
+        offloaded=held.offloaded if held is not None else NOTHING_OFFLOADED,
     )

@@ -38,14 +38,54 @@ STORED_NOWHERE = frozenset({"meta"})
 """Devices that store nothing (deferred initialisation)."""
 
 
+OFFLOADED = "offloaded"
+"""The state (``Shards.states``) of parameters an engine's offload policy holds in host memory or on NVMe."""
+
+
+@dataclass(frozen=True, slots=True)
+class Offloaded:
+    """What an engine's offload policy holds for a rank in host memory (or on NVMe), off the rank's device:
+    parameters held ``offloaded``, and the gradients and optimizer state the engine says it offloads
+    (``Shards.offloaded_grad_bytes``/``offloaded_optim_bytes``).  On a CPU process that is the same memory
+    as the rest; it is still what the engine moved off the device it computes on."""
+
+    params: int = 0
+    grads: int = 0
+    optimizer: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+
+NOTHING_OFFLOADED = Offloaded()
+
+
+def offloaded_params(shards: Shards) -> list[int]:
+    """Each row's parameter bytes held ``offloaded`` (0 for the others)."""
+    state = shards.states.index(OFFLOADED) if OFFLOADED in shards.states else -2
+    return [size if s == state else 0 for size, s in zip(shards.bytes, shards.state, strict=True)]
+
+
+def offloaded_of(shards: Shards) -> Offloaded:
+    grads, optimizer = shards.offloaded_grad_bytes, shards.offloaded_optim_bytes
+    params = sum(offloaded_params(shards)) if OFFLOADED in shards.states else 0
+    if not params and grads is None and optimizer is None:
+        return NOTHING_OFFLOADED
+    return Offloaded(params=params, grads=sum(grads or ()), optimizer=sum(optimizer or ()))
+
+
 @dataclass(frozen=True)
 class Holdings:
-    """What one shards snapshot says its rank stores: parameter bytes per device, gradients, optimizer state."""
+    """What one shards snapshot says its rank stores: parameter bytes per device, gradients, optimizer state
+    (each wherever it is held), and how much of them is offloaded to host memory."""
 
     by_device: Mapping[str, int]
     """Stored parameter bytes per device (meta excluded)."""
     grad_bytes: int | None
     optim_bytes: int | None
+    offloaded: Offloaded = NOTHING_OFFLOADED
+    """Of the above, what the engine's offload policy holds in host memory, off the rank's device."""
 
     @property
     def param_bytes(self) -> int:
@@ -73,6 +113,7 @@ def holdings_of(shards: Shards) -> Holdings:
         by_device=MappingProxyType(by_device),
         grad_bytes=None if shards.grad_bytes is None else sum(shards.grad_bytes),
         optim_bytes=None if shards.optim_bytes is None else sum(shards.optim_bytes),
+        offloaded=offloaded_of(shards),
     )
 
 

@@ -14,19 +14,22 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Literal
 
-from shardtop.read.run_state import RunState
+from shardtop.read.run_state import RunState, offloaded_of, offloaded_params
 from shardtop.read.shard_placement import Placement, PlacementMasks, placement_masks
 from shardtop.rundir.events import Shards, Tree, Unit, tree_paths
 
 FOLD_MIN = 5
 """Fewer consecutive look-alike siblings than this stay separate rows (so q, k, v, o projections keep their names)."""
 
-Figure = Literal["params", "grads", "optimizer", "activations", "total"]
-"""What the rank columns count per module: one kind of memory, or the four summed."""
-FIGURES: tuple[Figure, ...] = ("params", "grads", "optimizer", "activations", "total")
+Figure = Literal["params", "grads", "optimizer", "activations", "offloaded", "total"]
+"""What the rank columns count per module: one kind of memory, what the engine offloads to host memory, or
+the four kinds on the rank's device summed."""
+FIGURES: tuple[Figure, ...] = ("params", "grads", "optimizer", "activations", "offloaded", "total")
 """The choices, in the order the tree cycles through them."""
 _PER_MODULE = {"grads": "grad_bytes", "optimizer": "optim_bytes", "activations": "act_bytes"}
 """The ``Shards`` list of each kind besides parameters."""
+_OFFLOADED = {"grads": "offloaded_grad_bytes", "optimizer": "offloaded_optim_bytes"}
+"""The ``Shards`` list of what of a kind the engine holds in host memory: the kind's figure leaves it out."""
 _KINDS_IN_TOTAL: tuple[Figure, ...] = ("grads", "optimizer", "activations")
 
 
@@ -281,14 +284,33 @@ class ShardModel:
         return found
 
     def _sums(self, figure: Figure, rank: int) -> tuple[int, ...] | None:
+        """Subtree sums of ``figure`` on ``rank``: gradients and optimizer state on the rank's device (what the
+        engine offloads is the ``offloaded`` figure's, with the parameters held offloaded), and their
+        ``total`` with the parameters and activations on the device."""
         s = self.shards[rank]
+        parents = self.tree.parents
         if figure == "total":
             kinds = [v for k in _KINDS_IN_TOTAL if (v := self.figure_sums(k).get(rank)) is not None]
-            return tuple(map(sum, zip(self.rank_bytes[rank], *kinds, strict=True)))
+            host = subtree_sums(offloaded_params(s), parents)
+            return tuple(map(sum, zip(self.rank_bytes[rank], (-h for h in host), *kinds, strict=True)))
+        if figure == "offloaded":
+            parts = [offloaded_params(s), *(v for k in _OFFLOADED.values() if (v := getattr(s, k)) is not None)]
+            return tuple(subtree_sums(list(map(sum, zip(*parts, strict=True))), parents))
         own = getattr(s, _PER_MODULE[figure])
         if own is None or len(own) != self.size:
             return None
-        return tuple(subtree_sums(own, self.tree.parents))
+        key = _OFFLOADED.get(figure)
+        moved = getattr(s, key) if key is not None else None
+        if moved is not None and len(moved) == len(own):
+            own = [held - off for held, off in zip(own, moved, strict=True)]
+        return tuple(subtree_sums(own, parents))
+
+    @cached_property
+    def figures(self) -> tuple[Figure, ...]:
+        """The figures the rank columns offer: ``offloaded`` only where some rank's engine offloads."""
+        if any(offloaded_of(s).total for s in self.shards.values()):
+            return FIGURES
+        return tuple(f for f in FIGURES if f != "offloaded")
 
     def node_full_bytes(self, node: Node) -> int:
         if isinstance(node, Fold):

@@ -86,6 +86,7 @@ def _rank(m: RunModel, r: RankFacts) -> JsonObject:
     mem = r.memory
     gpu = m.gpu_of(r)
     held = r.holdings
+    here = r.on_device
     return {
         "rank": r.rank,
         "host": r.host,
@@ -98,6 +99,8 @@ def _rank(m: RunModel, r: RankFacts) -> JsonObject:
         "param_bytes": r.param_bytes if held is not None else None,
         "grad_bytes": r.grad_bytes,
         "optim_bytes": r.optim_bytes,
+        "on_device": {"params": here.params, "grads": here.grads, "optimizer": here.optimizer},
+        "offloaded": {"params": r.offloaded.params, "grads": r.offloaded.grads, "optimizer": r.offloaded.optimizer},
         "param_bytes_by_device": dict(r.by_device),
         "allocator": None
         if mem is None
@@ -222,7 +225,9 @@ def module_rows(data: ReportData) -> list[JsonObject]:
                     "device": s.devices[d] if 0 <= d < len(s.devices) else None,
                     "state": s.states[st] if 0 <= st < len(s.states) else None,
                 }
-                per_row = (("grad_bytes", s.grad_bytes), ("optim_bytes", s.optim_bytes), ("act_bytes", s.act_bytes))
+                per_row = (("grad_bytes", s.grad_bytes), ("optim_bytes", s.optim_bytes), ("act_bytes", s.act_bytes),
+                           ("offloaded_grad_bytes", s.offloaded_grad_bytes),
+                           ("offloaded_optim_bytes", s.offloaded_optim_bytes))
                 for key, values in per_row:
                     if values is not None and row < len(values):
                         held[key] = values[row]  # absent where the snapshot had no such figure: 100 000 rows stay small

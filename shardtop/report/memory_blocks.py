@@ -20,22 +20,33 @@ def b(n: int | float | None) -> str:
     return "-" if n is None else format_bytes(n)
 
 
+OFFLOADED_WORDS = (
+    "params, grads and optimizer: what the rank holds on its own device; offloaded: the parameters, gradients "
+    "and optimizer state the engine's offload policy holds in host memory instead (DeepSpeed `offload_param` / "
+    "`offload_optimizer`, FSDP CPU offload), as the engine says. The allocator's peak and the GPU count only "
+    "the device's. On CPU processes host memory is the rank's own, and the offloaded bytes are in its RSS too."
+)
+
+
 def ranks_section(data: ReportData) -> list[Block]:
     m = data.model
     if not m.ranks:
         return []
+    offloads = any(r.offloaded.total for r in m.ranks)
     rows = []
     for r in m.ranks:
         gpu = m.gpu_of(r)
+        here = r.on_device
         rows.append(
             (
                 str(r.rank),
                 r.host or "-",
                 r.device or "-",
                 r.holdings.stage if r.holdings is not None else "-",
-                b(r.param_bytes) if r.holdings is not None else "-",
-                b(r.grad_bytes),
-                b(r.optim_bytes),
+                b(here.params) if r.holdings is not None else "-",
+                b(here.grads),
+                b(here.optimizer),
+                *([b(r.offloaded.total) if r.holdings is not None else "-"] if offloads else []),
                 b(r.allocator_peak),
                 f"{b(gpu.used)} / {b(gpu.total)}" if gpu is not None else "-",
                 b(r.memory.host_rss) if r.memory is not None and r.memory.host_rss else "-",
@@ -43,10 +54,11 @@ def ranks_section(data: ReportData) -> list[Block]:
             )
         )
     headers = (
-        "rank", "host", "device", "snapshot", "params", "grads", "optimizer",
+        "rank", "host", "device", "snapshot", "params", "grads", "optimizer", *(["offloaded"] if offloads else []),
         "allocator peak", "GPU (NVML)", "host RSS", "status",
     )  # fmt: skip
-    return [Heading("Per rank"), Table(headers, tuple(rows), right=frozenset({4, 5, 6, 7, 8, 9}))]
+    table = Table(headers, tuple(rows), right=frozenset(range(4, len(headers) - 1)))
+    return [Heading("Per rank"), table, *([Para(OFFLOADED_WORDS)] if offloads else [])]
 
 
 def _out_of_memory(c: RankCheck) -> str:
@@ -108,6 +120,9 @@ def plan_section(data: ReportData) -> list[Block]:
         blocks.append(
             Para("No peak was measured: CPU processes have no allocator to ask, only their parts are compared.")
         )
+    if any(r.offloaded.total and not r.device.startswith("cuda") for r in data.model.ranks):
+        blocks.append(Para("On CPU processes what the engine offloads stays in the process's own memory: the run's "
+                           "parts here count it, as the plan for CPU processes does."))
     blocks.extend(Para(f"Note: {note}") for note in plan.notes)
     return blocks
 

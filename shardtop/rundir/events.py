@@ -182,6 +182,15 @@ class Shards(Event, tag="shards", frozen=True):
     At stage ``step``: as held just before the first optimizer step, when the probe saw that moment
     (ZeRO-1/2 free their partitions inside the step, a loop may zero them after it)."""
     optim_bytes: list[int] | None = None
+    """Bytes of each module's optimizer state this rank holds (fp32 master copies included), wherever held."""
+    offloaded_grad_bytes: list[int] | None = None
+    """Of ``grad_bytes``, what the engine's offload policy holds in host memory (or on NVMe), not on the
+    rank's device: ZeRO's gradient partitions under ``offload_optimizer``, FSDP's gradients of offloaded
+    parameters.  Decided from the engine's settings, so a CPU process says it too.  None where nothing is
+    offloaded (and in recordings older than this field)."""
+    offloaded_optim_bytes: list[int] | None = None
+    """Of ``optim_bytes``, what the engine's offload policy holds in host memory (or on NVMe), as
+    ``offloaded_grad_bytes``: ZeRO's ``offload_optimizer``, the state of FSDP's offloaded parameters."""
     act_bytes: list[int] | None = None
     """Bytes each module's own forward saved for backward (its children's not included; parameters
     not counted), measured in the probe's first explained steps; None before a forward was explained."""

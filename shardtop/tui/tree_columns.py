@@ -30,7 +30,8 @@ FIGURE_WORDS: dict[Figure, str] = {
     "grads": "gradient",
     "optimizer": "optimizer",
     "activations": "activation",
-    "total": "total",
+    "offloaded": "host-offloaded",
+    "total": "on-device total",
 }
 """What the rank columns count, said in the header: ``gradient bytes →``."""
 

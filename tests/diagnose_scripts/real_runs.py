@@ -269,6 +269,9 @@ STORIES: dict[str, Any] = {
         base, "zero3-linear-fixed", "max_steps=2", "model.n_layers=16", "zero.offload_optimizer=cpu",
         "zero.offload_param=cpu"
     ),
+    "zero3-linear-fixed-optimizer-offloaded": lambda base: preset_run(
+        base, "zero3-linear-fixed", "max_steps=2", "model.n_layers=16", "zero.offload_optimizer=cpu"
+    ),
     "fsdp2-mlp": lambda base: preset_run(base, "fsdp2-mlp", "max_steps=2"),
     "ddp-baseline": lambda base: preset_run(base, "ddp-baseline", "max_steps=2"),
     "manual-placement": lambda base: preset_run(base, "manual-placement", "max_steps=2"),

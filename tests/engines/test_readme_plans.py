@@ -64,3 +64,17 @@ def test_story_2_fixed_with_the_presets_optimizer_offload_key_runs_what_the_plan
     assert result["asked"] == "ZeRO-3, fp32, optimizer offload" and result["verdict"]["fits"] is True
     asked = option(result, result["asked"])
     assert format_bytes(asked["per_rank"]["peak"]) == "7.96 GiB" and asked["per_rank"]["optimizer"] == 0
+
+
+def test_story_2_fixed_with_both_offloads_at_micro_batch_272_keeps_off_the_gpu_what_the_host_holds(
+    tmp_path: Path,
+) -> None:
+    """docs/plan.md: the set-up fit rehearsed first on six 16 GiB cards.  Its GPU peak is activations, gathered
+    parameters and the reduce bucket; the optimizer state, the gradients and the partitions are host memory."""
+    result = plan(tmp_path, "zero3-linear-fixed", "devices=6", "gpu=16GiB", "batch_size=272",
+                  "zero.offload_optimizer=cpu", "zero.offload_param=cpu")
+    per_rank = option(result, result["asked"])["per_rank"]
+    assert (per_rank["optimizer"], per_rank["grads"]) == (0, 0)
+    assert format_bytes(per_rank["peak"]) == "14.1 GiB" and format_bytes(per_rank["activations"]) == "9.34 GiB"
+    assert format_bytes(per_rank["host"]) == "17.6 GiB"
+    assert "Offloaded to host memory: 17.6 GiB per rank" in " ".join(result["verdict"]["text"])

@@ -258,6 +258,9 @@ def test_fsdp2_fully_shard(tmp_path: Path, mesh: list[int], offload: bool, facto
         assert set(states(result).values()) == {state}
         assert sum(shards["bytes"]) == result["ref"]["local_bytes"]  # DTensor.to_local()
         assert sum(shards["optim_bytes"]) == result["ref"]["optim_state_bytes"]
+        # CPUOffloadPolicy: the optimizer's state and the gradients are where the sharded parameters are
+        assert shards["offloaded_optim_bytes"] == (shards["optim_bytes"] if offload else None)
+        assert shards["offloaded_grad_bytes"] == (shards["grad_bytes"] if offload else None)
         assert unit_roots(result) == ["", "blocks.0", "blocks.1", "blocks.2"]
         assert sum(u["numel"] for u in shards["units"]) == 239
         info = shards["info"]
@@ -460,6 +463,27 @@ def test_zero3_zero_init_with_param_offload(tmp_path: Path) -> None:
             assert result["shards"]["info"]["offload_param"] == "cpu"
             assert result["shards"]["units"][0]["offload"] is True
             assert result["shards"]["info"]["gathered_params"] == 0
+
+
+@distributed
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_offload_optimizer_holds_its_state_and_gradients_in_host_memory(tmp_path: Path, stage: int) -> None:
+    """``offload_optimizer: cpu`` on 2 gloo ranks: DeepSpeed keeps the fp32 master partition, Adam's moments and
+    an fp32 gradient beside the master on the host (ZeRO-3 its flat gradient buffer too), and says so
+    (``cpu_offload``, ``offload_optimizer``), although on CPU processes every tensor is on ``cpu``: all of it is
+    offloaded, per module, while the parameters stay where the engine keeps them (not offloaded)."""
+    results = run(tmp_path, "deepspeed_zero", stage=stage, persist=False, offload_optimizer="cpu")
+    steps = [r["step"] for r in results]
+    for column in ("optim_bytes", "offloaded_optim_bytes"):
+        check_sums(steps, column, factor=3)  # master, exp_avg, exp_avg_sq: each this rank's slice
+    for column in ("grad_bytes", "offloaded_grad_bytes"):  # ZeRO-3: its gradient buffer and the master's
+        check_sums(steps, column, factor=1 if stage == 2 else 2)
+    for result in steps:
+        shards = result["shards"]
+        assert shards["info"]["offload_optimizer"] == "cpu" and shards["info"]["offload_param"] == "none"
+        assert set(states(result).values()) == {"replicated" if stage == 2 else "sharded"}
+        if stage == 2:
+            assert all(u["offload"] for u in shards["units"])
 
 
 @distributed

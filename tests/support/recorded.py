@@ -6,7 +6,8 @@ Runs are the real recordings committed under ``tests/fixtures/runs/``:
 own FSDP2 script on two hosts of two CPU ranks each), ``cpu-rehearsal/``
 (``fsdp2-mlp`` and story 2 rehearsed as ranks 0 and 3 of 4, one CPU process at a
 time), ``cpu-over-time/`` (a user's loop whose memory grows every step, and two gloo ranks, one of them
-stalled in a collective its peer skipped), and under
+stalled in a collective its peer skipped), ``cpu-offload/`` (story 2 fixed with DeepSpeed's optimizer
+offload on 2 gloo CPU processes), and under
 ``tests/tui/fixtures/runs/`` (``fsdp2-mlp`` on 2 CPU processes), ``h200-split/`` (the
 presets on one H200 with each rank's memory split by kind).  They are
 named here ``machine/preset`` (or ``machine/program`` for a user's own job):
@@ -50,6 +51,7 @@ MACHINES = {
     "cpu-rehearsal": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-rehearsal",
     "cpu-over-time": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-over-time",
     "h200-over-time": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "h200-over-time",
+    "cpu-offload": Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "cpu-offload",
 }
 """Where each machine's recordings are."""
 STORY2_OOM = "h200/zero3-linear"

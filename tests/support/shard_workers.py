@@ -487,19 +487,25 @@ def zero_oom_on_stack(rank: int, world_size: int, out_dir: Path) -> dict[str, An
     return {"master_bytes": sum(t.numel() * t.element_size() for t in masters)}
 
 
-def _ds_config(stage: int, offload_param: str = "none", persist: bool = True, bf16: bool = False) -> dict[str, Any]:
+def _ds_config(
+    stage: int, offload_param: str = "none", persist: bool = True, bf16: bool = False, offload_optimizer: str = "none"
+) -> dict[str, Any]:
     zero: dict[str, Any] = {"stage": stage}
     if stage == 3:
         if not persist:  # by default ZeRO-3 keeps parameters under 100 000 elements gathered
             zero["stage3_param_persistence_threshold"] = 0
         if offload_param != "none":
             zero["offload_param"] = {"device": offload_param}
+    if offload_optimizer != "none":
+        zero["offload_optimizer"] = {"device": offload_optimizer}
     return {
         "train_micro_batch_size_per_gpu": 4,
         "zero_allow_untested_optimizer": True,
         "zero_optimization": zero,
         "bf16": {"enabled": bf16},
         **({"data_types": {"grad_accum_dtype": "fp32"}} if bf16 else {}),
+        # DeepSpeed steps torch's Adam on offloaded state only when told to leave its own CPU Adam
+        **({"zero_force_ds_cpu_optimizer": False} if offload_optimizer != "none" else {}),
     }
 
 
@@ -519,13 +525,14 @@ def deepspeed_zero(
     offload_param: str = "none",
     persist: bool = True,
     bf16: bool = False,
+    offload_optimizer: str = "none",
 ) -> dict[str, Any]:
     """Raw ``deepspeed.initialize``: snapshots before the engine, after it, and after one step."""
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
-    config = _ds_config(stage, offload_param, persist, bf16)
+    config = _ds_config(stage, offload_param, persist, bf16, offload_optimizer)
     if zero_init:
         with deepspeed.zero.Init(config_dict_or_path=config):
             model = TinyNet()

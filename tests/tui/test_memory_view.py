@@ -156,7 +156,7 @@ async def test_c_cycles_what_the_rank_columns_count(tmp_path: Path) -> None:
             ("gradient bytes per rank", "805M", "24.0M"),
             ("optimizer bytes per rank", "805M", "24.0M"),
             ("activation bytes per rank", "417M", "0"),
-            ("total bytes per rank", "2.77G", "72.0M"),
+            ("on-device total bytes per rank", "2.77G", "72.0M"),
             ("parameter bytes per rank", "805M", "24.0M"),
         ], "conv2 saves nothing for backward: its activations are 0 (measured), not unknown"
 

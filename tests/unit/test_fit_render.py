@@ -3,6 +3,7 @@ it, every rehearsal named as the run it is; the JSON holds the same and every ke
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -125,3 +126,18 @@ def test_a_set_up_the_plan_gives_no_batch_says_so_and_why() -> None:
     assert f"planned -: {no_guess}; the search starts at the micro-batch as given and doubles" in text
     plan = json.loads(render_json(res))["configurations"][0]["plan"]
     assert plan["largest_batch"] is None and plan["no_guess"] == no_guess
+
+
+def test_what_the_offload_held_in_host_memory_is_said_beside_what_filled_the_gpu() -> None:
+    """A set-up that offloads: the rehearsed rank's peak and split are the GPU's; what its engine held in host
+    memory is said beside them, in the text and the JSON."""
+    moved = tuple(dataclasses.replace(r, offloaded=24 * MiB) for r in trial(25, False, None, "r7").ranks)
+    offloaded = setups()[2].configuration.but(given="")
+    found = SetupResult(Prediction(offloaded, "ZeRO-3, fp32, param + optimizer offload", 30, MiB, 60 * MiB, MiB),
+                        (trial(24, True, 40 * MiB, "r6"), Trial(25, "out of memory", moved, "r7", "/runs/r7", 7.0)),
+                        "found")
+    fit = FitResult(title="t", devices=2, gpu="g", limit=LIMIT, on="CPU", knobs=(), setups=(found,), seconds=1.0,
+                    budget_s=2.0)
+    assert "at its out-of-memory error); 24 MiB more offloaded to host memory, outside the peak" in render_text(fit)
+    ranks = json.loads(render_json(fit))["configurations"][0]["trials"][1]["ranks"]
+    assert [r["offloaded_bytes"] for r in ranks] == [24 * MiB, 24 * MiB]

@@ -107,8 +107,9 @@ def test_what_the_estimator_leaves_out_is_what_fails_story_2(estimators: Any) ->
 @pytest.mark.parametrize("preset", ["zero3-linear", "zero3-linear-fixed"])
 def test_a_zero_presets_offload_keys_move_its_optimizer_state_off_the_gpu(preset: str) -> None:
     """``zero.offload_optimizer=cpu`` takes the fp32 master copy and AdamW's two moments of the rank's partition off
-    the GPU (into host memory); ``zero.offload_param=cpu`` the parameter partition too.  On CPU processes the plan
-    keeps them on the rank, where they stay."""
+    the GPU (into host memory), and the gradient partitions, which DeepSpeed keeps there with an fp32 gradient
+    beside the master; ``zero.offload_param=cpu`` the parameter partition too.  On CPU processes the plan keeps
+    them on the rank, where they stay, with that fp32 gradient."""
 
     def asked(*offload: tuple[str, str], accelerator: str = "cuda") -> Option:
         config = resolve(preset, [("model.n_layers", "1800"), *offload])
@@ -120,12 +121,19 @@ def test_a_zero_presets_offload_keys_move_its_optimizer_state_off_the_gpu(preset
     desc = describe_preset(resolve(preset, [("model.n_layers", "1800")]))
     states = ceil_div(desc.trained, 6) * (4 + ADAMW.state_bytes)  # fp32 master + two fp32 moments per element
     partition = ceil_div(desc.params, 6) * desc.dtype_bytes
+    gradients = ceil_div(desc.trained, 6) * (desc.dtype_bytes + 4)  # the partition's, and the master's fp32 one
     assert (given.per_rank.optimizer, given.per_rank.host) == (states, 0)
-    assert (optimizer.per_rank.optimizer, optimizer.per_rank.host) == (0, states)
+    moved = optimizer.per_rank
+    assert (moved.optimizer, moved.grads, moved.host) == (0, 0, states + gradients)
     assert optimizer.per_rank.params == given.per_rank.params
-    assert (both.per_rank.host, both.per_rank.params) == (states + partition, given.per_rank.params - partition)
+    assert (both.per_rank.host, both.per_rank.params) == (
+        states + gradients + partition, given.per_rank.params - partition)
     assert [o.strategy.label.split(", ")[2] for o in (optimizer, both)] == [
         "optimizer offload", "param + optimizer offload"]
     on_cpu = asked(("zero.offload_optimizer", "cpu"), ("zero.offload_param", "cpu"), accelerator="cpu")
-    assert on_cpu.per_rank == asked(accelerator="cpu").per_rank
+    plain = asked(accelerator="cpu").per_rank
+    master_gradient = ceil_div(desc.trained, 6) * 4
+    assert (on_cpu.per_rank.params, on_cpu.per_rank.optimizer, on_cpu.per_rank.host) == (
+        plain.params, plain.optimizer, 0)
+    assert on_cpu.per_rank.grads == plain.grads + master_gradient
     assert "stays in the rank's memory" in on_cpu.strategy.build_note

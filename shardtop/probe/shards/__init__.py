@@ -86,6 +86,11 @@ gradient, frozen elements included), and the engines' own gradient stores
 for what is counted; None without an optimizer); ``act_bytes`` what each
 module's own forward saved for backward, as measured by ``activations.py``
 and passed in by module object (None when not given).
+``offloaded_grad_bytes`` and ``offloaded_optim_bytes`` are the part of those
+the engine's offload policy holds in host memory, as the engine says: the
+ZeRO optimizers' ``offload_optimizer``/``cpu_offload`` (``zero_optim.py``),
+else where a row's parameters are held ``offloaded`` (FSDP's CPU offload:
+their gradients and state stay with them); None where nothing is.
 
 Never imports textual, nor deepspeed (its objects are read, not imported).
 """

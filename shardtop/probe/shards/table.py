@@ -56,6 +56,10 @@ class ShardTable:
         self._unit_roots: dict[int, int] = {}
         self.grad_bytes: list[int] | None = None
         self.optim_bytes: list[int] | None = None
+        self.offloaded_grad_bytes: list[int] | None = None
+        """Of ``grad_bytes``, what an offload policy holds in host memory (or on NVMe); None: nothing."""
+        self.offloaded_optim_bytes: list[int] | None = None
+        """Of ``optim_bytes``, what an offload policy holds in host memory (or on NVMe); None: nothing."""
         self.act_bytes: list[int] | None = None
         self.info: dict[str, Scalar] = {}
         self.claimed: set[int] = set()
@@ -124,15 +128,32 @@ class ShardTable:
         self._unit_roots.setdefault(unit.module, index)
         return index
 
-    def add_grad(self, row: int, nbytes: int) -> None:
+    def add_grad(self, row: int, nbytes: int, offloaded: bool | None = None) -> None:
+        """Gradient bytes of ``row``; ``offloaded``: held in host memory by the engine's offload policy
+        (None: where the row's parameters are, ``row_offloaded``)."""
         if self.grad_bytes is None:
             self.grad_bytes = [0] * len(self.params)
         self.grad_bytes[row] += nbytes
+        if offloaded or (offloaded is None and self.row_offloaded(row)):
+            if self.offloaded_grad_bytes is None:
+                self.offloaded_grad_bytes = [0] * len(self.params)
+            self.offloaded_grad_bytes[row] += nbytes
 
-    def add_optim(self, row: int, nbytes: int) -> None:
+    def add_optim(self, row: int, nbytes: int, offloaded: bool | None = None) -> None:
+        """Optimizer-state bytes of ``row``; ``offloaded`` as for ``add_grad``."""
         if self.optim_bytes is None:
             self.optim_bytes = [0] * len(self.params)
         self.optim_bytes[row] += nbytes
+        if offloaded or (offloaded is None and self.row_offloaded(row)):
+            if self.offloaded_optim_bytes is None:
+                self.offloaded_optim_bytes = [0] * len(self.params)
+            self.offloaded_optim_bytes[row] += nbytes
+
+    def row_offloaded(self, row: int) -> bool:
+        """The row's parameters are held ``offloaded``: a torch optimizer keeps its state, and the engine
+        its gradients, where the parameter is (FSDP1 ``CPUOffload``, FSDP2 ``CPUOffloadPolicy``)."""
+        state = self.state[row]
+        return 0 <= state < len(self.states) and self.states[state] == OFFLOADED
 
     def add_activations(self, by_module: dict[int, int]) -> None:
         """Saved-for-backward bytes per module object; modules outside the tree are left out."""
@@ -189,6 +210,8 @@ class ShardTable:
             units=self.units,
             grad_bytes=self.grad_bytes,
             optim_bytes=self.optim_bytes,
+            offloaded_grad_bytes=self.offloaded_grad_bytes,
+            offloaded_optim_bytes=self.offloaded_optim_bytes,
             act_bytes=self.act_bytes,
             info=self.info,
         )

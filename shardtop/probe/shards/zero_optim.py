@@ -19,6 +19,16 @@ Counted per module: for every element of the module's parameters inside this
 rank's slice, the master element plus one element of each state tensor as
 large as the slice (Adam's ``exp_avg`` and ``exp_avg_sq``).  Partition padding
 and scalar states are attributed to no module.
+
+Where each lives is the engine's own word, not the tensors' device (on CPU
+processes every tensor is on ``cpu``): ``offload_optimizer`` puts the master
+partitions and their state in host memory (ZeRO-1/2: ``cpu_offload``; ZeRO-3:
+``offload_optimizer``, per sub-group ``subgroup_to_device``, or NVMe where it
+swaps them out), and ZeRO-3 then keeps its flat gradient buffer there too
+(``optimizer.device``); both keep an fp32 gradient on each offloaded master
+partition between steps (ZeRO-1/2's only gradient partition when it
+offloads).  Those are counted as offloaded
+(``ShardTable.add_grad``/``add_optim``).
 """
 
 from __future__ import annotations
@@ -140,8 +150,10 @@ def read_optimizer_partitions(tree: ModuleTree, table: ShardTable, optimizer: An
     claimed: set[int] = set()
     table.optim_bytes = table.optim_bytes or [0] * len(tree)
     replicated = table.state_id(REPLICATED)
+    offloaded = offloads_optimizer(optimizer)
     for group in groups:
         per_element = per_element_bytes(optimizer, group.master)
+        master_grad = getattr(group.master, "grad", None) if offloaded else None  # kept between steps when offloaded
         low, high = group.rank * group.partition, (group.rank + 1) * group.partition
         unit = table.add_unit(Unit(module=0, kind="zero-optimizer", numel=0, local_numel=0))
         held = 0
@@ -153,9 +165,11 @@ def read_optimizer_partitions(tree: ModuleTree, table: ShardTable, optimizer: An
                 continue
             claimed.add(id(param))
             table.add(row, numel, param.numel(), param.element_size(), table.device_id(param.device), replicated, unit)
-            table.add_optim(row, overlap * per_element)
+            table.add_optim(row, overlap * per_element, offloaded)
             if group.grads is not None and j < len(group.grads):
                 table.add_grad(row, group.grads[j].numel() * group.grads[j].element_size())
+            if master_grad is not None:  # the gradient partition, in host memory beside its master
+                table.add_grad(row, overlap * master_grad.element_size(), True)
         table.units[unit] = Unit(
             module=0,
             kind="zero-optimizer",
@@ -163,7 +177,7 @@ def read_optimizer_partitions(tree: ModuleTree, table: ShardTable, optimizer: An
             local_numel=group.partition,
             padding=group.partition - held,
             strategy=f"zero{stage}",
-            offload=bool(getattr(optimizer, "cpu_offload", False)),
+            offload=offloaded,
             dtype=dtype_name(group.master.dtype),
             params=len(group.params),
         )
@@ -191,8 +205,26 @@ def add_gradient_partitions(tree: ModuleTree, table: ShardTable, optimizer: Any)
                 table.add_grad(row, grad.numel() * grad.element_size())
 
 
+def offloads_optimizer(optimizer: Any) -> bool:
+    """The ZeRO optimizer keeps its master partitions and state in host memory (or NVMe), as it says:
+    ZeRO-3's ``offload_optimizer``, ZeRO-1/2's ``cpu_offload``."""
+    return bool(getattr(optimizer, "offload_optimizer", False) or getattr(optimizer, "cpu_offload", False))
+
+
+def offloaded_sub_group(optimizer: Any, index: int) -> bool:
+    """ZeRO-3: sub-group ``index``'s master partition and state are offloaded.  With a partial offload
+    (``offload_optimizer.ratio`` < 1) DeepSpeed keeps the first sub-groups on the accelerator and names each
+    one's place in ``subgroup_to_device``; an NVMe offload swaps them all out."""
+    if not getattr(optimizer, "offload_optimizer", False):
+        return False
+    places = getattr(optimizer, "subgroup_to_device", None)
+    if getattr(optimizer, "swap_optimizer", False) or not isinstance(places, dict) or index not in places:
+        return True
+    return str(places[index]) == "cpu"
+
+
 def add_stage3_optimizer(tree: ModuleTree, table: ShardTable, optimizer: Any) -> None:
-    """ZeRO-3: each parameter's slice of its sub-group's fp32 partition and state."""
+    """ZeRO-3: each parameter's slice of its sub-group's fp32 partition and state, and of the gradients."""
     groups = getattr(optimizer, "fp16_groups", None)
     flats = getattr(optimizer, "fp32_partitioned_groups_flat", None)
     if not groups or not flats:
@@ -201,8 +233,11 @@ def add_stage3_optimizer(tree: ModuleTree, table: ShardTable, optimizer: Any) ->
     table.optim_bytes = table.optim_bytes or [0] * len(tree)
     table.grad_bytes = table.grad_bytes or [0] * len(tree)
     grad_partitions = getattr(optimizer, "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition", None) or {}
-    for group, flat in zip(groups, flats, strict=True):
+    grads_offloaded = bool(getattr(optimizer, "offload_optimizer", False))  # the flat buffer is on ``.device``
+    for index, (group, flat) in enumerate(zip(groups, flats, strict=True)):
         per_element = per_element_bytes(optimizer, flat)
+        offloaded = offloaded_sub_group(optimizer, index)
+        master_grad = getattr(flat, "grad", None) if offloaded else None  # kept between steps when offloaded
         for param in group:
             row = tree.row_of_param(param)
             part = getattr(param, "ds_tensor", None)
@@ -210,7 +245,9 @@ def add_stage3_optimizer(tree: ModuleTree, table: ShardTable, optimizer: Any) ->
                 continue
             partition = int(getattr(part, "ds_numel", part.numel()))
             local = partition_numel(int(param.ds_numel), partition, ranks.of(getattr(param, "ds_process_group", None)))
-            table.add_optim(row, local * per_element)
+            table.add_optim(row, local * per_element, offloaded)
             grad = grad_partitions.get(getattr(param, "ds_id", None))
             if grad is not None:  # this rank's partition of the gradient, padding excluded
-                table.add_grad(row, min(grad.numel(), local) * grad.element_size())
+                table.add_grad(row, min(grad.numel(), local) * grad.element_size(), grads_offloaded)
+            if master_grad is not None:
+                table.add_grad(row, local * master_grad.element_size(), True)

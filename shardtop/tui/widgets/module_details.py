@@ -43,6 +43,22 @@ def unit_words(unit: Unit | None, model: ShardModel) -> str:
     return ", ".join(facts)
 
 
+def offloaded_words(model: ShardModel, node: Node) -> str:
+    """What each rank's engine holds of the node in host memory instead of on its device (parameters,
+    gradients, optimizer state): ``r0 8.81G · r1 8.81G in host memory``; "" where nothing is."""
+    if "offloaded" not in model.figures:
+        return ""
+    sizes = [(r, model.node_figure(node, r, "offloaded") or 0) for r in model.ranks]
+    if not any(size for _, size in sizes):
+        return ""
+    if len(sizes) <= RANKS_LISTED:
+        held = " · ".join(f"r{r} {short_bytes(size)}" for r, size in sizes)
+    else:
+        low, high = short_bytes(min(s for _, s in sizes)), short_bytes(max(s for _, s in sizes))
+        held = f"{low if low == high else f'{low}…{high}'} on each of {len(sizes)} ranks"
+    return f"{held} in host memory, by the engine's offload (not on the device)"
+
+
 def details_text(model: ShardModel, node: Node, findings: tuple[Finding, ...], oom_path: str | None) -> Table:
     """The details pane's content for ``node``."""
     grid = Table.grid(padding=(0, 1))
@@ -106,6 +122,9 @@ def details_text(model: ShardModel, node: Node, findings: tuple[Finding, ...], o
             grid.add_row(label, words if words != "-" else Text("in no sharding unit", style="italic"))
     else:
         grid.add_row("per rank", Text("no shards reported yet", style="dim"))
+    moved = offloaded_words(model, node)
+    if moved:
+        grid.add_row("offloaded", moved)
     path = model.paths[row] if not isinstance(node, Fold) else model.paths[node.parent]
     related = concerning(findings, path)
     if related:

@@ -8,7 +8,8 @@ children are only computed when it is opened, so 100 000 modules cost what is
 visible.  The rank columns of a run over several hosts go host by host, a ``│``
 where a host begins; the border's subtitle says which ranks each host ran.
 ``c`` chooses what the rank columns count (``ShardModel.node_figure``):
-parameter, gradient, optimizer or activation bytes, or their total; the
+parameter, gradient, optimizer or activation bytes, what the engine offloads
+to host memory (where it offloads any), or their total on the device; the
 header says which, and a rank without that figure reads ``-``.
 """
 
@@ -248,8 +249,10 @@ class ShardTree(ScrollView, can_focus=True):
             self._move_to(parent)
 
     def action_next_figure(self) -> None:
-        """The rank columns count the next kind of memory (``FIGURES``, round)."""
-        self.figure = FIGURES[(FIGURES.index(self.figure) + 1) % len(FIGURES)]
+        """The rank columns count the next kind of memory (``ShardModel.figures``, round)."""
+        figures = self.model.figures if self.model is not None else FIGURES
+        at = figures.index(self.figure) if self.figure in figures else -1
+        self.figure = figures[(at + 1) % len(figures)]
 
     def watch_figure(self) -> None:
         self._invalidate()
