@@ -44,7 +44,13 @@ def logical_numel(param: Any, stored: int) -> int:
     """Elements ``param`` stands for: its ``quant_state.shape``'s, else ``stored`` (its own count)."""
     if type(param) in _PLAIN:
         return stored
-    shape = getattr(getattr(param, "quant_state", None), "shape", None)
+    return numel_stood_for(getattr(param, "quant_state", None), stored)
+
+
+def numel_stood_for(state: Any, stored: int) -> int:
+    """Elements a weight quantized with ``state`` stands for: ``state.shape``'s; ``stored`` where there is
+    no state (None) or it keeps no shape."""
+    shape = getattr(state, "shape", None)
     if isinstance(shape, tuple) and all(isinstance(size, int) and size >= 0 for size in shape):
         return math.prod(shape)
     return stored
