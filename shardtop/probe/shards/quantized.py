@@ -8,6 +8,12 @@ logical ``shape`` and the tensors that dequantize it: the blocks' scales
 quantization, the scales' ``offset`` and their own state (``state2``, the
 same fields again).  They are read here by attribute alone (bitsandbytes is
 never imported) and never changed.
+
+An engine that puts another tensor in the weight's place (FSDP2's DTensor
+shard, FSDP1's view into its flat parameter) drops the ``quant_state`` with
+the parameter's class; bitsandbytes' layers (``Linear4bit``, ``Embedding4bit``)
+keep it on the module too, for their ``weight``, and hand it back at each
+forward: ``held_quant_state`` reads it there.
 """
 
 from __future__ import annotations
@@ -33,6 +39,25 @@ def quant_state(param: Any) -> Any:
     if type(param) in _PLAIN:
         return None
     return getattr(param, "quant_state", None)
+
+
+QUANTIZED_WEIGHT = "weight"
+"""The parameter whose ``quant_state`` bitsandbytes' layers keep on the module."""
+
+
+def module_quant_state(module: Any) -> Any:
+    """The ``quant_state`` a bitsandbytes layer keeps on itself for its weight, or None (any other module)."""
+    held = getattr(module, "__dict__", None)
+    return held.get("quant_state") if held else None
+
+
+def held_quant_state(param: Any, module: Any, name: str) -> Any:
+    """The ``quant_state`` of ``module``'s parameter ``name`` (now ``param``): the parameter's own, else, for
+    the weight of a bitsandbytes layer whose weight an engine replaced, the one the layer keeps."""
+    state = quant_state(param)
+    if state is None and name == QUANTIZED_WEIGHT:
+        state = module_quant_state(module)
+    return state
 
 
 def is_quantized(param: Any) -> bool:
