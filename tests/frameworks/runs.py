@@ -11,6 +11,7 @@ command's output, ``shardtop report RUN --format json`` and ``shardtop plan
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -18,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from tests.frameworks.environments import Environment
 
@@ -68,9 +71,8 @@ class Workspace:
 
     def run(self, command: list[str], runs_dir: Path, timeout: float = RUN_TIMEOUT) -> Ended:
         runs_dir.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(command, cwd=self.workdir, env=self.environ(runs_dir), capture_output=True,
-                              text=True, timeout=timeout, check=False)
-        return Ended(done.returncode, done.stdout + done.stderr)
+        code, stdout, stderr = bounded(command, self.workdir, self.environ(runs_dir), timeout)
+        return Ended(code, stdout + stderr)
 
 
 @dataclass(frozen=True)
@@ -133,13 +135,48 @@ def planned(space: Workspace, command: list[str], tag: str) -> Plan:
     """``shardtop plan devices=8 --format json -- COMMAND``: the JSON on stdout, the script's output on stderr."""
     runs = space.workdir / f"runs-{tag}"
     runs.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["shardtop", "plan", REHEARSED, "--format", "json", "--", *command], cwd=space.workdir,
-                          env=space.environ(runs), capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False)
+    code, stdout, stderr = bounded(["shardtop", "plan", REHEARSED, "--format", "json", "--", *command],
+                                   space.workdir, space.environ(runs), RUN_TIMEOUT)
     try:
-        plan = json.loads(done.stdout) if done.stdout.strip() else None
+        plan = json.loads(stdout) if stdout.strip() else None
     except ValueError:
         plan = None
-    return Plan(Ended(done.returncode, done.stdout + done.stderr), plan, done.stderr)
+    return Plan(Ended(code, stdout + stderr), plan, stderr)
+
+
+class TimedOut(AssertionError):
+    """A command ran past its time: the command, and the last of what it printed."""
+
+
+def bounded(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str, str]:
+    """Run a command to its end: its exit code, stdout and stderr.
+
+    Past ``timeout`` every process it started is killed (torchrun's ranks too, which a kill of torchrun
+    alone would leave behind) and ``TimedOut`` says what it printed last: a rank that hangs after training
+    (gloo's teardown) shows its last lines rather than a bare timeout.
+    """
+    with subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_tree(process.pid)
+            stdout, stderr = process.communicate()
+            raise TimedOut(f"`{' '.join(command)}` ran past {timeout:.0f} s and was killed; it printed last:\n"
+                           f"--- stdout ---\n{stdout[-3000:]}\n--- stderr ---\n{stderr[-3000:]}") from None
+    return process.returncode, stdout, stderr
+
+
+def _kill_tree(pid: int) -> None:
+    try:
+        root = psutil.Process(pid)
+        tree = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for process in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(tree, timeout=30)
 
 
 def _with_report(space: Workspace, ended: Ended, run_dir: Path, runs: Path) -> ShardtopRun:
