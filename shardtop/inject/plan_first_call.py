@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from types import FrameType
 from typing import Any, TypedDict
 
 from shardtop.inject import PLAN_ONLY_ENV
@@ -118,7 +119,7 @@ def _call_kwargs(module: Any) -> dict[str, Any]:
     read from the frame of torch's ``Module._call_impl`` that runs the hooks (its ``self`` and ``kwargs``).
     A model called with keywords alone (``model(input_ids=..., labels=...)``, in a loop with no engine) is
     traced at them; {} where that frame is not found."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(CALL_FRAMES):
         if frame is None:
             break
