@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from types import FrameType
 from typing import Any, TypedDict
 
 from shardtop.inject import PLAN_ONLY_ENV
@@ -105,7 +106,29 @@ def on_module_call(module: Any, args: Any) -> None:
         return  # its own pre-hook plans it, with the keyword arguments this hook does not get
     if root is not None and not contains(root, module):
         return  # the stand-in engine, a loss with weights: the model itself comes next
-    _plan_and_leave(root if root is not None else module, module, args, {})
+    _plan_and_leave(root if root is not None else module, module, args, _call_kwargs(module))
+
+
+CALL_FRAMES = 4
+"""How far up from a global pre-hook the module's ``_call_impl`` frame is looked for (torch calls the
+hooks from a closure inside it)."""
+
+
+def _call_kwargs(module: Any) -> dict[str, Any]:
+    """The keyword arguments ``module`` is being called with, which a global forward pre-hook is not given:
+    read from the frame of torch's ``Module._call_impl`` that runs the hooks (its ``self`` and ``kwargs``).
+    A model called with keywords alone (``model(input_ids=..., labels=...)``, in a loop with no engine) is
+    traced at them; {} where that frame is not found."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(CALL_FRAMES):
+        if frame is None:
+            break
+        names = frame.f_locals
+        kwargs = names.get("kwargs")
+        if names.get("self") is module and isinstance(kwargs, dict):
+            return kwargs
+        frame = frame.f_back
+    return {}
 
 
 def on_root_call(module: Any, args: Any, kwargs: Any) -> None:

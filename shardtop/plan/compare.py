@@ -76,7 +76,7 @@ def make_plan(
 
     return Plan(
         model=desc.name,
-        params=desc.params,
+        params=desc.param_elements,
         param_bytes=desc.param_bytes,
         batch_size=desc.batch_size,
         devices=devices,

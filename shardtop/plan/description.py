@@ -57,7 +57,8 @@ class ModelDescription(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     """One past the last row of each row's subtree."""
     types: list[str]
     numel_upto: list[int]
-    """Running total of the elements of each module's *own* parameters."""
+    """Running total of the elements of each module's *own* parameters, in elements of ``dtype_bytes``: a
+    parameter stored in another dtype counts the elements of that size its storage fills (``describe.py``)."""
     small_upto: list[int]
     """Running total of the elements in parameters smaller than ``small_threshold`` elements each."""
     small_threshold: int
@@ -101,6 +102,12 @@ class ModelDescription(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     param_numels: tuple[int, ...] = ()
     """Elements of each parameter, in the order ``named_parameters`` gives them (a shared one once): what
     ZeRO-3's persistence thresholds are applied to (``persistent_params``); empty in older descriptions."""
+    logical_params: int | None = None
+    """Elements the parameters stand for, each counted in its own dtype and a bitsandbytes 4-bit weight by its
+    ``quant_state.shape``; None in older descriptions, whose ``params`` are that count."""
+    quant_state_bytes: int = 0
+    """Bytes of the tensors the 4-bit weights are dequantized with (their ``quant_state``: the blocks' scales
+    and the code): no parameter, so whole on every rank under every engine."""
 
     @property
     def trained(self) -> int:
@@ -135,6 +142,12 @@ class ModelDescription(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     @property
     def param_bytes(self) -> int:
         return self.params * self.dtype_bytes
+
+    @property
+    def param_elements(self) -> int:
+        """The parameters as their user counts them: the elements they stand for (``params`` counts a
+        parameter stored in another dtype by the elements of ``dtype_bytes`` its storage fills)."""
+        return self.params if self.logical_params is None else self.logical_params
 
     def subtree(self, upto: Sequence[int], row: int) -> int:
         """Sum over the subtree of ``row`` of a running-total field (e.g. ``self.numel_upto``)."""

@@ -141,8 +141,17 @@ def per_rank(
     if strategy.engine == MANUAL:
         return _manual(desc, strategy, gpu=gpu, batch_scale=batch_scale)
     held = _ENGINES[strategy.engine](desc, strategy, max(1, devices), gpu)
+    if desc.quant_state_bytes:
+        held = _with_quant_state(held, desc.quant_state_bytes)
     activations = int(saved_activations(desc, strategy) * batch_scale)
     return _phases(desc, strategy, held, activations, gpu=gpu, batch_scale=batch_scale)
+
+
+def _with_quant_state(held: Held, quant_state: int) -> Held:
+    """``held`` and the 4-bit weights' ``quant_state`` tensors, whole on the rank from set-up on: no engine
+    shards or frees them, since they are no parameter."""
+    return replace(held, params=held.params + quant_state, setup=held.setup + quant_state,
+                   setup_requests=tuple((what, needs + quant_state) for what, needs in held.setup_requests))
 
 
 def convolutions_as_run(desc: ModelDescription, strategy: Strategy, rows: tuple[int, ...] | None = None

@@ -94,6 +94,9 @@ class EngineHolders:
     quantized: list[Any] = field(default_factory=list)
     """Parameters that carry a ``quant_state`` (bitsandbytes' 4-bit weights): its tensors are the parameter's
     too, read at each census (the weight gets a new one when it moves)."""
+    quantized_layers: list[Any] = field(default_factory=list)
+    """Modules that keep their weight's ``quant_state`` on themselves (bitsandbytes' layers): read too, for a
+    weight an engine replaced by a tensor without one (FSDP2's DTensor shard)."""
     buffers: list[Any] = field(default_factory=list)
     flat_params: list[Any] = field(default_factory=list)
     fsdp2_params: list[Any] = field(default_factory=list)
@@ -133,6 +136,8 @@ def gather_holders(root: Any, optimizer: Any = None) -> EngineHolders:
                 if getattr(param, "_is_flat_param", False):
                     holders.flat_params.append(param)
         holders.buffers.extend(b for b in list(module._buffers.values()) if b is not None)
+        if "quant_state" in getattr(module, "__dict__", ()):
+            holders.quantized_layers.append(module)
         cls = type(module)
         if is_fsdp2_class(cls):
             _add_fsdp2(holders, module, seen_states)

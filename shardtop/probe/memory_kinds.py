@@ -45,7 +45,7 @@ from shardtop.probe.engine_buffers import (
     tensors_in,
 )
 from shardtop.probe.shards import resolve_target
-from shardtop.probe.shards.quantized import quant_state, quant_state_tensors
+from shardtop.probe.shards.quantized import module_quant_state, quant_state, quant_state_tensors
 from shardtop.probe.shards.table import local_tensor
 from shardtop.rundir.memory_figures import MemoryKinds, OtherParts
 from shardtop.units import ceil_div
@@ -216,6 +216,9 @@ def _count(tally: _Tally, holders: EngineHolders, activations: SavedActivations 
         add("params", param)
     for param in holders.quantized:
         for tensor in quant_state_tensors(quant_state(param)):
+            add("params", tensor)
+    for layer in holders.quantized_layers:  # the same storages where the weight still has its own: counted once
+        for tensor in quant_state_tensors(module_quant_state(layer)):
             add("params", tensor)
     for param in holders.zero3:
         add("params", getattr(param, "ds_tensor", None))

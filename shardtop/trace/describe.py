@@ -4,18 +4,28 @@
 sums parameters per module, finds the repeated blocks an auto-wrap policy
 would wrap, and counts one forward pass's saved activations
 (``profile.py``).  Nothing is allocated: every tensor is on the meta device.
+
+The plan's arithmetic knows one dtype (``dtype_bytes``: the trained
+parameters'): a parameter stored in another (a bitsandbytes 4-bit weight packed
+in ``uint8``, a frozen bf16 base beside fp32 adapters) counts the elements of
+that dtype its storage fills, so that every sum of elements times
+``dtype_bytes`` is the bytes the model holds.  The elements the parameters
+stand for (a 4-bit weight's ``quant_state.shape``) are ``logical_params``, and
+the tensors a 4-bit weight is dequantized with, ``quant_state_bytes``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
 
 from shardtop.plan.description import ModelDescription
+from shardtop.probe.shards.quantized import numel_stood_for, quant_state_tensors
 from shardtop.trace.meta import gc_paused
 from shardtop.trace.profile import SavedCounts, module_signatures, saved_activations
+from shardtop.units import ceil_div
 
 ZERO3_PERSISTENCE_THRESHOLD = 100_000
 """DeepSpeed's ``stage3_param_persistence_threshold`` default: smaller parameters stay whole on every rank."""
@@ -37,20 +47,21 @@ def describe_model(
     """
     with gc_paused():
         modules, names, parents, end = walk(model)
-        numel, small, each = _own_params(modules)
+        dtype_bytes = _dtype_bytes(modules)
+        numel, small, each = _own_params(modules, dtype_bytes)
         if forward_loss is None:
             saved = SavedCounts([0] * len(modules), [0] * len(modules), 0)
         else:
             signatures = module_signatures(modules, parents, names)
             saved = saved_activations(model, modules, end, signatures, forward_loss)
-    params = next((p for m in modules for p in m._parameters.values() if p is not None), None)
     seen: set[int] = set()
     trainable = 0
     for m in modules:
         for p in m._parameters.values():
             if p is not None and id(p) not in seen:
                 seen.add(id(p))
-                trainable += int(getattr(p, "ds_numel", 0) or p.numel()) if p.requires_grad else 0
+                trainable += _as_dtype(int(getattr(p, "ds_numel", 0) or p.numel()), p, dtype_bytes) if (
+                    p.requires_grad) else 0
     buffers = sum(b.numel() * b.element_size() for m in modules for b in m._buffers.values() if b is not None)
     return ModelDescription(
         name=name,
@@ -63,8 +74,10 @@ def describe_model(
         small_threshold=ZERO3_PERSISTENCE_THRESHOLD,
         largest_param=max(each, default=0),
         param_numels=tuple(each),
-        dtype_bytes=params.element_size() if params is not None else 4,
+        dtype_bytes=dtype_bytes,
         buffer_bytes=buffers,
+        logical_params=_logical_params(modules),
+        quant_state_bytes=_quant_state_bytes(modules),
         repeated_blocks=repeated_blocks(modules, parents, end, numel),
         saved_float_upto=_running(saved.saved_float),
         saved_other_upto=_running(saved.saved_other),
@@ -107,9 +120,48 @@ def walk(model: nn.Module) -> tuple[list[nn.Module], list[str], list[int], list[
     return modules, names, parents, end
 
 
-def _own_params(modules: Sequence[nn.Module]) -> tuple[list[int], list[int], list[int]]:
+def _parameters(modules: Sequence[nn.Module]) -> Iterator[nn.Parameter]:
+    """Every parameter once, in the order ``named_parameters`` gives them."""
+    seen: set[int] = set()
+    for m in modules:
+        for p in m._parameters.values():
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                yield p
+
+
+def _dtype_bytes(modules: Sequence[nn.Module]) -> int:
+    """Bytes per element of the trained parameters (the first that requires a gradient), else of the first
+    floating-point one: what gradients and optimizer state are counted in, never a 4-bit weight's packing."""
+    params = list(_parameters(modules))
+    first = next((p for p in params if p.requires_grad), None)
+    if first is None:
+        first = next((p for p in params if p.is_floating_point()), None)
+    return first.element_size() if first is not None else 4
+
+
+def _as_dtype(numel: int, param: nn.Parameter, dtype_bytes: int) -> int:
+    """Elements of ``dtype_bytes`` that ``numel`` elements of ``param``'s dtype fill (rounded up)."""
+    size = param.element_size()
+    return numel if size == dtype_bytes else ceil_div(numel * size, dtype_bytes)
+
+
+def _logical_params(modules: Sequence[nn.Module]) -> int:
+    """Elements the parameters stand for: a 4-bit weight's ``quant_state.shape`` (a stand-in on the meta
+    device carries its weight's ``quant_state``), every other parameter its own."""
+    return sum(numel_stood_for(getattr(p, "quant_state", None), p.numel()) for p in _parameters(modules))
+
+
+def _quant_state_bytes(modules: Sequence[nn.Module]) -> int:
+    """Bytes of the tensors the 4-bit weights' ``quant_state`` holds (each tensor once): whole on every rank
+    under every engine, since none of them is a parameter."""
+    tensors = {id(t): t for p in _parameters(modules) for t in quant_state_tensors(getattr(p, "quant_state", None))}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _own_params(modules: Sequence[nn.Module], dtype_bytes: int) -> tuple[list[int], list[int], list[int]]:
     """Per module: elements of its own parameters, and those in small parameters; each parameter's elements,
-    in the order ``named_parameters`` gives them (a shared one once)."""
+    in the order ``named_parameters`` gives them (a shared one once); each in elements of ``dtype_bytes``."""
     seen: set[int] = set()
     numel, small = [0] * len(modules), [0] * len(modules)
     each: list[int] = []
@@ -118,7 +170,7 @@ def _own_params(modules: Sequence[nn.Module]) -> tuple[list[int], list[int], lis
             if p is None or id(p) in seen:
                 continue
             seen.add(id(p))
-            n = p.numel()
+            n = _as_dtype(p.numel(), p, dtype_bytes)
             numel[row] += n
             if n < ZERO3_PERSISTENCE_THRESHOLD:
                 small[row] += n

@@ -195,6 +195,31 @@ def test_a_model_the_plan_has_never_seen_is_planned_within_ten_percent_of_a_real
     assert abs(planned.peak - measured.peak) <= 0.10 * measured.peak, (planned.peak, measured.peak)
 
 
+class _Adapted(nn.Module):
+    """LoRA's mix of dtypes: a frozen bf16 base layer beside the fp32 adapters that train."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base = nn.Linear(256, 256, bias=False, dtype=torch.bfloat16).requires_grad_(False)
+        self.down = nn.Linear(256, 8, bias=False)
+        self.up = nn.Linear(8, 256, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x.bfloat16()).float() + self.up(self.down(x))
+
+
+def test_a_frozen_base_in_another_dtype_is_planned_at_the_bytes_it_stores() -> None:
+    """Each parameter at its own bytes (the frozen bf16 base at two a element, whichever comes first), its
+    count as its own elements; gradients and AdamW's state in the adapters' dtype, for the adapters alone."""
+    model = build_on_meta(_Adapted)
+    desc = describe_model(model, None, name="adapted", batch_size=1, input_bytes=0)
+    adapters = 2 * 256 * 8
+    assert desc.param_elements == 256 * 256 + adapters
+    assert desc.param_bytes == 256 * 256 * 2 + adapters * 4
+    planned = per_rank(desc, Strategy(engine="single", optimizer=ADAMW), 1, gpu=False)
+    assert (planned.params, planned.grads, planned.optimizer) == (desc.param_bytes, adapters * 4, 2 * adapters * 4)
+
+
 def test_planning_from_a_description_imports_no_torch() -> None:
     """A launch prompt replans on each keystroke in the TUI process, which never imports torch."""
     script = (

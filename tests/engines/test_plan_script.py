@@ -125,6 +125,18 @@ def test_a_model_built_on_the_meta_device_and_sharded_before_it_is_materialised(
     assert asked["per_rank"]["phases"]["setup"] < doc["model"]["bytes"]  # never the whole model on a rank
 
 
+def test_a_plain_loop_that_calls_its_model_with_keywords_alone_is_traced_at_them() -> None:
+    """No engine, and the model called as transformers' models are (``model(input_ids=..., labels=...)``): the
+    first call is traced at its keyword arguments (a global forward hook is not given them)."""
+    code, doc, err = plan("--", "python", str(SCRIPTS / "keyword_loop.py"), "--steps", MANY_STEPS)
+    assert code == 0, err[-3000:]
+    assert "could not trace" not in err and "stopping before training" in err
+    asked = doc["options"][0]
+    assert asked["engine"] == "single" and doc["model"]["batch_size"] == 4
+    batch = 2 * 4 * 16 * 8  # input_ids and labels, 4 sequences of 16 int64 tokens
+    assert asked["per_rank"]["activations"] > batch, asked["per_rank"]
+
+
 def test_a_command_that_never_reaches_an_engine_says_so() -> None:
     code, _, err = plan("--", "python", "-c", "print('no model here')", fmt="text")
     assert code == 2

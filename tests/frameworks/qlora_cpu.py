@@ -12,7 +12,12 @@ weights' scales are quantized too (``bnb_4bit_use_double_quant``), each
 ``quant_state`` then holding a state of its own for them.
 
 Run alone (one process) or under ``torchrun --nproc_per_node 2`` (DDP over
-gloo; every rank loads the checkpoint rank 0 saved).  Rank 0 prints the bytes
+gloo; every rank loads the checkpoint rank 0 saved).  ``--fsdp2`` (under
+torchrun): FSDP2 instead of DDP, as QLoRA-FSDP users shard: the 4-bit weights
+packed in fp32 (``bnb_4bit_quant_storage``, so that they shard like the other
+parameters), ``fully_shard`` on each decoder layer and on the root, over a CPU
+mesh of all ranks; bitsandbytes' ``Linear4bit`` keeps each weight's
+``quant_state`` on the module and hands it back to the weight FSDP2 gathers.  Rank 0 prints the bytes
 the parameters hold (``params bytes=N``; the 4-bit weights' alone, ``4bit
 bytes=N``; the adapters', ``trainable bytes=N``), the bytes of the tensors the
 4-bit weights' ``quant_state`` holds (``quant_state bytes=N``), the model's
@@ -48,9 +53,10 @@ def saved_llama(directory: str) -> None:
     LlamaForCausalLM(CONFIG).save_pretrained(directory)
 
 
-def qlora(directory: str, double_quant: bool) -> torch.nn.Module:
+def qlora(directory: str, double_quant: bool, storage: torch.dtype = torch.uint8) -> torch.nn.Module:
     quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                      bnb_4bit_use_double_quant=double_quant, bnb_4bit_compute_dtype=torch.float32)
+                                      bnb_4bit_use_double_quant=double_quant, bnb_4bit_compute_dtype=torch.float32,
+                                      bnb_4bit_quant_storage=storage)
     model = LlamaForCausalLM.from_pretrained(directory, quantization_config=quantization, device_map="cpu",
                                              dtype=torch.float32)
     model = prepare_model_for_kbit_training(model)
@@ -99,12 +105,25 @@ def stood_for(parameters: Iterable[torch.nn.Parameter]) -> int:
     return sum(p.quant_state.shape.numel() for p in parameters if type(p).__name__ == "Params4bit")
 
 
+def fully_sharded(model: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2 as QLoRA-FSDP users apply it: each decoder layer a unit, the root one more, over all ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for layer in model.get_base_model().model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
 def main() -> None:
     torch.set_num_threads(1)
     distributed = "WORLD_SIZE" in os.environ
     if distributed:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if distributed else 0
+    fsdp2 = distributed and "--fsdp2" in sys.argv[1:]
     with tempfile.TemporaryDirectory() as mine:
         # under torchrun, every rank loads the checkpoint rank 0 saved, as from a shared disk
         directory = [mine]
@@ -114,7 +133,7 @@ def main() -> None:
             saved_llama(directory[0])
         if distributed:
             dist.barrier()
-        model = qlora(directory[0], "--double-quant" in sys.argv[1:])
+        model = qlora(directory[0], "--double-quant" in sys.argv[1:], torch.float32 if fsdp2 else torch.uint8)
         if distributed:
             dist.barrier()
     model.train()
@@ -126,7 +145,7 @@ def main() -> None:
         adapters = sum(p.numel() for p in model.parameters() if p.requires_grad)
         print(f"logical params={unquantised_params() + adapters}", flush=True)
         print(f"4bit params={stood_for(model.parameters())}", flush=True)
-    loss = train(model, distributed, rank)
+    loss = train(model, distributed, rank, fsdp2)
     if rank == 0:
         print(f"final steps={STEPS} loss={loss!r}", flush=True)
     if distributed:
@@ -134,15 +153,17 @@ def main() -> None:
         dist.destroy_process_group()
 
 
-def train(model: torch.nn.Module, distributed: bool, rank: int) -> float:
-    """AdamW steps on the adapters, under DDP when distributed; the DDP wrapper is gone when this returns.
+def train(model: torch.nn.Module, distributed: bool, rank: int, fsdp2: bool = False) -> float:
+    """AdamW steps on the adapters, under DDP when distributed (FSDP2 with ``fsdp2``); the DDP wrapper is gone
+    when this returns.
 
     It goes while the process group is still registered: had the wrapper's reducer held the group's last
     reference, dropping it would join gloo's worker threads with the GIL held while one of them waits for
     the GIL to drop its last allreduce (which keeps gradient checkpointing's hooks), and the rank would
     hang after training, with or without shardtop (torch 2.13, about 1 run in 10 on 2 cores).
     """
-    trained = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
+    trained = fully_sharded(model) if fsdp2 else torch.nn.parallel.DistributedDataParallel(model) if (
+        distributed) else model
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     loss = torch.zeros(())
     for step in range(STEPS):

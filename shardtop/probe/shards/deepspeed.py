@@ -28,6 +28,7 @@ from typing import Any
 
 from shardtop.probe.shards.optim import add_grads, add_optimizer_state
 from shardtop.probe.shards.placement import add_plain
+from shardtop.probe.shards.quantized import logical_numel
 from shardtop.probe.shards.table import (
     GATHERED,
     OFFLOADED,
@@ -136,7 +137,8 @@ def _read_partitioned(tree: ModuleTree, table: ShardTable, offload: bool) -> Non
         elif whole:  # gathered for compute right now
             state = GATHERED
             gathered.add(numel, beside * itemsize)
-        table.add(tree.param_rows[index], numel, stored, itemsize, table.device_id(device), table.state_id(state), unit)
+        table.add(tree.param_rows[index], numel, stored, itemsize, table.device_id(device), table.state_id(state), unit,
+                  logical_numel(param, numel))
         numel_total += numel
         local_total += local
         padded_total += partition

@@ -24,6 +24,7 @@ from typing import Any
 
 from shardtop.probe.shards.optim import Split, add_grads, add_optimizer_state, add_split
 from shardtop.probe.shards.placement import add_plain
+from shardtop.probe.shards.quantized import held_quant_state, numel_stood_for
 from shardtop.probe.shards.stale_optim import add_stale_optimizer_info
 from shardtop.probe.shards.table import OFFLOADED, REPLICATED, SHARDED, ShardTable, dtype_name
 from shardtop.probe.shards.tree import ModuleTree
@@ -226,7 +227,9 @@ def _add_flat(
         row = tree.row_of.get(id(info.module), -1)
         if row < 0:
             continue
-        table.add(row, numel, local, itemsize, device, state, unit)
+        registered = info.module._parameters.get(info.param_name)
+        elements = numel_stood_for(held_quant_state(registered, info.module, info.param_name), numel)
+        table.add(row, numel, local, itemsize, device, state, unit, elements)
         split.append((row, local))
     splits[id(flat)] = split
 

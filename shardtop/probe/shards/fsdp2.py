@@ -36,6 +36,7 @@ from typing import Any
 
 from shardtop.probe.shards.optim import add_grads, add_optimizer_state
 from shardtop.probe.shards.placement import add_plain
+from shardtop.probe.shards.quantized import held_quant_state, numel_stood_for
 from shardtop.probe.shards.stale_optim import add_stale_optimizer_info
 from shardtop.probe.shards.table import (
     GATHERED,
@@ -174,7 +175,8 @@ def _add_group(tree: ModuleTree, table: ShardTable, group: Any, root: bool | Non
         local = math.prod(getattr(fsdp_param, "sharded_size", None) or local_tensor(param).shape)
         row = _row(tree, fsdp_param, claimed)
         stored = full if gathered else local
-        table.add(row, full, stored, param.element_size(), table.device_id(local_tensor(param).device), state, unit)
+        table.add(row, full, stored, param.element_size(), table.device_id(local_tensor(param).device), state, unit,
+                  _elements(fsdp_param, full))
         numel += full
         local_numel += local
         padded += math.prod(getattr(fsdp_param, "padded_sharded_param_size", None) or (local,))
@@ -201,6 +203,14 @@ def _add_group(tree: ModuleTree, table: ShardTable, group: Any, root: bool | Non
         root=root,
         also=rows[1:],
     )
+
+
+def _elements(fsdp_param: Any, full: int) -> int:
+    """Elements the original parameter stands for: a 4-bit weight's logical count (its shard is a DTensor
+    without a ``quant_state``: the layer's is read, ``quantized.py``), else ``full``."""
+    info = getattr(fsdp_param, "_module_info", None)
+    state = held_quant_state(fsdp_param.sharded_param, getattr(info, "module", None), getattr(info, "param_name", ""))
+    return numel_stood_for(state, full)
 
 
 def _unsharded_grads(fsdp_param: Any, tree: ModuleTree) -> list[Any]:

@@ -8,6 +8,12 @@ logical ``shape`` and the tensors that dequantize it: the blocks' scales
 quantization, the scales' ``offset`` and their own state (``state2``, the
 same fields again).  They are read here by attribute alone (bitsandbytes is
 never imported) and never changed.
+
+An engine that puts another tensor in the weight's place (FSDP2's DTensor
+shard, FSDP1's view into its flat parameter) drops the ``quant_state`` with
+the parameter's class; bitsandbytes' layers (``Linear4bit``, ``Embedding4bit``)
+keep it on the module too, for their ``weight``, and hand it back at each
+forward: ``held_quant_state`` reads it there.
 """
 
 from __future__ import annotations
@@ -35,6 +41,25 @@ def quant_state(param: Any) -> Any:
     return getattr(param, "quant_state", None)
 
 
+QUANTIZED_WEIGHT = "weight"
+"""The parameter whose ``quant_state`` bitsandbytes' layers keep on the module."""
+
+
+def module_quant_state(module: Any) -> Any:
+    """The ``quant_state`` a bitsandbytes layer keeps on itself for its weight, or None (any other module)."""
+    held = getattr(module, "__dict__", None)
+    return held.get("quant_state") if held else None
+
+
+def held_quant_state(param: Any, module: Any, name: str) -> Any:
+    """The ``quant_state`` of ``module``'s parameter ``name`` (now ``param``): the parameter's own, else, for
+    the weight of a bitsandbytes layer whose weight an engine replaced, the one the layer keeps."""
+    state = quant_state(param)
+    if state is None and name == QUANTIZED_WEIGHT:
+        state = module_quant_state(module)
+    return state
+
+
 def is_quantized(param: Any) -> bool:
     """A parameter that may carry a ``quant_state`` (it has the attribute, set or not yet)."""
     return type(param) not in _PLAIN and hasattr(param, "quant_state")
@@ -44,7 +69,13 @@ def logical_numel(param: Any, stored: int) -> int:
     """Elements ``param`` stands for: its ``quant_state.shape``'s, else ``stored`` (its own count)."""
     if type(param) in _PLAIN:
         return stored
-    shape = getattr(getattr(param, "quant_state", None), "shape", None)
+    return numel_stood_for(getattr(param, "quant_state", None), stored)
+
+
+def numel_stood_for(state: Any, stored: int) -> int:
+    """Elements a weight quantized with ``state`` stands for: ``state.shape``'s; ``stored`` where there is
+    no state (None) or it keeps no shape."""
+    shape = getattr(state, "shape", None)
     if isinstance(shape, tuple) and all(isinstance(size, int) and size >= 0 for size in shape):
         return math.prod(shape)
     return stored
