@@ -153,32 +153,19 @@ def preset_plan(config: Mapping[str, Any], *, devices: int, accelerator: str) ->
 
 
 def command_plan(command: Sequence[str], devices: int) -> TracedPlan:
-    """``shardtop plan -- CMD`` once; the command's output is kept out of the way (a failure quotes its tail),
-    but for what the plan said where it traced no forward."""
+    """``shardtop plan -- CMD`` once; the command's output is kept out of the way (a failure quotes its tail)."""
     from shardtop.plan_command import plan_command
 
-    output = io.StringIO()
-    _, seen = plan_command(list(command), [f"devices={devices}"], err=output)
-    return TracedPlan(seen.description, seen.strategy, seen.accelerator,
-                      no_forward=no_forward_words(seen, output.getvalue()))
+    _, seen = plan_command(list(command), [f"devices={devices}"], err=io.StringIO())
+    return TracedPlan(seen.description, seen.strategy, seen.accelerator, no_forward=no_forward_words(seen))
 
 
-PLAN_SAID = "shardtop plan: "
-"""How the bootstrap's lines start in the command's output (``shardtop.inject.plan_first_call``)."""
-NO_FORWARD_NOTE = "no forward pass was traced"
-"""How the plan's note starts where it traced none (``shardtop.inject.plan_trace``)."""
-
-
-def no_forward_words(seen: ScriptPlan, output: str) -> str:
-    """What the plan said where it traced no forward: the bootstrap's lines of the command's output that say
-    why (a forward it could not trace, a command that ended before one), then the plan's own note; ""
-    where it traced one."""
-    notes = [n for n in seen.notes if n.startswith(NO_FORWARD_NOTE)]
-    if seen.complete and not notes:
+def no_forward_words(seen: ScriptPlan) -> str:
+    """What the plan said where it traced no forward: why (a forward it could not trace, a command that ended
+    before one, a plan written at the hand-over); "" where it traced one."""
+    if seen.complete:
         return ""
-    said = [line.strip()[len(PLAN_SAID):] for line in output.splitlines()
-            if line.strip().startswith(PLAN_SAID) and ("could not" in line or "without activations" in line)]
-    return "; ".join(dict.fromkeys([*said, *notes])) or "the plan was written before the model was called"
+    return seen.not_traced or "the plan was written before the model was called"
 
 
 def predictions(plans: Mapping[bool | None, TracedPlan], confs: Sequence[Configuration], *, devices: int,

@@ -58,8 +58,8 @@ class PlanState:
         """The device type of the mesh ``fully_shard`` was given ("" for its default mesh)."""
         self.planning = False
         self.seen: set[int] = set()
-        self.written = False
-        """A plan was written (at a hand-over or at the first call)."""
+        self.written: Any = None
+        """The ``ScriptPlan`` written last (at a hand-over or at the first call); None before one is."""
         self.handed_on: set[str] | None = None
         """The device types the model's parameters were on when first handed to an engine (``meta`` for a
         model built on the meta device and materialised after sharding, as torchtitan does)."""
@@ -168,24 +168,35 @@ def _plan_now(root: Any, called: Any, args: Any, kwargs: Any, compiled: bool = F
             path = path_in(root, called)
             _say(f"planned at the first call of {type(called).__name__}"
                  + (f" ({path})" if path else "") + "; stopping before training")
-    except Exception as e:  # noqa: BLE001 - said, and the plan made at the hand-over stands
-        _say(f"could not trace the first forward ({type(e).__name__}: {e}{_where(e)})")
+    except Exception as e:  # noqa: BLE001 - said, and planned without activations, saying why
+        why = f"could not trace the first forward ({type(e).__name__}: {e}{_where(e)})"
+        _say(why)
+        if global_rank() == 0 and (STATE.written is None or not STATE.written.complete):
+            try:
+                write_untraced(root, why)
+            except Exception as again:  # noqa: BLE001 - a plan written at the hand-over stands, if there is one
+                _say(f"could not plan the model without its forward either ({type(again).__name__}: {again})")
     _leave()
+
+
+def write_untraced(root: Any, why: str) -> None:
+    """The plan of ``root`` without activations, saying ``why`` no forward was traced."""
+    from shardtop.inject.plan_trace import describe_call
+
+    write_plan(describe_call(root, None, None, None, not_traced=why), complete=False, not_traced=why)
 
 
 def plan_at_exit() -> None:
     """Rank 0 of a script that handed its model to an engine and then ended before calling it (its next
     step needs what the engine would have done: Fabric builds its optimizer after FSDP materialised the
     model): the plan of what it saw, without activations, said as such."""
-    if STATE.written or STATE.planning or STATE.root is None or global_rank() != 0:
+    if STATE.written is not None or STATE.planning or STATE.root is None or global_rank() != 0:
         return
-    from shardtop.inject.plan_trace import describe_call
-
     STATE.planning = True
     try:
-        write_plan(describe_call(STATE.root, None, None, None), complete=False)
-        _say(f"the command ended after handing its model to {STATE.entry}, before calling it: planned without "
-             "activations")
+        why = f"the command ended after handing its model to {STATE.entry}, before calling it"
+        write_untraced(STATE.root, why)
+        _say(f"{why}: planned without activations")
     except Exception as e:  # noqa: BLE001 - the command's own exit code and output say the rest
         _say(f"could not plan the model handed to {STATE.entry} ({type(e).__name__}: {e})")
 
@@ -238,8 +249,9 @@ def fsdp2_sharding(reshard: dict[int, bool], root: Any) -> str:
     return "SHARD_GRAD_OP" if reshard.get(id(root)) is False else ""
 
 
-def write_plan(described: tuple[Any, list[str]], *, complete: bool) -> None:
-    """The ``ScriptPlan`` of ``described`` (``plan_trace.describe_call``) and ``STATE``, into ``PLAN_ONLY_ENV``."""
+def write_plan(described: tuple[Any, list[str]], *, complete: bool, not_traced: str = "") -> None:
+    """The ``ScriptPlan`` of ``described`` (``plan_trace.describe_call``) and ``STATE``, into ``PLAN_ONLY_ENV``;
+    ``not_traced``: why it has no forward traced, where it is not ``complete``."""
     from shardtop.plan.asked import Asked, strategy_of
     from shardtop.plan.script import ScriptPlan, write_script_plan
     from shardtop.trace.describe import walk
@@ -268,6 +280,6 @@ def write_plan(described: tuple[Any, list[str]], *, complete: bool) -> None:
     )
     strategy, assumed = strategy_of(asked)
     plan = ScriptPlan(description=desc, strategy=strategy, devices=_world_size(), accelerator=accelerator,
-                      entry=STATE.entry, notes=[*notes, *assumed], complete=complete)
+                      entry=STATE.entry, notes=[*notes, *assumed], complete=complete, not_traced=not_traced)
     write_script_plan(Path(os.environ[PLAN_ONLY_ENV]), plan)
-    STATE.written = True
+    STATE.written = plan

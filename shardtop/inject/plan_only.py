@@ -48,7 +48,7 @@ from shardtop.inject.plan_first_call import (
     on_module_call,
     on_root_call,
     plan_at_exit,
-    write_plan,
+    write_untraced,
 )
 
 # -- the hand-over -----------------------------------------------------------------------------
@@ -91,9 +91,7 @@ def _deepspeed_initialize(original: Callable[..., Any]) -> Callable[..., Any]:
         _take(model, f"zero{stage}" if stage else "ddp", "deepspeed.initialize", deepspeed=config,
               partitioned=partitioned)
         if model is not None and global_rank() == 0:  # the stand-in may not carry the script to a forward
-            from shardtop.inject.plan_trace import describe_call
-
-            write_plan(describe_call(model, None, None, None), complete=False)
+            write_untraced(model, "the command stopped before calling the model it handed to deepspeed.initialize")
         return _stand_in(model), kwargs.get("optimizer"), None, None
 
     return initialize

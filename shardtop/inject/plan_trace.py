@@ -121,9 +121,11 @@ def meta_counts_as_tracing() -> Iterator[None]:
             module.is_tracing = original
 
 
-def describe_call(root: Any, called: Any, args: Any, kwargs: Any) -> tuple[Any, list[str]]:
+def describe_call(root: Any, called: Any, args: Any, kwargs: Any,
+                  not_traced: str = "the script stopped before calling the model") -> tuple[Any, list[str]]:
     """The description of ``root`` on the meta device; with ``called`` and its arguments, its saved activations
-    for that call (``called`` is ``root`` or inside it); without, none."""
+    for that call (``called`` is ``root`` or inside it); without, none, and a note that says why
+    (``not_traced``)."""
     import torch
     from torch.utils._pytree import tree_flatten, tree_map
 
@@ -154,8 +156,7 @@ def describe_call(root: Any, called: Any, args: Any, kwargs: Any) -> tuple[Any, 
         notes.append(f"activations traced on the meta device through {where}, at the shapes of the batch the "
                      f"script passed (first dimension {batch}, taken as the batch per rank)")
     else:
-        notes.append("no forward pass was traced (the script stopped before calling the model): activations "
-                     "are not planned")
+        notes.append(f"no forward pass was traced: {not_traced}; activations are not planned")
     device_type = next((p.device.type for p in root.parameters() if p.device.type != "meta"), "cpu")
     with on_meta(root), meta_counts_as_tracing(), autocast_as_on(device_type), torch.enable_grad():
         desc = describe_model(root, forward_loss, name=type(root).__name__, batch_size=batch, input_bytes=input_bytes)

@@ -36,6 +36,9 @@ class ScriptPlan(msgspec.Struct, frozen=True, kw_only=True):
     """What the plan could not see, in words."""
     complete: bool = True
     """False: written at the hand-over, before a batch was seen (no activations yet)."""
+    not_traced: str = ""
+    """Why no forward was traced, in words: a first forward that could not be traced, a command that ended
+    before calling its model, a plan written at the hand-over; "" where one was."""
 
 
 def write_script_plan(directory: Path, plan: ScriptPlan) -> None:

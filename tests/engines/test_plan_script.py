@@ -137,6 +137,27 @@ def test_a_plain_loop_that_calls_its_model_with_keywords_alone_is_traced_at_them
     assert asked["per_rank"]["activations"] > batch, asked["per_rank"]
 
 
+def test_a_forward_the_plan_cannot_trace_is_planned_without_activations_saying_why() -> None:
+    """A model that reads a value out of a tensor in its forward cannot run on the meta device: the plan is made
+    of what the model holds, says why it has no activations, and fit takes those words, not a batch."""
+    from shardtop.fit.predict import command_plan
+
+    command = [sys.executable, str(SCRIPTS / "data_dependent_forward.py"), "--steps", MANY_STEPS]
+    with ThreadPoolExecutor(2) as both:
+        planned = both.submit(plan, "--", *command)
+        for_fit = both.submit(command_plan, command, 1)
+        code, doc, err = planned.result()
+        traced = for_fit.result()
+    assert code == 0, err[-3000:]
+    why = "could not trace the first forward (RuntimeError: Tensor.item() cannot be called on meta tensors in "
+    assert why in err
+    assert any(note.startswith(f"no forward pass was traced: {why}") for note in doc["notes"]), doc["notes"]
+    asked = doc["options"][0]
+    assert doc["model"]["params"] == 32 * 64 + 64 + 64 * 32 + 32
+    assert asked["per_rank"]["activations"] == 0
+    assert traced.no_forward.startswith(why) and "data_dependent_forward.py:" in traced.no_forward
+
+
 def test_a_command_that_never_reaches_an_engine_says_so() -> None:
     code, _, err = plan("--", "python", "-c", "print('no model here')", fmt="text")
     assert code == 2
