@@ -7,7 +7,10 @@ rank is stalled when it has not entered a phase nor finished a step for
 ``STALL_STEPS`` of its usual steps (at least ``MIN_STALL_S``) and some other
 rank is at a later step or has ended.  A rank busy in one long step is not:
 its peers are in that step too (or waiting for it), none ahead.  Alone, a rank
-is never called stalled: nothing tells a long step from a hang.
+is never called stalled: nothing tells a long step from a hang.  Nor is a rank
+that finished the very step at which every peer ahead of it ended: it runs
+code after its training loop (a save of the model, an evaluation, its
+teardown), which nothing tells from a wait either.
 
 Pure: the read model hands in each rank's state and whether it still runs.
 """
@@ -74,6 +77,12 @@ def find_stalls(ranks: Iterable[RankState], running: Mapping[int, bool], now: fl
             for o in states
             if o.rank != r.rank and (o.step > r.step or not running.get(o.rank, False))
         )
-        if peers:
+        if peers and not _after_last_step(r, peers):
             stalls[r.rank] = Stall(r.rank, r.phase, r.step, idle, usual, peers)
     return stalls
+
+
+def _after_last_step(r: RankState, peers: tuple[Peer, ...]) -> bool:
+    """``r`` finished the last step it entered, and every peer that would show it stalled ended at that step."""
+    finished = r.last_step is not None and r.last_step.step >= r.step
+    return finished and all(p.ended and p.step == r.step for p in peers)

@@ -1,6 +1,6 @@
 """Ranks that stall, on real two-rank gloo runs under ``shardtop run``: a rank waiting in a collective
 that its peer skipped is shown stalled, live, once it has been idle for three of its usual steps; ranks busy
-together in one long step are not."""
+together in one long step are not, nor is a rank that saves the model after the last step its peer ended at."""
 
 from __future__ import annotations
 
@@ -67,13 +67,28 @@ def test_a_rank_waiting_in_a_collective_its_peer_skipped_is_shown_stalled(tmp_pa
 
 
 def test_ranks_busy_together_in_one_long_step_are_not_stalled(tmp_path: Path) -> None:
-    runs = tmp_path / "runs"
-    job = start(runs, "--long-step", "--at", "3", "--steps", "6", step_s=LONG_RUN_STEP_S)
+    states, _ = states_seen(start(tmp_path / "runs", "--long-step", "--at", "3", "--steps", "6",
+                                  step_s=LONG_RUN_STEP_S), tmp_path / "runs")
+    assert "running" in states and "stalled" not in states
+
+
+def test_a_rank_saving_after_the_last_step_its_peer_ended_at_is_not_stalled(tmp_path: Path) -> None:
+    """Rank 0 spends eight of its steps (past the stall threshold) after training, as a save of the model does,
+    while rank 1 has ended after the same last step: no rank is stalled and nothing says it waits."""
+    states, said = states_seen(start(tmp_path / "runs", "--steps", "6", "--save-s", str(8 * LONG_RUN_STEP_S),
+                                     step_s=LONG_RUN_STEP_S), tmp_path / "runs")
+    assert {"running", "finished"} <= states and "stalled" not in states, states
+    assert "rank-stalled" not in said and "stalled" not in said, said[-3000:]
+
+
+def states_seen(job: subprocess.Popen[str], runs: Path) -> tuple[set[str], str]:
+    """Every state a rank of the run read as while the job ran, and what ``shardtop run`` printed."""
     states: set[str] = set()
     while job.poll() is None:
         time.sleep(0.3)
         found = list_runs(runs) if runs.exists() else []
         if found:
             states.update(r.status.state for r in read_run(found[0]).ranks)
-    assert job.returncode == 0, job.stdout.read() if job.stdout else ""
-    assert "running" in states and "stalled" not in states
+    said = job.stdout.read() if job.stdout else ""
+    assert job.returncode == 0, said
+    return states, said

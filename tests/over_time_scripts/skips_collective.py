@@ -6,12 +6,15 @@
 Each step takes about ``--step-s`` seconds and ends in an all-reduce of the gradients.  At step
 ``--at``, rank 1 leaves out the all-reduce (a branch only some ranks take) and goes on training alone,
 while rank 0 waits in it for good.  ``--long-step`` instead makes step ``--at`` long for both ranks
-(they compute, then meet in the all-reduce as usual): a slow step, not a hang.
+(they compute, then meet in the all-reduce as usual): a slow step, not a hang.  ``--save-s S``: no rank
+skips anything, and after the last step rank 0 spends S seconds as a save of a checkpoint does while
+rank 1 ends.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import time
 
@@ -26,6 +29,7 @@ def main() -> None:
     parser.add_argument("--at", type=int, default=4)
     parser.add_argument("--step-s", type=float, default=0.4)
     parser.add_argument("--long-step", action="store_true")
+    parser.add_argument("--save-s", type=float, default=0.0)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -35,14 +39,18 @@ def main() -> None:
         loss = model(torch.randn(8, 32)).pow(2).mean()
         loss.backward()
         time.sleep(args.step_s * (8 if args.long_step and step == args.at else 1))
-        skip = not args.long_step and rank == 1 and step >= args.at
+        skip = not args.long_step and not args.save_s and rank == 1 and step >= args.at
         if not skip:
             for p in model.parameters():
                 dist.all_reduce(p.grad)
         optimizer.step()
         optimizer.zero_grad()
     print(f"rank {rank} done", flush=True)
-    os._exit(0)
+    if rank == 0:
+        time.sleep(args.save_s)  # what a save of the model after training takes
+    elif args.save_s:
+        atexit._run_exitfuncs()  # ended as a process that returns does (what runs at exit has run), but
+    os._exit(0)  # without gloo's teardown, which can abort a raw gloo run at exit
 
 
 if __name__ == "__main__":
