@@ -86,7 +86,8 @@ class HeadlessFollower:
                 ahead = ", ".join(
                     f"rank {p.rank} {'ended' if p.ended else f'at step {p.step}'}" for p in stall.peers[:3]
                 )
-                self.say(f"warning: rank {rank} stalled: {stall.words} ({ahead}) [rank-stalled]")
+                said = "" if stall.between_steps else "warning: "
+                self.say(f"{said}rank {rank} stalled: {stall.words} ({ahead}) [rank-stalled]")
         self.stalls_said &= set(m.stalls)
         for r in m.ranks:
             if r.rank not in self.ended_said and r.status.ended and r.status.state not in ("finished", "out of memory"):

@@ -49,6 +49,8 @@ def explain_stalled(e: Stalled) -> Explanation:
     also = [r for r in e.stalled_ranks if r != s.rank]
     more = f" Ranks {', '.join(map(str, also))} are stalled too." if also else ""
     gpu = f" Its GPU reads {e.gpu_util} % busy." if e.gpu_util is not None else ""
+    if s.between_steps:
+        return _between_steps(s, others, more, gpu)
     return Explanation(
         title=f"Rank {s.rank} has made no progress for {s.idle_s:.0f} s, in {s.phase or 'its phase'} of step {s.step}",
         detail=(
@@ -64,6 +66,25 @@ def explain_stalled(e: Stalled) -> Explanation:
             "and the same early stopping decision, agreed on by all ranks."
         ),
         severity="warning",
+    )
+
+
+def _between_steps(s: Stall, others: str, more: str, gpu: str) -> Explanation:
+    """A rank that finished its step and began no other: busy with work of its own as often as waiting."""
+    return Explanation(
+        title=f"Rank {s.rank} has begun no step for {s.idle_s:.0f} s since it finished step {s.step}",
+        detail=(
+            f"Rank {s.rank} finished step {s.step} {s.idle_s:.0f} s ago, {s.idle_s / s.usual_step_s:.0f} times its "
+            f"usual step ({s.usual_step_s:.2f} s), and has begun no other, while {others}.{more}{gpu} Between "
+            "steps it runs code of its own (a save of the model, an evaluation, logging), and the others wait for "
+            "it at their next collective; or it waits in a collective the others did not enter (a barrier under a "
+            "condition only it meets). Which of the two, nothing here shows."
+        ),
+        fix=(
+            "Nothing, if it is saving or evaluating: it goes on when that ends. If it never does, look for a "
+            "collective called between steps by some ranks only, and make every rank call it."
+        ),
+        severity="info",
     )
 
 

@@ -47,9 +47,14 @@ class Stall:
     """The median of its recent steps."""
     peers: tuple[Peer, ...]
     """The ranks ahead of it or ended, which show it is not one long step of everyone."""
+    between_steps: bool = False
+    """It finished the last step it entered and began no other: it runs code of its own between steps (a save
+    of the model, an evaluation) or waits in a collective outside the steps, which nothing here tells apart."""
 
     @property
     def words(self) -> str:
+        if self.between_steps:
+            return f"no step begun for {self.idle_s:.0f} s since it finished step {self.step}"
         return f"no progress for {self.idle_s:.0f} s in {self.phase or 'its phase'} of step {self.step}"
 
 
@@ -77,12 +82,7 @@ def find_stalls(ranks: Iterable[RankState], running: Mapping[int, bool], now: fl
             for o in states
             if o.rank != r.rank and (o.step > r.step or not running.get(o.rank, False))
         )
-        if peers and not _after_last_step(r, peers):
-            stalls[r.rank] = Stall(r.rank, r.phase, r.step, idle, usual, peers)
+        finished = r.last_step is not None and r.last_step.step >= r.step
+        if peers and not (finished and all(p.ended and p.step == r.step for p in peers)):
+            stalls[r.rank] = Stall(r.rank, r.phase, r.step, idle, usual, peers, between_steps=finished)
     return stalls
-
-
-def _after_last_step(r: RankState, peers: tuple[Peer, ...]) -> bool:
-    """``r`` finished the last step it entered, and every peer that would show it stalled ended at that step."""
-    finished = r.last_step is not None and r.last_step.step >= r.step
-    return finished and all(p.ended and p.step == r.step for p in peers)

@@ -140,6 +140,7 @@ def _stall(s: Stall | None) -> JsonObject | None:
     return {
         "phase": s.phase, "step": s.step, "idle_s": round(s.idle_s, 3), "usual_step_s": round(s.usual_step_s, 3),
         "peers": [{"rank": p.rank, "step": p.step, "phase": p.phase, "ended": p.ended} for p in s.peers],
+        "between_steps": s.between_steps,
     }
 
 

@@ -81,6 +81,32 @@ def test_a_rank_saving_after_the_last_step_its_peer_ended_at_is_not_stalled(tmp_
     assert "rank-stalled" not in said and "stalled" not in said, said[-3000:]
 
 
+def test_a_rank_saving_between_steps_is_not_said_to_wait_in_a_collective(tmp_path: Path) -> None:
+    """Rank 0 saves after step 3 while rank 1 waits in step 4's all-reduce: rank 0 reads stalled, between steps,
+    and the finding says what was seen (a save or a wait, which nothing tells apart) as information."""
+    runs = tmp_path / "runs"
+    job = start(runs, "--steps", "5", "--save-at", "3", "--save-s", str(10 * LONG_RUN_STEP_S), step_s=LONG_RUN_STEP_S)
+    try:
+        seen = None
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and seen is None and job.poll() is None:
+            time.sleep(0.2)
+            found = list_runs(runs) if runs.exists() else []
+            model = read_run(found[0]) if found else None
+            if model is not None and 0 in model.stalls:
+                seen = model
+        assert seen is not None, "rank 0 never read as stalled while it saved"
+        stall = seen.stalls[0]
+        assert stall.between_steps and stall.step == 3 and [p.rank for p in stall.peers] == [1]
+        finding = next(f for f in diagnose(seen) if f.code == "rank-stalled")
+        assert finding.severity == "info" and "since it finished step 3" in finding.title
+        assert "a save of the model" in finding.detail and "Most likely" not in finding.detail
+    finally:
+        said = job.communicate(timeout=90)[0]
+    assert job.returncode == 0, said
+    assert "warning: rank 0 stalled" not in said and "rank 0 stalled: no step begun for" in said, said[-3000:]
+
+
 def states_seen(job: subprocess.Popen[str], runs: Path) -> tuple[set[str], str]:
     """Every state a rank of the run read as while the job ran, and what ``shardtop run`` printed."""
     states: set[str] = set()

@@ -8,7 +8,8 @@ Each step takes about ``--step-s`` seconds and ends in an all-reduce of the grad
 while rank 0 waits in it for good.  ``--long-step`` instead makes step ``--at`` long for both ranks
 (they compute, then meet in the all-reduce as usual): a slow step, not a hang.  ``--save-s S``: no rank
 skips anything, and after the last step rank 0 spends S seconds as a save of a checkpoint does while
-rank 1 ends.
+rank 1 ends; with ``--save-at K``, after step K instead, while rank 1 goes on into step K + 1 and waits
+for it in that step's all-reduce.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, default=0.4)
     parser.add_argument("--long-step", action="store_true")
     parser.add_argument("--save-s", type=float, default=0.0)
+    parser.add_argument("--save-at", type=int, default=0)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -45,8 +47,10 @@ def main() -> None:
                 dist.all_reduce(p.grad)
         optimizer.step()
         optimizer.zero_grad()
+        if rank == 0 and step == args.save_at:
+            time.sleep(args.save_s)  # what a save of a checkpoint takes
     print(f"rank {rank} done", flush=True)
-    if rank == 0:
+    if rank == 0 and not args.save_at:
         time.sleep(args.save_s)  # what a save of the model after training takes
     elif args.save_s:
         atexit._run_exitfuncs()  # ended as a process that returns does (what runs at exit has run), but
