@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from shardtop.probe.activations import SavedActivations
+from shardtop.probe.activations import HeldStorage, SavedActivations
 from shardtop.probe.allocator_timeline import BLOCK, block_bytes
 from shardtop.probe.allocator_trace import KINDS, LOSS, OUTPUT
 from shardtop.probe.engine_buffers import (
@@ -109,11 +109,10 @@ class _Tally:
             self.addresses[address] = kind
             self.bytes[kind] += block_bytes(nbytes, self.cuda)
 
-    def add_storage(self, kind: str, storage: Any) -> None:
+    def add_storage(self, kind: str, storage: HeldStorage) -> None:
         if storage.device != self.device:
             return
-        address = storage.data_ptr()
-        nbytes = storage.nbytes()
+        address, nbytes = storage.address, storage.nbytes
         if address and nbytes and address not in self.addresses:
             self.addresses[address] = kind
             self.bytes[kind] += block_bytes(nbytes, self.cuda)
