@@ -33,6 +33,7 @@ import torch
 from shardtop.probe.activations import HeldStorage, SavedActivations
 from shardtop.probe.allocator_timeline import BLOCK, block_bytes
 from shardtop.probe.allocator_trace import KINDS, LOSS, OUTPUT
+from shardtop.probe.collector import collector_paused
 from shardtop.probe.engine_buffers import (
     FLAT_PARAM_TENSORS,
     FSDP2_COMM_CONTEXT,
@@ -144,11 +145,16 @@ class MemoryCensus:
         """Bytes per kind now; None without a model, or when a container changed under the read.
 
         ``also``: engine objects found elsewhere (at an OOM, the ZeRO optimizer being built on the
-        failing stack, before any engine holds it); read this once.
+        failing stack, before any engine holds it); read this once.  The garbage collector is paused meanwhile
+        (``collector.py``).
         """
         if self._target is None and not also:
             return None
         started = time.perf_counter()
+        with collector_paused():
+            return self._read(activations, also, started)
+
+    def _read(self, activations: SavedActivations | None, also: list[Any] | None, started: float) -> KindCount | None:
         try:
             holders = self._holders
             if holders is None:
