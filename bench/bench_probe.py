@@ -24,7 +24,10 @@ its peak allocated memory the recorded split explains, by kind, and at an OOM.
 On a machine others load too, run it with ``OMP_NUM_THREADS=1`` and short
 blocks (``--blocks 20 --steps 3``): OpenMP's spinning threads turn a neighbour's
 load into steps 10-40 times slower, and long blocks let that drift decide the
-ratio.
+ratio.  ``--clock thread`` (CPU only, with ``OMP_NUM_THREADS=1``) times the steps
+by the training thread's CPU time instead of the wall clock: a step's work is all
+on that thread then, and time the machine gives to others' processes is left out
+(the probe's sampler thread is left out too).
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+clock = time.perf_counter
+"""What step times are read from (``--clock``)."""
+
 
 def model_of(n_blocks: int, width: int) -> nn.Module:
     layers: list[nn.Module] = []
@@ -54,38 +60,38 @@ def model_of(n_blocks: int, width: int) -> nn.Module:
 
 def step_times(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int, probe: bool,
                in_probe: list[float] | None = None) -> list[float]:
-    """Each step's wall time; ``in_probe`` gets, per step, the time spent inside the probe's own calls."""
+    """Each step's time (by ``clock``); ``in_probe`` gets, per step, the time spent inside the probe's own calls."""
     import shardtop.probe as st
 
     times = []
     for i in range(steps):
         if x.is_cuda:
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0 = clock()
         spent = 0.0
         if probe:
-            c = time.perf_counter()
+            c = clock()
             st.phase("forward", i)
-            spent += time.perf_counter() - c
+            spent += clock() - c
         loss = model(x).pow(2).mean()
         if probe:
-            c = time.perf_counter()
+            c = clock()
             st.phase("backward")
-            spent += time.perf_counter() - c
+            spent += clock() - c
         loss.backward()
         if probe:
-            c = time.perf_counter()
+            c = clock()
             st.phase("optimizer")
-            spent += time.perf_counter() - c
+            spent += clock() - c
         opt.step()
         opt.zero_grad(set_to_none=True)
         if x.is_cuda:
             torch.cuda.synchronize()
-        elapsed = time.perf_counter() - t0
+        elapsed = clock() - t0
         if probe:
-            c = time.perf_counter()
+            c = clock()
             st.step(i, loss=float(loss.detach()), seconds=elapsed)
-            spent += time.perf_counter() - c
+            spent += clock() - c
             if in_probe is not None:
                 in_probe.append(spent)
         times.append(elapsed)
@@ -272,12 +278,20 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="also profile STEPS steady steps with the probe (cProfile)")
     parser.add_argument("--explained", type=Path, nargs="+", help="recorded run directories to read instead")
+    parser.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                        help="time steps by the wall clock, or by the training thread's CPU time (CPU only)")
     args = parser.parse_args()
     if args.explained:
         explained_report(args.explained)
         return
     os.environ.pop("SHARDTOP_RUN_DIR", None)
-    print(f"torch {torch.__version__}, {os.cpu_count()} cpus, device {args.device}")
+    global clock
+    if args.clock == "thread":
+        if args.device != "cpu":
+            parser.error("--clock thread times CPU steps only: a GPU's work is on no thread of this process")
+        clock = time.thread_time
+    timed_by = "the training thread's CPU time" if args.clock == "thread" else "the wall clock"
+    print(f"torch {torch.__version__}, {os.cpu_count()} cpus, device {args.device}, steps timed by {timed_by}")
     bench_overhead(args.device, args.blocks, args.steps, args.width, args.batch, args.profile)
     bench_kept(args.device, args.blocks, args.width, args.batch)
     bench_big_tree(args.modules)
