@@ -98,9 +98,10 @@ def step_times(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, st
     return times
 
 
-def profile_on_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int) -> None:
-    """Where the probe's steady steps spend their time: cProfile of ``steps`` of them, the probe's
-    functions by time of their own."""
+def profile_on_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int,
+                     which: str = "steady") -> None:
+    """Where the probe's ``which`` steps (steady, or explained) spend their time: cProfile of ``steps`` of
+    them, the probe's functions by their cumulative time."""
     import cProfile
     import io
     import pstats
@@ -112,11 +113,12 @@ def profile_on_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tens
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
     stats.sort_stats("cumulative").print_stats(r"shardtop|cuda", 25)
-    print(f"  cProfile of {steps} steady steps with the probe (functions of shardtop and torch.cuda, cumulative):")
+    print(f"  cProfile of {steps} {which} steps with the probe (functions of shardtop and torch.cuda, cumulative):")
     print("\n".join("    " + line for line in out.getvalue().splitlines() if line.strip()))
 
 
-def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int, profile: int = 0) -> None:
+def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int, profile: int = 0,
+                   profile_explained: int = 0) -> None:
     import shardtop.probe as st
     from shardtop.probe.current import current
     from shardtop.probe.memory_explain import CENSUS_BUDGET, MemoryExplainer, MemoryOptions
@@ -150,6 +152,8 @@ def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int,
             on += step_times(model, opt, x, steps, probe=True, in_probe=in_probe)
             probe.memory_probe.explainer = explaining
             explained += step_times(model, opt, x, steps, probe=True)
+        if profile_explained:
+            profile_on_steps(model, opt, x, profile_explained, "explained")
         probe.memory_probe.explainer = steady
         explaining.close()
         if profile:
@@ -277,6 +281,8 @@ def main() -> None:
     parser.add_argument("--modules", type=int, default=100_000)
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="also profile STEPS steady steps with the probe (cProfile)")
+    parser.add_argument("--profile-explained", type=int, default=0, metavar="STEPS",
+                        help="also profile STEPS explained steps (cProfile)")
     parser.add_argument("--explained", type=Path, nargs="+", help="recorded run directories to read instead")
     parser.add_argument("--clock", choices=("wall", "thread"), default="wall",
                         help="time steps by the wall clock, or by the training thread's CPU time (CPU only)")
@@ -292,7 +298,8 @@ def main() -> None:
         clock = time.thread_time
     timed_by = "the training thread's CPU time" if args.clock == "thread" else "the wall clock"
     print(f"torch {torch.__version__}, {os.cpu_count()} cpus, device {args.device}, steps timed by {timed_by}")
-    bench_overhead(args.device, args.blocks, args.steps, args.width, args.batch, args.profile)
+    bench_overhead(args.device, args.blocks, args.steps, args.width, args.batch, args.profile,
+                   args.profile_explained)
     bench_kept(args.device, args.blocks, args.width, args.batch)
     bench_big_tree(args.modules)
 
