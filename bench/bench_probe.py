@@ -33,6 +33,7 @@ on that thread then, and time the machine gives to others' processes is left out
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -98,6 +99,18 @@ def step_times(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, st
     return times
 
 
+class CollectionCount:
+    """Collections of the cyclic garbage collector, by generation, while ``counting`` (a ``gc.callbacks`` entry)."""
+
+    def __init__(self) -> None:
+        self.counting = False
+        self.by_generation = [0, 0, 0]
+
+    def seen(self, stage: str, info: dict[str, Any]) -> None:
+        if self.counting and stage == "start":
+            self.by_generation[info["generation"]] += 1
+
+
 def profile_on_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int,
                      which: str = "steady") -> None:
     """Where the probe's ``which`` steps (steady, or explained) spend their time: cProfile of ``steps`` of
@@ -144,6 +157,8 @@ def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int,
         on: list[float] = []
         in_probe: list[float] = []
         explained: list[float] = []
+        collections = CollectionCount()
+        gc.callbacks.append(collections.seen)
         for _ in range(blocks):
             sampler.stop()
             off += step_times(model, opt, x, steps, probe=False)
@@ -151,7 +166,10 @@ def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int,
             probe.memory_probe.explainer = steady
             on += step_times(model, opt, x, steps, probe=True, in_probe=in_probe)
             probe.memory_probe.explainer = explaining
+            collections.counting = True
             explained += step_times(model, opt, x, steps, probe=True)
+            collections.counting = False
+        gc.callbacks.remove(collections.seen)
         if profile_explained:
             profile_on_steps(model, opt, x, profile_explained, "explained")
         probe.memory_probe.explainer = steady
@@ -173,6 +191,8 @@ def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int,
     print(f"  explained steps (the first {len(first) - 1} of a run, or on request): median {m_ex * 1e3:.3f} ms, "
           f"ratio {m_ex / m_off:.4f} ({(m_ex / m_off - 1) * 100:+.2f} %); "
           f"{explaining.activations.saved / max(1, len(explained)):.0f} saved tensors followed per step")
+    print(f"  garbage collections during the explained steps by generation (0, 1, 2): "
+          f"{', '.join(str(collections.by_generation[g]) for g in range(3))} in {len(explained)} steps")
     seconds = statistics.median(c.seconds for c in census if c is not None)
     print(f"  census of memory by kind: {seconds * 1e3:.2f} ms on this model, so at most every "
           f"{seconds / CENSUS_BUDGET:.2f} s, at a phase change; probe faults: {faults or 'none'}")
