@@ -24,12 +24,16 @@ its peak allocated memory the recorded split explains, by kind, and at an OOM.
 On a machine others load too, run it with ``OMP_NUM_THREADS=1`` and short
 blocks (``--blocks 20 --steps 3``): OpenMP's spinning threads turn a neighbour's
 load into steps 10-40 times slower, and long blocks let that drift decide the
-ratio.
+ratio.  ``--clock thread`` (CPU only, with ``OMP_NUM_THREADS=1``) times the steps
+by the training thread's CPU time instead of the wall clock: a step's work is all
+on that thread then, and time the machine gives to others' processes is left out
+(the probe's sampler thread is left out too).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -44,6 +48,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+clock = time.perf_counter
+"""What step times are read from (``--clock``)."""
+
 
 def model_of(n_blocks: int, width: int) -> nn.Module:
     layers: list[nn.Module] = []
@@ -54,47 +61,60 @@ def model_of(n_blocks: int, width: int) -> nn.Module:
 
 def step_times(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int, probe: bool,
                in_probe: list[float] | None = None) -> list[float]:
-    """Each step's wall time; ``in_probe`` gets, per step, the time spent inside the probe's own calls."""
+    """Each step's time (by ``clock``); ``in_probe`` gets, per step, the time spent inside the probe's own calls."""
     import shardtop.probe as st
 
     times = []
     for i in range(steps):
         if x.is_cuda:
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0 = clock()
         spent = 0.0
         if probe:
-            c = time.perf_counter()
+            c = clock()
             st.phase("forward", i)
-            spent += time.perf_counter() - c
+            spent += clock() - c
         loss = model(x).pow(2).mean()
         if probe:
-            c = time.perf_counter()
+            c = clock()
             st.phase("backward")
-            spent += time.perf_counter() - c
+            spent += clock() - c
         loss.backward()
         if probe:
-            c = time.perf_counter()
+            c = clock()
             st.phase("optimizer")
-            spent += time.perf_counter() - c
+            spent += clock() - c
         opt.step()
         opt.zero_grad(set_to_none=True)
         if x.is_cuda:
             torch.cuda.synchronize()
-        elapsed = time.perf_counter() - t0
+        elapsed = clock() - t0
         if probe:
-            c = time.perf_counter()
+            c = clock()
             st.step(i, loss=float(loss.detach()), seconds=elapsed)
-            spent += time.perf_counter() - c
+            spent += clock() - c
             if in_probe is not None:
                 in_probe.append(spent)
         times.append(elapsed)
     return times
 
 
-def profile_on_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int) -> None:
-    """Where the probe's steady steps spend their time: cProfile of ``steps`` of them, the probe's
-    functions by time of their own."""
+class CollectionCount:
+    """Collections of the cyclic garbage collector, by generation, while ``counting`` (a ``gc.callbacks`` entry)."""
+
+    def __init__(self) -> None:
+        self.counting = False
+        self.by_generation = [0, 0, 0]
+
+    def seen(self, stage: str, info: dict[str, Any]) -> None:
+        if self.counting and stage == "start":
+            self.by_generation[info["generation"]] += 1
+
+
+def profile_on_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int,
+                     which: str = "steady") -> None:
+    """Where the probe's ``which`` steps (steady, or explained) spend their time: cProfile of ``steps`` of
+    them, the probe's functions by their cumulative time."""
     import cProfile
     import io
     import pstats
@@ -106,11 +126,12 @@ def profile_on_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tens
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
     stats.sort_stats("cumulative").print_stats(r"shardtop|cuda", 25)
-    print(f"  cProfile of {steps} steady steps with the probe (functions of shardtop and torch.cuda, cumulative):")
+    print(f"  cProfile of {steps} {which} steps with the probe (functions of shardtop and torch.cuda, cumulative):")
     print("\n".join("    " + line for line in out.getvalue().splitlines() if line.strip()))
 
 
-def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int, profile: int = 0) -> None:
+def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int, profile: int = 0,
+                   profile_explained: int = 0) -> None:
     import shardtop.probe as st
     from shardtop.probe.current import current
     from shardtop.probe.memory_explain import CENSUS_BUDGET, MemoryExplainer, MemoryOptions
@@ -136,6 +157,8 @@ def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int,
         on: list[float] = []
         in_probe: list[float] = []
         explained: list[float] = []
+        collections = CollectionCount()
+        gc.callbacks.append(collections.seen)
         for _ in range(blocks):
             sampler.stop()
             off += step_times(model, opt, x, steps, probe=False)
@@ -143,7 +166,12 @@ def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int,
             probe.memory_probe.explainer = steady
             on += step_times(model, opt, x, steps, probe=True, in_probe=in_probe)
             probe.memory_probe.explainer = explaining
+            collections.counting = True
             explained += step_times(model, opt, x, steps, probe=True)
+            collections.counting = False
+        gc.callbacks.remove(collections.seen)
+        if profile_explained:
+            profile_on_steps(model, opt, x, profile_explained, "explained")
         probe.memory_probe.explainer = steady
         explaining.close()
         if profile:
@@ -163,6 +191,8 @@ def bench_overhead(device: str, blocks: int, steps: int, width: int, batch: int,
     print(f"  explained steps (the first {len(first) - 1} of a run, or on request): median {m_ex * 1e3:.3f} ms, "
           f"ratio {m_ex / m_off:.4f} ({(m_ex / m_off - 1) * 100:+.2f} %); "
           f"{explaining.activations.saved / max(1, len(explained)):.0f} saved tensors followed per step")
+    print(f"  garbage collections during the explained steps by generation (0, 1, 2): "
+          f"{', '.join(str(collections.by_generation[g]) for g in range(3))} in {len(explained)} steps")
     seconds = statistics.median(c.seconds for c in census if c is not None)
     print(f"  census of memory by kind: {seconds * 1e3:.2f} ms on this model, so at most every "
           f"{seconds / CENSUS_BUDGET:.2f} s, at a phase change; probe faults: {faults or 'none'}")
@@ -271,14 +301,25 @@ def main() -> None:
     parser.add_argument("--modules", type=int, default=100_000)
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="also profile STEPS steady steps with the probe (cProfile)")
+    parser.add_argument("--profile-explained", type=int, default=0, metavar="STEPS",
+                        help="also profile STEPS explained steps (cProfile)")
     parser.add_argument("--explained", type=Path, nargs="+", help="recorded run directories to read instead")
+    parser.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                        help="time steps by the wall clock, or by the training thread's CPU time (CPU only)")
     args = parser.parse_args()
     if args.explained:
         explained_report(args.explained)
         return
     os.environ.pop("SHARDTOP_RUN_DIR", None)
-    print(f"torch {torch.__version__}, {os.cpu_count()} cpus, device {args.device}")
-    bench_overhead(args.device, args.blocks, args.steps, args.width, args.batch, args.profile)
+    global clock
+    if args.clock == "thread":
+        if args.device != "cpu":
+            parser.error("--clock thread times CPU steps only: a GPU's work is on no thread of this process")
+        clock = time.thread_time
+    timed_by = "the training thread's CPU time" if args.clock == "thread" else "the wall clock"
+    print(f"torch {torch.__version__}, {os.cpu_count()} cpus, device {args.device}, steps timed by {timed_by}")
+    bench_overhead(args.device, args.blocks, args.steps, args.width, args.batch, args.profile,
+                   args.profile_explained)
     bench_kept(args.device, args.blocks, args.width, args.batch)
     bench_big_tree(args.modules)
 

@@ -19,8 +19,12 @@ model's outermost calls since ``start`` (held weakly: they never keep a graph
 alive).  What the script computed from those outputs outside any module (a
 loss) is reachable from none of them; where nodes were made after the model's
 last call and no backward has run since, the process's tensors that carry a
-graph made since ``start`` are looked for once (``gc.get_objects()``, about
-0.15 s per 400 000 objects on a 2-core machine) and held weakly in turn.
+graph made since ``start`` are looked for once (``gc.get_objects()``, 20 to
+40 ms for 320 000 objects on a 2-core machine) and held weakly in turn.  Every
+generation is searched: a tensor made before the step can be given its graph
+in place (``total += loss``), one way earlier graphs are kept alive.
+A read keeps no storage it found (``HeldStorage``): the backward frees each
+activation as it would alone.
 
 What the loss made of the model's output is told apart from the activations
 (``loss``): the tensors of nodes made outside the model's modules from an
@@ -35,7 +39,7 @@ from __future__ import annotations
 import gc
 import weakref
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -55,6 +59,18 @@ from shardtop.probe.saved_graph import (
 MAX_OUTPUTS = 64
 """Outputs of outermost calls held (weakly) as the graph's roots, the latest kept."""
 
+
+class HeldStorage(NamedTuple):
+    """A storage the graph held when it was read: where, how large, on which device.  Not the storage itself:
+    holding that would keep an activation alive after the backward released it."""
+
+    address: int
+    nbytes: int
+    device: torch.device
+
+    @classmethod
+    def of(cls, storage: Any) -> HeldStorage:
+        return cls(storage.data_ptr(), storage.nbytes(), storage.device)
 
 
 def tensor_types() -> frozenset[type]:
@@ -85,7 +101,7 @@ class SavedActivations:
         """The sequence number when the model's last outermost call returned."""
         self.saved = 0
         """Saved tensors seen by the last read (a count, for the cost figures)."""
-        self.last: list[tuple[Any, int]] = []
+        self.last: list[tuple[HeldStorage, int]] = []
         """What the last read found (``live_storages``)."""
         self.forward_began: int | None = None
         """The sequence number when the forward before the latest began (``note_forward``, every forward): a
@@ -96,10 +112,10 @@ class SavedActivations:
         self._model_outputs: list[weakref.ref[torch.Tensor]] = []
         """The tensors the outermost calls of the latest forward returned (the model's output: the logits of a
         language model), held weakly."""
-        self.kept: list[Any] = []
+        self.kept: list[HeldStorage] = []
         """Storages the last read found held by graphs of earlier forwards, and those graphs' outputs on the
         roots it was given: kept with their graphs, not this forward's activations."""
-        self.loss: list[Any] = []
+        self.loss: list[HeldStorage] = []
         """Storages the last read found made of the model's output outside its modules (``_OutputDescent``):
         what the loss made of the logits, saved for its backward or held by a root."""
         self.failed: str | None = readable()
@@ -201,7 +217,7 @@ class SavedActivations:
         """The tensors the latest forward's outermost calls returned, those still alive."""
         return [t for ref in self._model_outputs if (t := ref()) is not None]
 
-    def live_storages(self) -> list[tuple[Any, int]]:
+    def live_storages(self) -> list[tuple[HeldStorage, int]]:
         """(storage, module id) of every storage the graph holds for backward now (0: no module); those of
         graphs an earlier forward made go to ``kept`` instead, and those the loss made of the model's output
         (saved for its backward, or roots themselves) to ``loss``."""
@@ -209,8 +225,8 @@ class SavedActivations:
             return []
         roots = self._roots()
         self.roots = []
-        found: dict[int, tuple[Any, int]] = {}
-        kept: dict[int, Any] = {}
+        found: dict[int, tuple[HeldStorage, int]] = {}
+        kept: dict[int, HeldStorage] = {}
         made = _OutputDescent(self.model_outputs(), self.spans)
         saved = 0
         owner = self.spans.owner
@@ -228,24 +244,24 @@ class SavedActivations:
                 if key == 0 or key in found or key in kept or key in made.loss:
                     continue
                 if earlier:
-                    kept[key] = storage
+                    kept[key] = HeldStorage(key, storage.nbytes(), storage.device)
                 elif of_loss and made.of_loss(tensor, key):
-                    made.loss[key] = storage
+                    made.loss[key] = HeldStorage(key, storage.nbytes(), storage.device)
                 else:
-                    found[key] = (storage, owner(sequence))
+                    found[key] = (HeldStorage(key, storage.nbytes(), storage.device), owner(sequence))
         for root in roots:  # what the loss made of the output and holds as a tensor (an fp32 copy of the logits)
             if isinstance(root, torch.Tensor) and made.made(root.grad_fn):
                 storage = root.untyped_storage()
                 key = storage.data_ptr()
                 if key and key not in found and key not in kept and key not in made.outputs:
-                    made.loss.setdefault(key, storage)
+                    made.loss.setdefault(key, HeldStorage.of(storage))
         if began is not None:  # the roots themselves, where an earlier forward made them (a list of outputs)
             for root in roots:
                 node = getattr(root, "grad_fn", None)
                 if isinstance(root, torch.Tensor) and node is not None and node._sequence_nr() < began:
                     storage = root.untyped_storage()
                     if storage.data_ptr() and storage.data_ptr() not in found:
-                        kept.setdefault(storage.data_ptr(), storage)
+                        kept.setdefault(storage.data_ptr(), HeldStorage.of(storage))
         self.saved = saved
         self.last = list(found.values())
         self.kept = list(kept.values())
@@ -253,7 +269,7 @@ class SavedActivations:
         return self.last
 
     def by_module(
-        self, device: torch.device, skip: Iterable[int] = (), found: list[tuple[Any, int]] | None = None
+        self, device: torch.device, skip: Iterable[int] = (), found: list[tuple[HeldStorage, int]] | None = None
     ) -> dict[int, int]:
         """Bytes saved and alive per module id (on ``device``), storages in ``skip`` excluded: now, or in
         ``found`` (a read just made)."""
@@ -263,8 +279,7 @@ class SavedActivations:
         for storage, module in self.live_storages() if found is None else found:
             if storage.device != device:
                 continue
-            key = storage.data_ptr()
-            nbytes = storage.nbytes()
+            key, nbytes = storage.address, storage.nbytes
             if nbytes == 0 or key in skipped:
                 continue
             skipped.add(key)
@@ -286,7 +301,7 @@ class _OutputDescent:
         self.spans = spans
         self.of_output: set[int] = set()
         """Sequence numbers of the nodes the loss made of the output."""
-        self.loss: dict[int, Any] = {}
+        self.loss: dict[int, HeldStorage] = {}
         """Storages found made of the output, by address."""
         self._results: set[int] = set()
 

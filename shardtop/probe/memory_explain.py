@@ -397,7 +397,7 @@ class MemoryExplainer:
         self.activations.roots = tensors_on_stack(error)
         count = self.census.count(self.activations, also=objects_on_stack(error))
         self.activations.roots = []
-        kept_graph = sum(s.nbytes() for s in self.activations.kept) if self.activations.failed is None else None
+        kept_graph = sum(s.nbytes for s in self.activations.kept) if self.activations.failed is None else None
         kept_by = kept_holder(error, self.activations.forward_began) if kept_graph else ""
         stats = self._stats()
         snapshot = memory_snapshot() if self.cuda else None

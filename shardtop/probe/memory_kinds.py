@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 
-from shardtop.probe.activations import SavedActivations
+from shardtop.probe.activations import HeldStorage, SavedActivations
 from shardtop.probe.allocator_timeline import BLOCK, block_bytes
 from shardtop.probe.allocator_trace import KINDS, LOSS, OUTPUT
+from shardtop.probe.collector import collector_paused
 from shardtop.probe.engine_buffers import (
     FLAT_PARAM_TENSORS,
     FSDP2_COMM_CONTEXT,
@@ -109,11 +110,10 @@ class _Tally:
             self.addresses[address] = kind
             self.bytes[kind] += block_bytes(nbytes, self.cuda)
 
-    def add_storage(self, kind: str, storage: Any) -> None:
+    def add_storage(self, kind: str, storage: HeldStorage) -> None:
         if storage.device != self.device:
             return
-        address = storage.data_ptr()
-        nbytes = storage.nbytes()
+        address, nbytes = storage.address, storage.nbytes
         if address and nbytes and address not in self.addresses:
             self.addresses[address] = kind
             self.bytes[kind] += block_bytes(nbytes, self.cuda)
@@ -145,11 +145,16 @@ class MemoryCensus:
         """Bytes per kind now; None without a model, or when a container changed under the read.
 
         ``also``: engine objects found elsewhere (at an OOM, the ZeRO optimizer being built on the
-        failing stack, before any engine holds it); read this once.
+        failing stack, before any engine holds it); read this once.  The garbage collector is paused meanwhile
+        (``collector.py``).
         """
         if self._target is None and not also:
             return None
         started = time.perf_counter()
+        with collector_paused():
+            return self._read(activations, also, started)
+
+    def _read(self, activations: SavedActivations | None, also: list[Any] | None, started: float) -> KindCount | None:
         try:
             holders = self._holders
             if holders is None:

@@ -15,10 +15,12 @@ import msgspec
 import pytest
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from shardtop.probe.activations import SavedActivations
 from shardtop.probe.memory_explain import REQUEST_FILE, MemoryExplainer, MemoryOptions
 from shardtop.probe.memory_kinds import MemoryCensus
+from shardtop.probe.saved_graph import nodes_from, of_a_parameter, saved_by
 from shardtop.probe.session import Probe
 from shardtop.rundir.event_files import read_all
 from shardtop.rundir.event_lines import decode, encode
@@ -81,9 +83,27 @@ def test_saved_activations_of_a_known_shape_per_module() -> None:
     by_module = tracker.by_module(torch.device("cpu"))
     # Linear 0 saved its input; the ReLU its output, which Linear 2 saved again (counted once, at the ReLU).
     assert by_module == {id(model[0]): B * F * 4, id(model[1]): B * H * 4}
-    assert sum(storage.nbytes() for storage, _ in tracker.live_storages()) == B * F * 4 + B * H * 4
+    assert sum(storage.nbytes for storage, _ in tracker.live_storages()) == B * F * 4 + B * H * 4
     out.sum().backward()
     assert tracker.live_storages() == []  # released as each node's backward ran
+
+
+def test_an_explained_steps_census_leaves_the_backward_free_to_release_the_activations() -> None:
+    model = mlp()
+    explainer = MemoryExplainer("cpu", MemoryOptions(explain_steps=1))
+    explainer.set_target(model)
+    explainer.on_phase("forward", 0)
+    x = torch.randn(B, F)
+    loss = model(x).pow(2).mean()
+    saved = {(s := t.untyped_storage()).data_ptr(): s for node in nodes_from([loss]) for t in saved_by(node)
+             if not of_a_parameter(t)}
+    made = [StorageWeakRef(s) for address, s in saved.items() if address != x.data_ptr()]  # the batch is the test's
+    assert len(made) == 2  # the ReLU's output (saved by it and by the second Linear) and the model's output
+    del saved
+    explainer.on_phase("backward", 0)  # the census of the forward's end reads every saved storage
+    assert explainer.act_by_module == {id(model[0]): B * F * 4, id(model[1]): B * H * 4, 0: B * OUT * 4}
+    loss.backward()
+    assert [ref.expired() for ref in made] == [True, True]  # nothing the census read holds them
 
 
 def _probe(tmp_path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> Probe:

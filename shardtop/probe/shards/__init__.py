@@ -97,12 +97,12 @@ Never imports textual, nor deepspeed (its objects are read, not imported).
 
 from __future__ import annotations
 
-import gc
 from collections import Counter
 from typing import Any
 
 import torch
 
+from shardtop.probe.collector import collector_paused
 from shardtop.probe.shards.ddp import is_ddp_wrapper, read_ddp
 from shardtop.probe.shards.deepspeed import find_engine, is_zero3_param, read_deepspeed
 from shardtop.probe.shards.fsdp1 import is_flat_param, is_fsdp1_wrapper, read_fsdp1
@@ -127,9 +127,7 @@ def read_shards(
     small objects per module, and on a 100 000-module model the collections
     they trigger (each traversing the whole model) cost as much as the walk.
     """
-    paused = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         tree = walk(resolve_target(target))
         table = ShardTable(tree)
         if optimizer is not None:
@@ -139,9 +137,6 @@ def read_shards(
             table.add_activations(activations)
         _add_process_info(table)
         return table.tree_event(tree_id), table.shards_event(tree_id, engine, stage)
-    finally:
-        if paused:
-            gc.enable()
 
 
 def resolve_target(target: Any) -> Any:
