@@ -42,6 +42,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from shardtop.plan.allocator import beyond_tensors
 from shardtop.plan.description import Convolution, ModelDescription
 from shardtop.plan.fsdp2 import fsdp2_backward, gathered_in_forward
 from shardtop.plan.held import START, UNIT, BackwardMoment, Held, step_temporary
@@ -325,16 +326,20 @@ def _fsdp(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> 
     unit_grads = int(unit_grads * desc.trained_share)  # frozen parameters (LoRA's base) get no gradient
     held_numel = on_device + unmanaged
     trained = int(held_numel * desc.trained_share)
+    # FSDP1 keeps each unit's shard as one flat tensor, and its gradient as another: each takes a segment
+    # of its own, which the allocator may count whole (``allocator.new_segment_block``).
+    flat = (beyond_tensors(ceil_div(n, shard_ranks) * stored for n in (*unit_numels.values(), root))
+            if gpu and strategy.engine == FSDP1 and not strategy.offload_params else 0)
     held = Held(
-        params=held_numel * stored,
-        grads=trained * stored,
+        params=held_numel * stored + flat,
+        grads=trained * stored + (flat if desc.trained_share == 1 else 0),
         optimizer=trained * state_per_element,
         host=(shard * (2 * stored + state_per_element)) if strategy.offload_params else 0,
         gathered_forward=gathered_forward,
         gathered_backward=gathered_backward,
         backward_transient=unit_grads,
         step_temporary=step_temporary(strategy, held_numel, desc.largest_param, gpu),
-        setup=desc.params * stored if strategy.built_whole else held_numel * stored + 2 * largest_unit * stored,
+        setup=desc.params * stored if strategy.built_whole else held_numel * stored + flat + 2 * largest_unit * stored,
     )
     if strategy.engine != FSDP2:
         return held
