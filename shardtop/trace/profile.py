@@ -19,6 +19,10 @@ its inputs; its own saves go to checkpoint's hooks, not to the rows.  While
 tracing, those saves are counted too, per region (``_checkpoints_measured``):
 what the region saves when it is not checkpointed is what the backward
 recomputes and holds while it makes the region's gradients.
+
+Traced as under autocast (``autocast.py``), the floating-point tensors are
+counted in bytes, each in the dtype it was saved in, and autocast's copies
+of the parameters are left out with the parameters.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from torch.nn.modules.conv import _ConvNd
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from shardtop.plan.description import Convolution
-from shardtop.trace.autocast import Autocast
+from shardtop.trace.autocast import CUDA_AUTOCAST, Autocast, AutocastPolicy
 from shardtop.trace.checkpoints import Recomputed, Saved, checkpoints_measured, unpacked
 
 Signature = tuple[Any, ...]
@@ -408,13 +412,14 @@ def saved_activations(
     signatures: dict[int, int],
     forward_loss: Callable[[nn.Module], torch.Tensor],
     autocast: torch.dtype | None = None,
+    policy: AutocastPolicy = CUDA_AUTOCAST,
 ) -> SavedCounts:
     """Run ``forward_loss(model)`` on meta tensors and count what autograd saves, per row.
 
     ``modules`` are the rows in pre-order; ``signatures`` maps ``id(module)`` to
     a number equal for modules built alike (see ``module_signatures``).
-    ``autocast``: run the forward as under CUDA's autocast to that dtype (``autocast.py``) and count
-    floating-point tensors in bytes, each in the dtype it was saved in.
+    ``autocast``: run the forward as under autocast to that dtype, with ``policy``'s lists (CUDA's:
+    ``autocast.py``), and count floating-point tensors in bytes, each in the dtype it was saved in.
     """
     rows = {id(m): i for i, m in enumerate(modules)}
     counts: dict[int, int] = {}
@@ -422,13 +427,13 @@ def saved_activations(
         counts[sig] = counts.get(sig, 0) + 1
     repeated = {mid for mid, sig in signatures.items() if counts[sig] > 1}
     profiler = _Profiler(rows, repeated, signatures, ends, floats_in_bytes=autocast is not None)
-    for m in modules:
-        for p in m._parameters.values():
-            if p is not None:
-                profiler.parameters.add(id(p.untyped_storage()))
+    # held while tracing, so that no other storage takes one of their ids
+    storages = [p.untyped_storage() for m in modules for p in m._parameters.values() if p is not None]
+    profiler.parameters.update(id(s) for s in storages)
     profiler.counted.update(profiler.parameters)
     model.train()
-    casts = Autocast(autocast, on_cast=profiler.parameter_cast) if autocast is not None else contextlib.nullcontext()
+    casts = (Autocast(autocast, policy, on_cast=profiler.parameter_cast) if autocast is not None
+             else contextlib.nullcontext())
     with (
         fused_attention(),
         _calls_through(profiler),

@@ -40,26 +40,21 @@ TOLERANCE = 0.10
 """A phase's figure against what the allocator needed there."""
 PEAK_TOLERANCE = 0.03
 """A finished run's planned peak against the allocator's (docs/plan.md's "within 3 %"): the recordings
-not in ``KNOWN_MISSES`` range from 1.8 % low to 2.8 % high."""
+not in ``KNOWN_MISSES`` range from 1.9 % low to 2.8 % high."""
 KNOWN_MISS_TOLERANCE = 0.06
-"""What a known miss is still held to: today from 5.9 % low to 3.9 % low (``fsdp-auto-wrap`` 4.5 % to 5.9 % low,
-``ddp-baseline`` 3.9 % low)."""
+"""What a known miss is still held to: today 3.9 % low (``ddp-baseline``, both recordings)."""
 
-_AUTOCAST_FP32 = (
-    "peak at the end of the second forward, planned low: at the peak the allocator's split shows 408 MiB of "
-    "activations against 367 MiB planned.  Under autocast the residual stream after `.float()` stays fp32, and "
-    "LayerNorm saves it as it is; the plan counts every saved activation at 2 bytes under mixed precision.  "
-    "The peak is also 45 MiB above what was allocated as backward began (a transient at the end of forward, "
-    "not identified)")
 _FORWARD_END = (
-    "peak at the end of the second forward, planned low by 161 MiB: the allocator's split there shows 750 MiB of "
-    "activations (730 planned) and 58 MiB beyond DDP's buckets, and the peak is 97 MiB above that split.  The "
-    "last module of forward is the 16 x 16 transposed convolution; its forward's cuDNN workspace is not measured "
-    "(only backward's are, workspaces.py), so that it is the cause is not shown")
+    "peak in the second forward, planned 3.9 % low, by 162 to 163 MiB.  The allocator's trace at its peak (the "
+    "requests alive, each of its own size) holds 752 MiB of activations with the batch against 730 MiB planned "
+    "(the same forward on CPU saves exactly what the plan counts, tests/engines/test_plan_autocast.py: the "
+    "22 MiB are CUDA's own, not identified) and 58 MiB beyond DDP's buckets and the workspaces, where the plan "
+    "has 16 MiB (the transposed 16 x 16 convolution's output; that convolution's forward workspace is not "
+    "measured).  The allocator's own peak is 97 to 99 MiB above the trace's: it counts each block whole, and a "
+    "block is larger than its request where it was cut from a cached block with at most 1 MiB left over.  "
+    "Which of the forward's blocks were so is not recorded; as the second forward began the allocator already "
+    "counted 16 to 17 MiB beyond the tensors a census found and the workspaces")
 KNOWN_MISSES: dict[str, str] = {
-    "h200/20261204-012331-fsdp-auto-wrap-c2a4": _AUTOCAST_FP32,
-    "h200-split/20261201-045234-fsdp-auto-wrap-52f3": _AUTOCAST_FP32,
-    "h200-rehearsal/20261201-212116-fsdp-auto-wrap-a415": _AUTOCAST_FP32 + "; rank 1 of two",
     "h200/20261204-012353-ddp-baseline-1350": _FORWARD_END,
     "h200-split/20261201-045257-ddp-baseline-f54a": _FORWARD_END,
 }
