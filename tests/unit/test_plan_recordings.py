@@ -14,6 +14,8 @@ config: preset, sizes, devices, ``gpu_mem_limit``) for the GPU it ran on:
 - a run that neither finished nor failed (stopped from outside): the plan
   is not below what it had already used.
 
+FSDP1's flat shards are planned as the allocator counted them at set-up, to a kilobyte.
+
 Where a run ran out at the last large request of its phase, the plan's
 figure for that phase is within 10 % of what the allocator needed there;
 and ZeRO-3 at 2000 layers on two ranks is set against the plan phase by
@@ -32,7 +34,9 @@ from shardtop.plan.cards import Gpu, card, limited
 from shardtop.rundir.event_files import read_all
 from shardtop.rundir.events import TIMELINE, Event, Memory, Oom, Phase
 from shardtop.rundir.run_directory import RunDirectory
-from shardtop.trace.presets import plan_config
+from shardtop.plan.memory import per_rank
+from shardtop.plan.preset_strategies import PRESET_STRATEGIES
+from shardtop.trace.presets import describe_preset, plan_config
 from tests.support.allocator_shares import FRAGMENTATION_FITTED_ON
 
 RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
@@ -71,6 +75,8 @@ LAST_REQUEST_OF_ITS_PHASE = {
 """Out-of-memory recordings whose failing request was the last large one of its phase, and what it was."""
 
 ZERO3_TWO_RANKS_2000_LAYERS = "h200-rehearsal/20261204-005347-zero3-linear-fixed-410c"
+FSDP1_FLAT_SHARDS = ("h200/20261204-012331-fsdp-auto-wrap-c2a4", "h200-rehearsal/20261201-212116-fsdp-auto-wrap-a415")
+"""FSDP1 on the GPU, parameters on it: 28 units of 27.04 MiB, whole on one H200 and halved on each of two ranks."""
 
 
 @dataclass(frozen=True)
@@ -230,3 +236,21 @@ def test_zero3_at_2000_layers_on_two_ranks_is_planned_phase_by_phase(rank: int) 
         else:
             assert planned <= (1 + TOLERANCE) * measured, f"{phase}: planned {planned}, never above {measured}"
     assert abs(p.peak - rank_peak) <= TOLERANCE * rank_peak, f"planned {p.peak}, measured {rank_peak}"
+
+
+@pytest.mark.parametrize("name", FSDP1_FLAT_SHARDS)
+def test_fsdp1s_flat_shards_are_planned_as_the_allocator_counted_them_at_set_up(name: str) -> None:
+    """Once FSDP1 has flattened the units, what the allocator counts beyond the tensors a census finds (the
+    engine's split: ``unexplained``) is each flat shard's segment left whole, as the plan has it (its GPU plan
+    less the same plan without the allocator), to a kilobyte: 14 or 28 MiB, where the blocks were taken as
+    their shards' sizes rounded up to 512 bytes."""
+    rec = _named(name)
+    config, devices = rec.config, int(rec.config["devices"])
+    desc = describe_preset(config)
+    strategy = PRESET_STRATEGIES[config["program"]](config, desc, "cuda", devices)
+    planned = (per_rank(desc, strategy, devices, gpu=True).params
+               - per_rank(desc, strategy, devices, gpu=False).params)
+    splits = [e.split for e in rec.events if isinstance(e, Memory) and e.split is not None and e.split.phase == "engine"]
+    assert splits, f"{name} has no split at the engine's set-up"
+    for split in splits:
+        assert split.unexplained is not None and abs(split.unexplained - planned) <= 1024, (split.unexplained, planned)
