@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 from shardtop.units import ceil_div
 
-
 BLOCK_ROUNDING = 512
 """Every block is a multiple of 512 bytes (``kMinBlockSize``)."""
 SMALL_REQUEST = 2**20

@@ -31,11 +31,11 @@ from typing import Any
 import pytest
 
 from shardtop.plan.cards import Gpu, card, limited
+from shardtop.plan.memory import per_rank
+from shardtop.plan.preset_strategies import PRESET_STRATEGIES
 from shardtop.rundir.event_files import read_all
 from shardtop.rundir.events import TIMELINE, Event, Memory, Oom, Phase
 from shardtop.rundir.run_directory import RunDirectory
-from shardtop.plan.memory import per_rank
-from shardtop.plan.preset_strategies import PRESET_STRATEGIES
 from shardtop.trace.presets import describe_preset, plan_config
 from tests.support.allocator_shares import FRAGMENTATION_FITTED_ON
 
@@ -250,7 +250,8 @@ def test_fsdp1s_flat_shards_are_planned_as_the_allocator_counted_them_at_set_up(
     strategy = PRESET_STRATEGIES[config["program"]](config, desc, "cuda", devices)
     planned = (per_rank(desc, strategy, devices, gpu=True).params
                - per_rank(desc, strategy, devices, gpu=False).params)
-    splits = [e.split for e in rec.events if isinstance(e, Memory) and e.split is not None and e.split.phase == "engine"]
+    splits = [e.split for e in rec.events
+              if isinstance(e, Memory) and e.split is not None and e.split.phase == "engine"]
     assert splits, f"{name} has no split at the engine's set-up"
     for split in splits:
         assert split.unexplained is not None and abs(split.unexplained - planned) <= 1024, (split.unexplained, planned)
