@@ -241,15 +241,14 @@ def test_zero3_at_2000_layers_on_two_ranks_is_planned_phase_by_phase(rank: int) 
 @pytest.mark.parametrize("name", FSDP1_FLAT_SHARDS)
 def test_fsdp1s_flat_shards_are_planned_as_the_allocator_counted_them_at_set_up(name: str) -> None:
     """Once FSDP1 has flattened the units, what the allocator counts beyond the tensors a census finds (the
-    engine's split: ``unexplained``) is each flat shard's segment left whole, as the plan has it (its GPU plan
-    less the same plan without the allocator), to a kilobyte: 14 or 28 MiB, where the blocks were taken as
+    engine's split: ``unexplained``) is each flat shard's segment left whole, as the plan has it (its set-up on
+    the GPU less the same set-up without the allocator), to a kilobyte: 14 or 28 MiB, where the blocks were taken as
     their shards' sizes rounded up to 512 bytes."""
     rec = _named(name)
     config, devices = rec.config, int(rec.config["devices"])
     desc = describe_preset(config)
     strategy = PRESET_STRATEGIES[config["program"]](config, desc, "cuda", devices)
-    planned = (per_rank(desc, strategy, devices, gpu=True).params
-               - per_rank(desc, strategy, devices, gpu=False).params)
+    planned = per_rank(desc, strategy, devices, gpu=True).setup - per_rank(desc, strategy, devices, gpu=False).setup
     splits = [e.split for e in rec.events
               if isinstance(e, Memory) and e.split is not None and e.split.phase == "engine"]
     assert splits, f"{name} has no split at the engine's set-up"
