@@ -51,13 +51,14 @@ KNOWN_MISS_TOLERANCE = 0.06
 _FORWARD_END = (
     "peak in the second forward, planned 3.9 % low, by 162 to 163 MiB.  The allocator's trace at its peak (the "
     "requests alive, each of its own size) holds 752 MiB of activations with the batch against 730 MiB planned "
-    "(the same forward on CPU saves exactly what the plan counts, tests/engines/test_plan_autocast.py: the "
-    "22 MiB are CUDA's own, not identified) and 58 MiB beyond DDP's buckets and the workspaces, where the plan "
-    "has 16 MiB (the transposed 16 x 16 convolution's output; that convolution's forward workspace is not "
-    "measured).  The allocator's own peak is 97 to 99 MiB above the trace's: it counts each block whole, and a "
-    "block is larger than its request where it was cut from a cached block with at most 1 MiB left over.  "
-    "Which of the forward's blocks were so is not recorded; as the second forward began the allocator already "
-    "counted 16 to 17 MiB beyond the tensors a census found and the workspaces")
+    "(the plan's saved tensors are, to the byte, what the same forward saves on CPU: "
+    "tests/engines/test_plan_autocast.py; the 22 MiB are the GPU run's own, not identified) and 58 MiB beyond "
+    "DDP's buckets and the workspaces, where the plan has 16 MiB (the transposed 16 x 16 convolution's output; "
+    "that convolution's forward workspace is not measured).  The allocator's own peak is 97 to 99 MiB above the "
+    "trace's: it counts each block whole, and a block is larger than its request where it was cut from a cached "
+    "block with at most 1 MiB left over.  Which of the forward's blocks were so is not recorded; as the second "
+    "forward began the allocator already counted 16 to 17 MiB beyond the tensors a census found and the "
+    "workspaces")
 KNOWN_MISSES: dict[str, str] = {
     "h200/20261204-012353-ddp-baseline-1350": _FORWARD_END,
     "h200-split/20261201-045257-ddp-baseline-f54a": _FORWARD_END,
