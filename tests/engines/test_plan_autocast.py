@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from shardtop.inject.plan_trace import describe_call
 from shardtop.runner.models import TransformerBlock
 from shardtop.trace.autocast import CUDA_AUTOCAST, Autocast, AutocastPolicy
 from shardtop.trace.describe import describe_model, walk
@@ -172,3 +173,17 @@ def test_the_presets_fp32_forward_saves_on_cpu_what_the_plan_counts() -> None:
     with saved_storages(model, without_parameter_copies=False) as real:
         nn.functional.cross_entropy(model(x).float(), y)
     assert sum(size * n for (size, _), n in real.items()) == desc.saved_float_upto[-1] * 4 + desc.saved_other_upto[-1]
+
+
+def test_a_commands_forward_run_under_autocast_is_traced_with_its_casts() -> None:
+    """``shardtop plan -- CMD`` at the model's first call: traced with autocast's casts where the script's
+    forward runs under autocast, and said in the plan's notes; once only where it does not."""
+    torch.manual_seed(0)
+    model = Stacks()
+    x, _ = batch("cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        desc, notes = describe_call(model, model, (x,), {})
+    assert desc.saved_autocast_upto and desc.saved_autocast_upto[-1] > 2 * desc.saved_float_upto[-1]
+    assert any("ran under autocast" in note for note in notes)
+    desc, notes = describe_call(model, model, (x,), {})
+    assert not desc.saved_autocast_upto and not any("autocast" in note for note in notes)
