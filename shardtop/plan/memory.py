@@ -30,7 +30,9 @@ gradient partitions), so a run can pass them and fail at the first step:
 it run out".  DeepSpeed ZeRO is in ``zero``.
 
 The numbers come from the engines' code (torch 2.4-2.14, DeepSpeed 0.15-0.19,
-Lightning 2.4-2.6); none is fitted to a measurement.  cuDNN's convolution
+Lightning 2.4-2.6); none is fitted to a measurement.  On a GPU, FSDP1's flat
+shards and their gradients are counted as PyTorch's caching allocator counts
+them (``allocator.new_segment_block``), beside the parts (``PerRank.rounding``).  cuDNN's convolution
 workspaces are the exception: no code decides them before the GPU does, so
 they are measured (``workspaces.py``).  Torch-free.
 """
