@@ -74,7 +74,7 @@ def main() -> None:
         print(f"  plan: params {p.params / MIB:.0f} grads {p.grads / MIB:.0f} optim {p.optimizer / MIB:.0f}"
               f" act {p.activations / MIB:.0f} gathered {p.gathered / MIB:.0f} buffers {p.buffers / MIB:.0f}"
               f" step_tmp {p.step_temporary / MIB:.0f} unit_grads {p.unit_grads / MIB:.0f}"
-              f" conv {p.conv_workspace / MIB:.0f}")
+              f" conv {p.conv_workspace / MIB:.0f} rounding {p.rounding / MIB:.0f}")
         print("  plan timeline: " + " ".join(f"{v / MIB:.0f}" for v in p.timeline))
         if split is not None:
             print(f"  measured at peak: {split.phase} step {split.step} alloc "

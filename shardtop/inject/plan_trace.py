@@ -158,6 +158,25 @@ def describe_call(root: Any, called: Any, args: Any, kwargs: Any,
     else:
         notes.append(f"no forward pass was traced: {not_traced}; activations are not planned")
     device_type = next((p.device.type for p in root.parameters() if p.device.type != "meta"), "cpu")
+    autocast = called is not None and _autocast_enabled(device_type)
     with on_meta(root), meta_counts_as_tracing(), autocast_as_on(device_type), torch.enable_grad():
-        desc = describe_model(root, forward_loss, name=type(root).__name__, batch_size=batch, input_bytes=input_bytes)
+        desc = describe_model(root, forward_loss, name=type(root).__name__, batch_size=batch, input_bytes=input_bytes,
+                              autocast=autocast)
+    if autocast and desc.saved_autocast_upto:
+        notes.append("the call ran under autocast: its activations were traced again with autocast's casts, "
+                     "each saved tensor counted in the dtype autocast gives it")
+    elif autocast:
+        notes.append("the call ran under autocast, but its forward could not be traced with autocast's casts: "
+                     "mixed precision counts each saved element at 2 bytes")
     return desc, notes
+
+
+def _autocast_enabled(device_type: str) -> bool:
+    """The script's forward runs under ``torch.autocast`` for its device (Lightning's and accelerate's mixed
+    precision): the plan then counts what it saves as autocast casts it."""
+    import torch
+
+    try:
+        return bool(torch.is_autocast_enabled(device_type))
+    except (TypeError, RuntimeError):  # a torch whose is_autocast_enabled takes no device
+        return False

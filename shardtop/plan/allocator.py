@@ -11,14 +11,53 @@ be returned.  So what a sequence needs at a request is every segment that
 still holds something, plus the new one: more than the bytes alive whenever a
 freed block was cut for a smaller request before a larger one came.
 
-The rounding of sizes (512 bytes, 2 MiB segments) is left out: a plan's
-``cards.FRAGMENTATION`` allowance covers it.  Torch-free and pure.
+The rounding of sizes (512 bytes, 2 MiB segments) is left out of that replay: a
+plan's ``cards.FRAGMENTATION`` allowance covers it.  Where a tensor the plan
+knows by itself takes a segment of its own, ``new_segment_block`` says what
+the allocator counts for it.  Torch-free and pure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from shardtop.units import ceil_div
+
+BLOCK_ROUNDING = 512
+"""Every block is a multiple of 512 bytes (``kMinBlockSize``)."""
+SMALL_REQUEST = 2**20
+"""Requests up to 1 MiB come from 2 MiB segments (``kSmallSize``); a larger block is split only where more
+than this would be left."""
+PACKED_REQUEST = 10 * 2**20
+"""Requests under 10 MiB come from 20 MiB segments (``kMinLargeAlloc``, ``kLargeBuffer``); larger ones get a
+segment of their own size rounded up to 2 MiB (``kRoundLarge``)."""
+SEGMENT_ROUNDING = 2 * 2**20
+
+
+def new_segment_block(size: int) -> int:
+    """The bytes PyTorch's CUDA caching allocator counts as allocated (``allocated_bytes``) for a request of
+    ``size`` that it serves from a new segment: the request rounded up to 512 bytes, unless the segment is
+    left whole because no more than 1 MiB of it would be left over (``should_split`` in
+    ``c10/cuda/CUDACachingAllocator.cpp``).  A tensor of 27.04 MiB takes a 28 MiB segment and counts as
+    28 MiB.  Expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) always split, and
+    are not modelled."""
+    if size <= 0:
+        return 0
+    rounded = _rounded_up(size, BLOCK_ROUNDING)
+    if size < PACKED_REQUEST:
+        return rounded
+    segment = _rounded_up(size, SEGMENT_ROUNDING)
+    return segment if segment - rounded <= SMALL_REQUEST else rounded
+
+
+def beyond_tensors(sizes: Iterable[int]) -> int:
+    """What the allocator counts beyond tensors of ``sizes`` bytes, each served from a new segment."""
+    return sum(new_segment_block(size) - size for size in sizes)
+
+
+def _rounded_up(size: int, step: int) -> int:
+    return ceil_div(size, step) * step
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,11 @@ class ModelDescription(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     """Running total of the floating-point elements each row's module saved for backward in one forward."""
     saved_other_upto: list[int]
     """Running total of the bytes of non-floating saved tensors (indices, masks)."""
+    saved_autocast_upto: list[int] = []
+    """Running total of the bytes of the floating-point tensors each row's module saved in one forward run as
+    under CUDA's autocast to a 2-byte dtype, each in the dtype it was saved in: half for what matmuls,
+    convolutions and attention save, fp32 for what LayerNorm, softmax or a loss saves and for what was fp32
+    already (``trace/autocast.py``).  Empty where the forward was not traced so."""
     largest_output: int
     """Elements of the largest tensor a module returned: the transient of forward and backward."""
     input_bytes: int

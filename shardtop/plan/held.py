@@ -60,6 +60,11 @@ class Held:
     setup_requests: tuple[tuple[str, int], ...] = ()
     """Where the engine's own buffers decide set-up: its requests in order, named for the user, each with
     what set-up needs from the device once it is served."""
+    params_rounding: int = 0
+    """What the CUDA caching allocator counts beyond ``params``: segments it left whole for tensors of their
+    own (FSDP1's flat shards, ``allocator.new_segment_block``)."""
+    grads_rounding: int = 0
+    """The same beyond ``grads``, from the first backward on (FSDP1's flat gradient shards)."""
     backward_moments: tuple[BackwardMoment, ...] = ()
     """Where set, the backward is planned as the largest of these moments (``fsdp2.py``) instead of from
     ``gathered_backward`` and ``backward_transient`` beside the larger of the activations and the gradients."""

@@ -30,7 +30,9 @@ gradient partitions), so a run can pass them and fail at the first step:
 it run out".  DeepSpeed ZeRO is in ``zero``.
 
 The numbers come from the engines' code (torch 2.4-2.14, DeepSpeed 0.15-0.19,
-Lightning 2.4-2.6); none is fitted to a measurement.  cuDNN's convolution
+Lightning 2.4-2.6); none is fitted to a measurement.  On a GPU, FSDP1's flat
+shards and their gradients are counted as PyTorch's caching allocator counts
+them (``allocator.new_segment_block``), beside the parts (``PerRank.rounding``).  cuDNN's convolution
 workspaces are the exception: no code decides them before the GPU does, so
 they are measured (``workspaces.py``).  Torch-free.
 """
@@ -42,6 +44,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from shardtop.plan.allocator import beyond_tensors
 from shardtop.plan.description import Convolution, ModelDescription
 from shardtop.plan.fsdp2 import fsdp2_backward, gathered_in_forward
 from shardtop.plan.held import START, UNIT, BackwardMoment, Held, step_temporary
@@ -110,6 +113,9 @@ class PerRank:
     recomputed: int = 0
     """Activation checkpointing: the largest checkpointed region's activations, recomputed and held in backward
     (0 where nothing is checkpointed)."""
+    rounding: int = 0
+    """What the CUDA caching allocator counts beyond the parameters and gradients, once both exist: segments
+    it left whole for tensors of their own (FSDP1's flat shards); in the phases, not in ``params``/``grads``."""
 
     @property
     def peak(self) -> int:
@@ -182,13 +188,15 @@ def _phases(
     conv = _conv_workspace(desc, strategy, rows, gpu=gpu, batch_scale=batch_scale)
     transient = int(largest_transient(desc, strategy) * batch_scale)
     recompute = recomputed_region(desc, strategy, batch_scale) if rows is None and desc.checkpointed else None
-    persistent_grads = held.grads if held.grads_persist else 0
-    first = held.params + held.optimizer_before_step + held.buffers + workspace + persistent_grads
-    base = held.params + held.optimizer + held.buffers + workspace + persistent_grads
+    params = held.params + held.params_rounding  # as the allocator counts them
+    grads = held.grads + held.grads_rounding
+    persistent_grads = grads if held.grads_persist else 0
+    first = params + held.optimizer_before_step + held.buffers + workspace + persistent_grads
+    base = params + held.optimizer + held.buffers + workspace + persistent_grads
     kept = strategy.grads_kept_through_forward and not (held.grads_persist or held.grads_freed_by_step)
-    grads_forward = held.grads if kept else 0
+    grads_forward = grads if kept else 0
     autocast_copies = held.params // desc.dtype_bytes * 2 if strategy.half and strategy.engine in (SINGLE, DDP) else 0
-    growing = 0 if held.grads_persist else held.grads
+    growing = 0 if held.grads_persist else grads
     first_forward, first_backward = (
         (held.gathered_forward, held.gathered_backward) if held.first_gathered is None
         else (held.first_gathered, held.first_gathered))
@@ -231,7 +239,7 @@ def _phases(
         first_backward, first_transient)
     next_backward_peak = base + unit_by_unit if held.backward_moments else base + backward(
         held.gathered_backward, held.backward_transient)
-    step = base + (0 if held.grads_persist else held.grads) + held.step_temporary
+    step = base + (0 if held.grads_persist else grads) + held.step_temporary
     timeline = Timeline(
         setup=held.setup,
         first_forward=first + forward(first_forward),
@@ -255,6 +263,7 @@ def _phases(
         setup_requests=held.setup_requests,
         conv_workspace=conv,
         recomputed=recompute.activations if recompute is not None else 0,
+        rounding=held.params_rounding + held.grads_rounding,
     )
 
 
@@ -325,16 +334,22 @@ def _fsdp(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> 
     unit_grads = int(unit_grads * desc.trained_share)  # frozen parameters (LoRA's base) get no gradient
     held_numel = on_device + unmanaged
     trained = int(held_numel * desc.trained_share)
+    # FSDP1 keeps each unit's shard as one flat tensor, and its gradient as another: each takes a segment
+    # of its own, which the allocator may count whole (``allocator.new_segment_block``).
+    flat = (beyond_tensors(ceil_div(n, shard_ranks) * stored for n in (*unit_numels.values(), root))
+            if gpu and strategy.engine == FSDP1 and not strategy.offload_params else 0)
     held = Held(
         params=held_numel * stored,
         grads=trained * stored,
+        params_rounding=flat,
+        grads_rounding=flat if desc.trained_share == 1 else 0,
         optimizer=trained * state_per_element,
         host=(shard * (2 * stored + state_per_element)) if strategy.offload_params else 0,
         gathered_forward=gathered_forward,
         gathered_backward=gathered_backward,
         backward_transient=unit_grads,
         step_temporary=step_temporary(strategy, held_numel, desc.largest_param, gpu),
-        setup=desc.params * stored if strategy.built_whole else held_numel * stored + 2 * largest_unit * stored,
+        setup=desc.params * stored if strategy.built_whole else held_numel * stored + flat + 2 * largest_unit * stored,
     )
     if strategy.engine != FSDP2:
         return held

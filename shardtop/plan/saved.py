@@ -2,7 +2,10 @@
 
 The description counts the elements each module's forward saved (``describe.py``); a strategy says
 in which dtype they are held: fp32 models hold them in their own dtype, mixed precision in half
-(FSDP's ``MixedPrecision`` without autocast: inside the units only).  Torch-free.
+(FSDP's ``MixedPrecision`` without autocast: inside the units only).  Under autocast each op runs in
+its own dtype, so the description's bytes of a forward traced so are taken where it has them
+(``saved_autocast_upto``): LayerNorm's input, softmax's output and whatever the forward keeps in fp32
+are saved at 4 bytes.  Torch-free.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ def saved_activations(desc: ModelDescription, strategy: Strategy, rows: tuple[in
     else:
         floats = sum(desc.subtree(desc.saved_float_upto, r) for r in rows)
         other = sum(desc.subtree(desc.saved_other_upto, r) for r in rows)
+    if _traced_under_autocast(desc, strategy):
+        autocast = desc.saved_autocast_upto
+        return (autocast[-1] if rows is None else sum(desc.subtree(autocast, r) for r in rows)) + other
     in_units = sum(_in_units(desc, strategy).values()) if strategy.half_in_units_only else 0
     return _as_held(desc, strategy, floats, other, in_units)
 
@@ -40,12 +46,25 @@ def activations_before(desc: ModelDescription, strategy: Strategy, rows: Sequenc
             ends.append(end)
             in_units_upto.append(in_units_upto[-1] + n)
     floats_upto, other_upto = desc.saved_float_upto, desc.saved_other_upto
+    if _traced_under_autocast(desc, strategy):
+        autocast = desc.saved_autocast_upto
+        own_bytes = autocast[1] - autocast[0]
+        return [
+            (max(0, autocast[row] - own_bytes) + max(0, other_upto[row] - own_other) if row > 0 else 0)
+            + desc.input_bytes
+            for row in rows
+        ]
     return [
         _as_held(desc, strategy, max(0, floats_upto[row] - own_float) if row > 0 else 0,
                  (max(0, other_upto[row] - own_other) if row > 0 else 0) + desc.input_bytes,
                  in_units_upto[bisect.bisect_right(ends, row)] if ends else 0)
         for row in rows
     ]
+
+
+def _traced_under_autocast(desc: ModelDescription, strategy: Strategy) -> bool:
+    """The strategy runs autocast and the description has the bytes of a forward traced so."""
+    return strategy.autocast and bool(desc.saved_autocast_upto)
 
 
 def _in_units(desc: ModelDescription, strategy: Strategy) -> dict[int, int]:

@@ -131,6 +131,13 @@ class Strategy:
         return self.precision not in ("fp32", "bf16-true", "fp16-true")
 
     @property
+    def autocast(self) -> bool:
+        """The forward runs under ``torch.autocast`` (Lightning's, accelerate's "-mixed"): each op in its own
+        dtype.  DeepSpeed's fp16 and bf16 make the model itself half precision instead, and FSDP's
+        ``MixedPrecision`` alone casts only inside its units."""
+        return self.half and not self.half_in_units_only and self.engine not in ZERO_ENGINES
+
+    @property
     def true_half(self) -> bool:
         return self.precision in ("bf16-true", "fp16-true")
 

@@ -40,11 +40,15 @@ def describe_model(
     name: str,
     batch_size: int,
     input_bytes: int,
+    autocast: bool = True,
 ) -> ModelDescription:
     """Everything a plan needs to know about ``model`` (built on the meta device).
 
-    ``forward_loss`` None: no batch is known yet, and no activation is counted.
+    ``forward_loss`` None: no batch is known yet, and no activation is counted.  ``autocast``: the forward
+    is traced a second time as under CUDA's autocast (``autocast.py``), for the plans that run it so; a
+    forward that cannot be traced so leaves those plans to count every saved element at 2 bytes.
     """
+    under_autocast: list[int] = []
     with gc_paused():
         modules, names, parents, end = walk(model)
         dtype_bytes = _dtype_bytes(modules)
@@ -54,6 +58,8 @@ def describe_model(
         else:
             signatures = module_signatures(modules, parents, names)
             saved = saved_activations(model, modules, end, signatures, forward_loss)
+            if autocast:
+                under_autocast = _saved_under_autocast(model, modules, end, signatures, forward_loss)
     seen: set[int] = set()
     trainable = 0
     for m in modules:
@@ -81,6 +87,7 @@ def describe_model(
         repeated_blocks=repeated_blocks(modules, parents, end, numel),
         saved_float_upto=_running(saved.saved_float),
         saved_other_upto=_running(saved.saved_other),
+        saved_autocast_upto=_running(under_autocast) if under_autocast else [],
         largest_output=saved.largest_output,
         convolutions=saved.convolutions,
         input_bytes=input_bytes,
@@ -93,6 +100,18 @@ def describe_model(
         after_checkpointed_float=saved.saved_after_regions.floats,
         after_checkpointed_other=saved.saved_after_regions.other,
     )
+
+
+def _saved_under_autocast(
+    model: nn.Module, modules: Sequence[nn.Module], end: Sequence[int], signatures: dict[int, int],
+    forward_loss: Callable[[nn.Module], torch.Tensor],
+) -> list[int]:
+    """Per row, the bytes of the floating-point tensors one forward saves as under CUDA's autocast to fp16;
+    empty where the forward cannot be traced so."""
+    try:
+        return saved_activations(model, modules, end, signatures, forward_loss, autocast=torch.float16).saved_float
+    except Exception:  # noqa: BLE001 - a forward the casts break is planned at 2 bytes an element, as before
+        return []
 
 
 def walk(model: nn.Module) -> tuple[list[nn.Module], list[str], list[int], list[int]]:

@@ -19,6 +19,10 @@ its inputs; its own saves go to checkpoint's hooks, not to the rows.  While
 tracing, those saves are counted too, per region (``_checkpoints_measured``):
 what the region saves when it is not checkpointed is what the backward
 recomputes and holds while it makes the region's gradients.
+
+Traced as under autocast (``autocast.py``), the floating-point tensors are
+counted in bytes, each in the dtype it was saved in, and autocast's copies
+of the parameters are left out with the parameters.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from torch.nn.modules.conv import _ConvNd
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from shardtop.plan.description import Convolution
+from shardtop.trace.autocast import CUDA_AUTOCAST, Autocast, AutocastPolicy
 from shardtop.trace.checkpoints import Recomputed, Saved, checkpoints_measured, unpacked
 
 Signature = tuple[Any, ...]
@@ -113,9 +118,12 @@ class _Recording:
 
 class _Profiler:
     def __init__(
-        self, rows: dict[int, int], repeated: set[int], signatures: dict[int, int], ends: Sequence[int]
+        self, rows: dict[int, int], repeated: set[int], signatures: dict[int, int], ends: Sequence[int],
+        floats_in_bytes: bool = False,
     ) -> None:
         n = len(ends)
+        self.floats_in_bytes = floats_in_bytes
+        """Count floating-point tensors in bytes, not elements: under autocast their dtypes differ."""
         self.rows = rows
         self.repeated = repeated
         self.signatures = signatures
@@ -126,6 +134,8 @@ class _Profiler:
         self.convolutions: dict[tuple[Any, ...], list[int]] = {}
         """A convolution's shape (``Convolution``'s fields but rows) -> the rows that ran it."""
         self.counted: set[int] = set()
+        self.parameters: set[int] = set()
+        """The parameters' storages."""
         self.keep: list[torch.Tensor] = []
         self.stack: list[int] = [0]
         self.recordings: list[_Recording] = []
@@ -177,11 +187,18 @@ class _Profiler:
         counted.add(sid)
         self.keep.append(t)
         nbytes = storage.nbytes()
-        self._add(row, sid, floating, nbytes // t.element_size() if floating else nbytes)
+        self._add(row, sid, floating, nbytes // t.element_size() if floating and not self.floats_in_bytes else nbytes)
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         self._count_tensor(self.stack[-1], t)
         return t
+
+    def parameter_cast(self, source: torch.Tensor, copy: torch.Tensor) -> None:
+        """Autocast's copy of a parameter (or of one of its views) is not an activation: the plan counts it
+        with the parameters."""
+        if id(source.untyped_storage()) in self.parameters:
+            self.counted.add(id(copy.untyped_storage()))
+            self.keep.append(copy)
 
     # -- checkpointed regions -------------------------------------------------------
 
@@ -394,28 +411,35 @@ def saved_activations(
     ends: Sequence[int],
     signatures: dict[int, int],
     forward_loss: Callable[[nn.Module], torch.Tensor],
+    autocast: torch.dtype | None = None,
+    policy: AutocastPolicy = CUDA_AUTOCAST,
 ) -> SavedCounts:
     """Run ``forward_loss(model)`` on meta tensors and count what autograd saves, per row.
 
     ``modules`` are the rows in pre-order; ``signatures`` maps ``id(module)`` to
     a number equal for modules built alike (see ``module_signatures``).
+    ``autocast``: run the forward as under autocast to that dtype, with ``policy``'s lists (CUDA's:
+    ``autocast.py``), and count floating-point tensors in bytes, each in the dtype it was saved in.
     """
     rows = {id(m): i for i, m in enumerate(modules)}
     counts: dict[int, int] = {}
     for sig in signatures.values():
         counts[sig] = counts.get(sig, 0) + 1
     repeated = {mid for mid, sig in signatures.items() if counts[sig] > 1}
-    profiler = _Profiler(rows, repeated, signatures, ends)
-    for m in modules:
-        for p in m._parameters.values():
-            if p is not None:
-                profiler.counted.add(id(p.untyped_storage()))
+    profiler = _Profiler(rows, repeated, signatures, ends, floats_in_bytes=autocast is not None)
+    # held while tracing, so that no other storage takes one of their ids
+    storages = [p.untyped_storage() for m in modules for p in m._parameters.values() if p is not None]
+    profiler.parameters.update(id(s) for s in storages)
+    profiler.counted.update(profiler.parameters)
     model.train()
+    casts = (Autocast(autocast, policy, on_cast=profiler.parameter_cast) if autocast is not None
+             else contextlib.nullcontext())
     with (
         fused_attention(),
         _calls_through(profiler),
         checkpoints_measured(profiler),
         torch.autograd.graph.saved_tensors_hooks(profiler.pack, unpacked),
+        casts,
     ):
         loss = forward_loss(model)
     profiler.largest_output = max(profiler.largest_output, loss.numel())

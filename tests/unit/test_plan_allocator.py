@@ -1,12 +1,13 @@
 """The plan's model of PyTorch's caching allocator, on the sequences DeepSpeed's set-up makes (pure, no torch).
 
 The recordings this reproduces are in ``test_plan_recordings.py``: one H200 capped at 15 GiB ran out in
-``_configure_zero_optimizer`` asking for 3.91 GiB with 8.57 GiB allocated and 11.74 GiB reserved.
+``_configure_zero_optimizer`` asking for 3.91 GiB with 8.57 GiB allocated and 11.74 GiB reserved; and FSDP1's
+flat shards, each counted as the whole segment the allocator made for it.
 """
 
 from __future__ import annotations
 
-from shardtop.plan.allocator import Alloc, EmptyCache, Free, need
+from shardtop.plan.allocator import Alloc, EmptyCache, Free, beyond_tensors, need, new_segment_block
 
 P = 4_202_496_000
 """An fp32 partition of 4000 layers of 512 x 512 on one rank."""
@@ -51,3 +52,18 @@ def test_free_blocks_merge_with_their_free_neighbours() -> None:
     steps = [Alloc("a", P), Free("a"), Alloc("b", P // 2), Alloc("c", P // 2), Free("b"), Free("c"),
              Alloc("d", P)]
     assert need(steps).held == P
+
+
+MiB = 2**20
+UNIT = 7_087_872 * 4
+"""One of ``fsdp-auto-wrap``'s transformer blocks as an fp32 flat parameter: 27.04 MiB."""
+
+
+def test_a_request_in_a_segment_of_its_own_counts_the_segment_where_at_most_1_mib_is_left() -> None:
+    assert new_segment_block(UNIT) == 28 * MiB  # 0.96 MiB left: not split
+    assert new_segment_block(UNIT // 2) == 14 * MiB  # a half shard: 0.48 MiB left
+    root_half = 25_168_616  # 24.003 MiB: a 26 MiB segment, 1.997 MiB left, split
+    assert new_segment_block(root_half) == 25_168_896 == root_half + 280
+    assert new_segment_block(9 * MiB + 1) == 9 * MiB + 512  # under 10 MiB: cut from a 20 MiB segment
+    assert new_segment_block(100) == 512 and new_segment_block(0) == 0
+    assert beyond_tensors([UNIT] * 28) == 28 * 1_008_640
