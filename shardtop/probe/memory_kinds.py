@@ -30,10 +30,10 @@ from typing import Any
 
 import torch
 
+from shardtop.collector import collector_paused
 from shardtop.probe.activations import HeldStorage, SavedActivations
 from shardtop.probe.allocator_timeline import BLOCK, block_bytes
 from shardtop.probe.allocator_trace import KINDS, LOSS, OUTPUT
-from shardtop.probe.collector import collector_paused
 from shardtop.probe.engine_buffers import (
     FLAT_PARAM_TENSORS,
     FSDP2_COMM_CONTEXT,

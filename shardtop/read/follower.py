@@ -14,9 +14,9 @@ run's first frame at once; the next poll reads on from there.
 
 from __future__ import annotations
 
-import gc
 import os
 
+from shardtop.collector import collector_paused
 from shardtop.read.run_fold import RunStateBuilder
 from shardtop.read.run_model import RunModel
 from shardtop.read.run_state import RunState
@@ -41,16 +41,11 @@ def fold_new(reader: EventReader, builder: RunStateBuilder, limit: int | None = 
     trigger (each scanning everything alive, a whole app included) cost more
     than the decoding.  Events hold no cycles; nothing waits for the collector.
     """
-    paused = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         events = reader.read_new(limit)
         count = len(events)
         builder.apply(events)
         del events  # gone before the collector runs again: it then scans only what the fold kept
-    finally:
-        if paused:
-            gc.enable()
     builder.note_skipped(reader.skipped)
     return count
 

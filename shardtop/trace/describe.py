@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
+from shardtop.collector import collector_paused
 from shardtop.plan.description import ModelDescription
 from shardtop.probe.shards.quantized import numel_stood_for, quant_state_tensors
-from shardtop.trace.meta import gc_paused
 from shardtop.trace.profile import SavedCounts, module_signatures, saved_activations
 from shardtop.units import ceil_div
 
@@ -49,7 +49,7 @@ def describe_model(
     forward that cannot be traced so leaves those plans to count every saved element at 2 bytes.
     """
     under_autocast: list[int] = []
-    with gc_paused():
+    with collector_paused():
         modules, names, parents, end = walk(model)
         dtype_bytes = _dtype_bytes(modules)
         numel, small, each = _own_params(modules, dtype_bytes)

@@ -11,12 +11,13 @@ the whole growing model, which cost as much as the build.
 from __future__ import annotations
 
 import contextlib
-import gc
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import torch
 from torch import nn
+
+from shardtop.collector import collector_paused
 
 T = TypeVar("T")
 
@@ -43,18 +44,7 @@ def no_init() -> Iterator[None]:
             setattr(nn.init, name, fn)
 
 
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def build_on_meta(factory: Callable[[], T]) -> T:
     """``factory()`` with every tensor it creates on the meta device and no initialisation run."""
-    with gc_paused(), no_init(), torch.device("meta"):
+    with collector_paused(), no_init(), torch.device("meta"):
         return factory()

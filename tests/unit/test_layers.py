@@ -30,7 +30,7 @@ import pytest
 from tests.support.cli import ROOT
 
 PACKAGE = ROOT / "shardtop"
-HELPERS = frozenset({"shardtop.units", "shardtop.words"})
+HELPERS = frozenset({"shardtop.collector", "shardtop.units", "shardtop.words"})
 """Small pure modules any layer may use."""
 ENGINES = ("torch", "lightning", "pytorch_lightning", "deepspeed", "transformers", "accelerate", "peft")
 

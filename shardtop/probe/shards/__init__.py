@@ -102,7 +102,7 @@ from typing import Any
 
 import torch
 
-from shardtop.probe.collector import collector_paused
+from shardtop.collector import collector_paused
 from shardtop.probe.shards.ddp import is_ddp_wrapper, read_ddp
 from shardtop.probe.shards.deepspeed import find_engine, is_zero3_param, read_deepspeed
 from shardtop.probe.shards.fsdp1 import is_flat_param, is_fsdp1_wrapper, read_fsdp1

@@ -1,4 +1,5 @@
-"""The cyclic garbage collector held off while the probe reads many objects at once."""
+"""The cyclic garbage collector held off while many short-lived objects are made at once: the probe's reads,
+a model described on the meta device, events folded into a run's state."""
 
 from __future__ import annotations
 
