@@ -60,14 +60,8 @@ def describe_model(
             saved = saved_activations(model, modules, end, signatures, forward_loss)
             if autocast:
                 under_autocast = _saved_under_autocast(model, modules, end, signatures, forward_loss)
-    seen: set[int] = set()
-    trainable = 0
-    for m in modules:
-        for p in m._parameters.values():
-            if p is not None and id(p) not in seen:
-                seen.add(id(p))
-                trainable += _as_dtype(int(getattr(p, "ds_numel", 0) or p.numel()), p, dtype_bytes) if (
-                    p.requires_grad) else 0
+    trainable = sum(_as_dtype(int(getattr(p, "ds_numel", 0) or p.numel()), p, dtype_bytes)
+                    for p in _parameters(modules) if p.requires_grad)
     buffers = sum(b.numel() * b.element_size() for m in modules for b in m._buffers.values() if b is not None)
     return ModelDescription(
         name=name,
