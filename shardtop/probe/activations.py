@@ -243,12 +243,13 @@ class SavedActivations:
                 key = storage.data_ptr()
                 if key == 0 or key in found or key in kept or key in made.loss:
                     continue
+                held = HeldStorage(key, storage.nbytes(), storage.device)
                 if earlier:
-                    kept[key] = HeldStorage(key, storage.nbytes(), storage.device)
+                    kept[key] = held
                 elif of_loss and made.of_loss(tensor, key):
-                    made.loss[key] = HeldStorage(key, storage.nbytes(), storage.device)
+                    made.loss[key] = held
                 else:
-                    found[key] = (HeldStorage(key, storage.nbytes(), storage.device), owner(sequence))
+                    found[key] = (held, owner(sequence))
         for root in roots:  # what the loss made of the output and holds as a tensor (an fp32 copy of the logits)
             if isinstance(root, torch.Tensor) and made.made(root.grad_fn):
                 storage = root.untyped_storage()

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,4 @@ def _eligible(t: torch.Tensor) -> bool:
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    tree_map(lambda t: found.append(t) if isinstance(t, torch.Tensor) else None, tree)
-    return found
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
