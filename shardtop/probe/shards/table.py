@@ -131,23 +131,22 @@ class ShardTable:
     def add_grad(self, row: int, nbytes: int, offloaded: bool | None = None) -> None:
         """Gradient bytes of ``row``; ``offloaded``: held in host memory by the engine's offload policy
         (None: where the row's parameters are, ``row_offloaded``)."""
-        if self.grad_bytes is None:
-            self.grad_bytes = [0] * len(self.params)
-        self.grad_bytes[row] += nbytes
+        self.grad_bytes = self._added(self.grad_bytes, row, nbytes)
         if offloaded or (offloaded is None and self.row_offloaded(row)):
-            if self.offloaded_grad_bytes is None:
-                self.offloaded_grad_bytes = [0] * len(self.params)
-            self.offloaded_grad_bytes[row] += nbytes
+            self.offloaded_grad_bytes = self._added(self.offloaded_grad_bytes, row, nbytes)
 
     def add_optim(self, row: int, nbytes: int, offloaded: bool | None = None) -> None:
         """Optimizer-state bytes of ``row``; ``offloaded`` as for ``add_grad``."""
-        if self.optim_bytes is None:
-            self.optim_bytes = [0] * len(self.params)
-        self.optim_bytes[row] += nbytes
+        self.optim_bytes = self._added(self.optim_bytes, row, nbytes)
         if offloaded or (offloaded is None and self.row_offloaded(row)):
-            if self.offloaded_optim_bytes is None:
-                self.offloaded_optim_bytes = [0] * len(self.params)
-            self.offloaded_optim_bytes[row] += nbytes
+            self.offloaded_optim_bytes = self._added(self.offloaded_optim_bytes, row, nbytes)
+
+    def _added(self, column: list[int] | None, row: int, nbytes: int) -> list[int]:
+        """``column`` (made of zeros, one per row, where there is none yet) with ``nbytes`` more on ``row``."""
+        if column is None:
+            column = [0] * len(self.params)
+        column[row] += nbytes
+        return column
 
     def row_offloaded(self, row: int) -> bool:
         """The row's parameters are held ``offloaded``: a torch optimizer keeps its state, and the engine
