@@ -19,6 +19,9 @@ from shardtop.plan.workspaces import workspace_note
 from shardtop.units import format_bytes
 from shardtop.words import plural
 
+QUANTIZED_BUILD = ("transformers loads a bitsandbytes 4-bit model whole even under ZeRO-3, never inside "
+                   "deepspeed.zero.Init")
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -67,8 +70,11 @@ def make_plan(
 ) -> Plan:
     """Plan ``asked`` and the alternatives that matter for ``desc`` on ``devices`` ranks."""
     on_gpu = accelerator == "cuda"
+    # transformers never builds a 4-bit model inside zero.Init: built whole is the only way it comes
+    rebuildable = not desc.packed
     options = tuple(
-        option(s, per_rank(desc, s, devices, gpu=on_gpu), gpu) for s in alternatives(asked, devices, accelerator)
+        option(s, per_rank(desc, s, devices, gpu=on_gpu), gpu)
+        for s in alternatives(asked, devices, accelerator, rebuildable=rebuildable)
     )
 
     def replan(n: int, batch_scale: float) -> PerRank:
@@ -85,7 +91,8 @@ def make_plan(
         options=options,
         verdict=judge(options, gpu, devices, desc.batch_size, replan),
         preset=preset,
-        build_note=asked.build_note,
+        build_note=f"{asked.build_note} ({QUANTIZED_BUILD})" if asked.built_whole and not rebuildable else (
+            asked.build_note),
         command=command,
         notes=(*notes, *filter(None, [checkpointing_note(desc, options[0].per_rank),
                                       workspace_note(convolutions_as_run(desc, asked), gpu=on_gpu)])),

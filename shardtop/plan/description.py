@@ -14,8 +14,30 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import msgspec
+
+from shardtop.units import ceil_div
+
+
+class Elements(NamedTuple):
+    """Elements of parameters (of ``ModelDescription.dtype_bytes``): those an engine stores, casts and gathers in
+    the dtype it computes in, and the packed 4-bit weights, which every engine holds as they are stored."""
+
+    plain: int
+    packed: int = 0
+
+    def bytes(self, plain_bytes: int, stored_bytes: int) -> int:
+        """Bytes with each plain element at ``plain_bytes`` and each packed one at ``stored_bytes``."""
+        return self.plain * plain_bytes + self.packed * stored_bytes
+
+    def share_bytes(self, ranks: int, plain_bytes: int, stored_bytes: int) -> int:
+        """Bytes of one rank's part when every parameter is split flat over ``ranks`` (ZeRO-3): one flat count
+        where all elements are alike, else the plain and the packed each split."""
+        if plain_bytes == stored_bytes or not self.packed:
+            return ceil_div(self.plain + self.packed, ranks) * plain_bytes
+        return ceil_div(self.plain, ranks) * plain_bytes + ceil_div(self.packed, ranks) * stored_bytes
 
 
 class Convolution(msgspec.Struct, frozen=True, kw_only=True):
@@ -113,6 +135,12 @@ class ModelDescription(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     quant_state_bytes: int = 0
     """Bytes of the tensors the 4-bit weights are dequantized with (their ``quant_state``: the blocks' scales
     and the code): no parameter, so whole on every rank under every engine."""
+    packed_upto: list[int] = []
+    """Running total of the elements (as in ``numel_upto``) of each row's own bitsandbytes 4-bit weights: packed
+    storage that every strategy holds at its stored bytes (never cast to a compute dtype, never trained); empty
+    where the model has none."""
+    param_packed: tuple[bool, ...] = ()
+    """Which parameters of ``param_numels`` are packed 4-bit weights; empty where none is."""
 
     @property
     def trained(self) -> int:
@@ -122,6 +150,49 @@ class ModelDescription(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     @property
     def trained_share(self) -> float:
         return self.trained / self.params if self.params else 1.0
+
+    @property
+    def packed(self) -> int:
+        """Elements of the packed 4-bit weights (as in ``params``)."""
+        return self.packed_upto[-1] if self.packed_upto else 0
+
+    @property
+    def elements(self) -> Elements:
+        """Every parameter's elements, plain and packed."""
+        return Elements(self.params - self.packed, self.packed)
+
+    def elements_in(self, rows: Iterable[int]) -> dict[int, Elements]:
+        """Each row's units (``units``) as plain and packed elements."""
+        rows = tuple(rows)
+        numel = self.units(self.numel_upto, rows)
+        packed = self.units(self.packed_upto, rows) if self.packed_upto else dict.fromkeys(numel, 0)
+        return {row: Elements(numel[row] - packed[row], packed[row]) for row in numel}
+
+    def elements_outside(self, rows: Iterable[int]) -> Elements:
+        """The rows in no unit of ``rows``, as plain and packed elements."""
+        rows = tuple(rows)
+        numel = self.outside(self.numel_upto, rows)
+        packed = self.outside(self.packed_upto, rows) if self.packed_upto else 0
+        return Elements(numel - packed, packed)
+
+    def largest_param_bytes(self, plain_bytes: int) -> int:
+        """Bytes of the largest parameter, plain ones at ``plain_bytes`` and packed ones as stored."""
+        if not self.param_packed:
+            return self.largest_param * plain_bytes
+        return max((n * (self.dtype_bytes if packed else plain_bytes)
+                    for n, packed in zip(self.param_numels, self.param_packed, strict=True)), default=0)
+
+    def persistent(self, threshold: int, model_threshold: int) -> Elements:
+        """``persistent_params``, plain and packed."""
+        if not self.param_numels:
+            return Elements(self.small_upto[-1])
+        kept = packed = 0
+        flags = self.param_packed or (False,) * len(self.param_numels)
+        for numel, is_packed in zip(self.param_numels, flags, strict=True):
+            if numel <= threshold and kept + numel <= model_threshold:
+                kept += numel
+                packed += numel if is_packed else 0
+        return Elements(kept - packed, packed)
 
     def persistent_params(self, threshold: int, model_threshold: int) -> int:
         """Elements of the parameters ZeRO-3 keeps whole on every rank, as DeepSpeed picks them: in order, each

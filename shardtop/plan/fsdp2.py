@@ -55,18 +55,18 @@ def kept_whole(desc: ModelDescription, strategy: Strategy) -> frozenset[int]:
     return frozenset(r for r in units if r == 0 or r in strategy.kept_whole)
 
 
-def gathered_in_forward(desc: ModelDescription, strategy: Strategy) -> int:
-    """Elements whole at one moment of forward: the root's, the units kept whole that ran so far, and the
-    unit running."""
+def gathered_in_forward(desc: ModelDescription, strategy: Strategy, gathered_bytes: int) -> int:
+    """Bytes whole at one moment of forward: the root's, the units kept whole that ran so far, and the unit
+    running; each element at ``gathered_bytes``, a packed 4-bit weight's as stored."""
     units = fsdp2_units(desc, strategy)
-    numel = desc.units(desc.numel_upto, units)
-    root = desc.outside(desc.numel_upto, units) if strategy.root_wrapped else 0
+    whole = {row: e.bytes(gathered_bytes, desc.dtype_bytes) for row, e in desc.elements_in(units).items()}
+    root = desc.elements_outside(units).bytes(gathered_bytes, desc.dtype_bytes) if strategy.root_wrapped else 0
     kept = kept_whole(desc, strategy)
     most = kept_so_far = 0
     for row in units:
         if row in kept:
-            kept_so_far += numel[row]
-        most = max(most, kept_so_far + (0 if row in kept else numel[row]))
+            kept_so_far += whole[row]
+        most = max(most, kept_so_far + (0 if row in kept else whole[row]))
     return root + most
 
 
@@ -93,9 +93,12 @@ def fsdp2_backward(desc: ModelDescription, strategy: Strategy, shard_ranks: int)
     outside = desc.outside(desc.numel_upto, units)
     root, unmanaged = (outside, 0) if strategy.root_wrapped else (0, outside)
     kept = kept_whole(desc, strategy)
+    # whole, at compute precision; a packed 4-bit weight as stored
+    whole_bytes = {row: e.bytes(compute, stored) for row, e in desc.elements_in(units).items()}
+    root_whole = desc.elements_outside(units).bytes(compute, stored) if strategy.root_wrapped else 0
 
-    def whole(n: int) -> int:
-        return n * compute
+    def whole(row: int) -> int:
+        return whole_bytes[row]
 
     def grads(n: int) -> int:
         """Whole gradients, at compute precision (frozen parameters get none)."""
@@ -121,25 +124,25 @@ def fsdp2_backward(desc: ModelDescription, strategy: Strategy, shard_ranks: int)
         """The next resharded unit's all-gather output, issued as ``row``'s backward starts (more than one
         rank: on one, each unit is copied from its shard when its own backward starts)."""
         following = next_resharded.get(row) if shard_ranks > 1 else None
-        return 0 if following is None else whole(numel[following])
+        return 0 if following is None else whole(following)
 
     @functools.cache
-    def unit(n: int) -> tuple[int, int, int, int, int]:
-        """A unit of ``n`` elements: whole, whole gradients, reduce-scatter input, what reducing it adds, and
-        its sharded gradients."""
-        return whole(n), grads(n), reduce_input(n), max(grads(n), reduced(n)), sharded_grads(n)
+    def reduction(n: int) -> tuple[int, int, int, int]:
+        """A unit of ``n`` elements: whole gradients, reduce-scatter input, what reducing it adds, and its
+        sharded gradients."""
+        return grads(n), reduce_input(n), max(grads(n), reduced(n)), sharded_grads(n)
 
     # the gradients of parameters in no unit (whole, outside FSDP) and of the root's own: whole until the end
     outside_grads = int(unmanaged * share) * stored + grads(root)
-    root_whole = whole(root)
-    kept_bytes = sum(whole(numel[r]) for r in kept)
+    kept_bytes = sum(whole(r) for r in kept)
     first = resharded[0] if resharded else None
-    start = root_whole + kept_bytes + (whole(numel[first]) + prefetched(first) if first is not None else 0)
+    start = root_whole + kept_bytes + (whole(first) + prefetched(first) if first is not None else 0)
     moments = [BackwardMoment(START, desc.rows, start)]
     largest_reduction, most_whole = 0, start
     done = previous_input = 0
     for row in backward_order:
-        whole_unit, unit_grads, unit_input, reducing_adds, unit_sharded_grads = unit(numel[row])
+        whole_unit = whole(row)
+        unit_grads, unit_input, reducing_adds, unit_sharded_grads = reduction(numel[row])
         if row in kept:
             kept_bytes -= whole_unit  # the units kept whole still to come in backward, beside this one
         beside = root_whole + kept_bytes + prefetched(row)

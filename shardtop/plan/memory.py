@@ -22,6 +22,12 @@ phases:
 - optimizer step: gradients, state (created at the first step) and the step's
   own temporaries.
 
+A bitsandbytes 4-bit weight is held as it is stored under every strategy: no
+precision casts it (a mixed-precision engine gathers it packed, autocast keeps
+no copy of it), no engine gives it a gradient or optimizer state, and only an
+engine that splits every parameter (FSDP, ZeRO-3) splits it; the tensors it is
+dequantized with (``quant_state``) are whole on every rank.
+
 The first forward and backward come before the optimizer has any state (a
 torch optimizer creates it at the first step; ZeRO has only what its set-up
 made by then: the fp32 master copy, and for ZeRO-3 the reduce bucket and the
@@ -195,7 +201,8 @@ def _phases(
     base = params + held.optimizer + held.buffers + workspace + persistent_grads
     kept = strategy.grads_kept_through_forward and not (held.grads_persist or held.grads_freed_by_step)
     grads_forward = grads if kept else 0
-    autocast_copies = held.params // desc.dtype_bytes * 2 if strategy.half and strategy.engine in (SINGLE, DDP) else 0
+    # autocast's cached half-precision copies of the parameters (a packed 4-bit weight is dequantized, never cast)
+    autocast_copies = desc.elements.plain * 2 if strategy.half and strategy.engine in (SINGLE, DDP) else 0
     growing = 0 if held.grads_persist else grads
     first_forward, first_backward = (
         (held.gathered_forward, held.gathered_backward) if held.first_gathered is None
@@ -308,6 +315,9 @@ def _fsdp(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> 
     unit_numels = desc.units(desc.numel_upto, units)
     outside_units = desc.outside(desc.numel_upto, units)
     root = outside_units if strategy.root_wrapped else 0
+    # gathered whole, a packed 4-bit weight keeps its stored bytes (mixed precision casts only the others)
+    root_whole = desc.elements_outside(units).bytes(gathered_bytes, stored) if strategy.root_wrapped else 0
+    largest_whole = max((e.bytes(gathered_bytes, stored) for e in desc.elements_in(units).values()), default=0)
     unmanaged = 0 if strategy.root_wrapped else outside_units
     sharded = sum(unit_numels.values()) + root
     shard_ranks = {"NO_SHARD": 1, "HYBRID_SHARD": min(ranks, strategy.node_size)}.get(strategy.sharding, ranks)
@@ -321,10 +331,11 @@ def _fsdp(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> 
     if not copies:
         gathered_forward = gathered_backward = 0
     elif strategy.sharding == "SHARD_GRAD_OP":
-        gathered_forward = gathered_backward = sharded * gathered_bytes
+        gathered_forward = gathered_backward = root_whole + sum(
+            e.bytes(gathered_bytes, stored) for e in desc.elements_in(units).values())
     else:
-        gathered_forward = (root + largest_unit) * gathered_bytes
-        gathered_backward = (root + 2 * largest_unit) * gathered_bytes
+        gathered_forward = root_whole + largest_whole
+        gathered_backward = root_whole + 2 * largest_whole
     # FSDP1 reduce-scatters the unit's whole gradient into a new shard at compute precision, and under
     # mixed precision casts that shard to the parameters' dtype; the whole gradient lives until both
     # are made.  Unsharded, it reduces in place and casts the whole gradient.
@@ -355,7 +366,7 @@ def _fsdp(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> 
         return held
     backward = fsdp2_backward(desc, strategy, shard_ranks)
     if strategy.sharding != "SHARD_GRAD_OP":
-        gathered_forward = gathered_in_forward(desc, strategy) * gathered_bytes
+        gathered_forward = gathered_in_forward(desc, strategy, gathered_bytes)
     return replace(held, gathered_forward=gathered_forward, gathered_backward=backward.gathered,
                    backward_transient=backward.unit_grads, backward_moments=backward.moments)
 

@@ -20,28 +20,34 @@ def offloads(s: Strategy) -> bool:
     return s.offload_params or s.offload_optimizer
 
 
-def alternatives(asked: Strategy, devices: int, accelerator: str = "cuda") -> list[Strategy]:
-    """The asked strategy first, then the alternatives that apply on ``accelerator``, each label once."""
+def alternatives(asked: Strategy, devices: int, accelerator: str = "cuda", *, rebuildable: bool = True
+                 ) -> list[Strategy]:
+    """The asked strategy first, then the alternatives that apply on ``accelerator``, each label once.
+
+    ``rebuildable`` False: the model cannot be built where the engine partitions it (a 4-bit model, which
+    transformers loads whole): every ZeRO-3 row has it built whole first."""
     precision = asked.precision
     zero = asked.zero if asked.engine in ZERO_ENGINES else (
         LIGHTNING_ZERO if asked.driver == "lightning" else ZeroSettings())
     common = Strategy(engine="ddp", precision=precision, optimizer=asked.optimizer, driver=asked.driver,
                       zero=zero, node_size=asked.node_size)
     out = [asked]
-    if asked.built_whole:
+    if asked.built_whole and rebuildable:
         out.append(asked.with_(built_whole=False, build_note=""))
     if asked.engine != MANUAL:
         other = "bf16-mixed" if precision == "fp32" else "fp32"
-        out.append(asked.with_(precision=other, half_in_units_only=False, built_whole=False, build_note=""))
+        rebuilt: dict[str, object] = {"built_whole": False, "build_note": ""} if rebuildable else {}
+        out.append(asked.with_(precision=other, half_in_units_only=False, **rebuilt))
     fsdp: dict[str, object] = {"units": (), "root_wrapped": True}
+    zero3 = common.with_(engine="zero3", built_whole=not rebuildable)
     out += [
         common.with_(engine="ddp"),
         common.with_(engine="zero1"),
         common.with_(engine="zero2"),
         common.with_(engine="zero2", offload_optimizer=True),
-        common.with_(engine="zero3"),
-        common.with_(engine="zero3", offload_optimizer=True),
-        common.with_(engine="zero3", offload_optimizer=True, offload_params=True),
+        zero3,
+        zero3.with_(offload_optimizer=True),
+        zero3.with_(offload_optimizer=True, offload_params=True),
         common.with_(engine="fsdp1", sharding="FULL_SHARD", **fsdp),
         common.with_(engine="fsdp1", sharding="SHARD_GRAD_OP", **fsdp),
         common.with_(engine="fsdp1", sharding="FULL_SHARD", offload_params=True, **fsdp),

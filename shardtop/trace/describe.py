@@ -52,7 +52,7 @@ def describe_model(
     with collector_paused():
         modules, names, parents, end = walk(model)
         dtype_bytes = _dtype_bytes(modules)
-        numel, small, each = _own_params(modules, dtype_bytes)
+        numel, small, each, packed = _own_params(modules, dtype_bytes)
         if forward_loss is None:
             saved = SavedCounts([0] * len(modules), [0] * len(modules), 0)
         else:
@@ -74,6 +74,8 @@ def describe_model(
         small_threshold=ZERO3_PERSISTENCE_THRESHOLD,
         largest_param=max(each, default=0),
         param_numels=tuple(each),
+        packed_upto=_running(packed) if any(packed) else [],
+        param_packed=tuple(p is not None for p in _packed_states(modules)) if any(packed) else (),
         dtype_bytes=dtype_bytes,
         buffer_bytes=buffers,
         logical_params=_logical_params(modules),
@@ -172,11 +174,20 @@ def _quant_state_bytes(modules: Sequence[nn.Module]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def _own_params(modules: Sequence[nn.Module], dtype_bytes: int) -> tuple[list[int], list[int], list[int]]:
-    """Per module: elements of its own parameters, and those in small parameters; each parameter's elements,
-    in the order ``named_parameters`` gives them (a shared one once); each in elements of ``dtype_bytes``."""
+def _packed_states(modules: Sequence[nn.Module]) -> Iterator[object]:
+    """Each parameter's ``quant_state`` (None: not a packed 4-bit weight), in ``_parameters``' order (a
+    stand-in on the meta device carries its weight's)."""
+    return (getattr(p, "quant_state", None) for p in _parameters(modules))
+
+
+def _own_params(
+    modules: Sequence[nn.Module], dtype_bytes: int
+) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Per module: elements of its own parameters, those in small parameters, and those in packed 4-bit weights
+    (a ``quant_state`` on the parameter); each parameter's elements, in the order ``named_parameters`` gives
+    them (a shared one once); each in elements of ``dtype_bytes``."""
     seen: set[int] = set()
-    numel, small = [0] * len(modules), [0] * len(modules)
+    numel, small, packed = [0] * len(modules), [0] * len(modules), [0] * len(modules)
     each: list[int] = []
     for row, m in enumerate(modules):
         for p in m._parameters.values():
@@ -187,8 +198,10 @@ def _own_params(modules: Sequence[nn.Module], dtype_bytes: int) -> tuple[list[in
             numel[row] += n
             if n < ZERO3_PERSISTENCE_THRESHOLD:
                 small[row] += n
+            if getattr(p, "quant_state", None) is not None:
+                packed[row] += n
             each.append(n)
-    return numel, small, each
+    return numel, small, each, packed
 
 
 def repeated_blocks(

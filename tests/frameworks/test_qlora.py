@@ -11,11 +11,16 @@ quantization, where each ``quant_state`` holds a state of its own for the
 scales, and once in two processes under FSDP2 (``fully_shard`` per decoder
 layer and on the root, the 4-bit weights packed in fp32 so that they shard
 like the rest: a shard is a DTensor without a ``quant_state``, which the
-layer keeps).  Each set-up is also planned for eight ranks (``shardtop plan``),
-and every figure of the plan is checked against the model's own: the 4-bit
-weights at their stored bytes, gradients and AdamW state for the adapters only,
-the activations as torch saves them with gradient checkpointing on
-(``qlora_saved.py``).  Run in axolotl's environment (bitsandbytes 0.50.2,
+layer keeps), and once in two processes under DeepSpeed ZeRO-3 as Hugging
+Face documents it for QLoRA (the 4-bit weights packed in fp32 too, ZeRO-3
+enabled before the model is loaded, then ``deepspeed.initialize``), each rank
+holding its part of every parameter and the small ones whole, as DeepSpeed's
+own attributes say.  Each set-up is also planned for eight ranks (``shardtop
+plan``), and every figure of the plan is checked against the model's own: the
+4-bit weights at their stored bytes, gradients and AdamW state for the
+adapters only, the activations as torch saves them with gradient checkpointing
+on (``qlora_saved.py``); and so is every other row of the plan (other engines,
+mixed precision), where a 4-bit weight is never cast nor trained.  Run in axolotl's environment (bitsandbytes 0.50.2,
 peft, transformers).
 """
 
@@ -68,21 +73,30 @@ class Setup:
     double_quant: bool = False
     fsdp2: bool = False
     """FSDP2 instead of DDP (two processes): every parameter sharded over the ranks."""
+    zero3: bool = False
+    """DeepSpeed ZeRO-3 instead of DDP (two processes): every parameter partitioned over the ranks, the small ones
+    also kept whole on each."""
+
+    @property
+    def engine(self) -> str:
+        return "fsdp2" if self.fsdp2 else "zero3" if self.zero3 else "ddp" if self.processes > 1 else "single"
 
     @property
     def name(self) -> str:
-        return f"qlora-{self.processes}{'-double-quant' if self.double_quant else ''}{'-fsdp2' if self.fsdp2 else ''}"
+        return f"qlora-{self.processes}{'-double-quant' if self.double_quant else ''}-{self.engine}"
 
 
 def command(setup: Setup) -> list[str]:
-    script = [str(SCRIPT), *(["--double-quant"] if setup.double_quant else []), *(["--fsdp2"] if setup.fsdp2 else [])]
+    script = [str(SCRIPT), *(["--double-quant"] if setup.double_quant else []), *(["--fsdp2"] if setup.fsdp2 else []),
+              *(["--zero3"] if setup.zero3 else [])]
     if setup.processes == 1:
         return ["python", *script]
     return ["torchrun", "--nproc_per_node", str(setup.processes), "--master_port", str(free_port()), *script]
 
 
-@pytest.fixture(scope="module", params=[Setup(1), Setup(2), Setup(1, double_quant=True), Setup(2, fsdp2=True)],
-                ids=["one-process", "ddp", "double-quant", "fsdp2"])
+@pytest.fixture(scope="module", params=[Setup(1), Setup(2), Setup(1, double_quant=True), Setup(2, fsdp2=True),
+                                        Setup(2, zero3=True)],
+                ids=["one-process", "ddp", "double-quant", "fsdp2", "zero3"])
 def setup(request: pytest.FixtureRequest) -> Setup:
     chosen: Setup = request.param
     return chosen
@@ -90,7 +104,8 @@ def setup(request: pytest.FixtureRequest) -> Setup:
 
 @pytest.fixture(scope="module")
 def space(axolotl_env: Environment, setup: Setup, tmp_path_factory: pytest.TempPathFactory) -> Workspace:
-    return Workspace(axolotl_env, tmp_path_factory.mktemp(setup.name))
+    on_cpu = (("DS_ACCELERATOR", "cpu"),) if setup.zero3 else ()
+    return Workspace(axolotl_env, tmp_path_factory.mktemp(setup.name), on_cpu)
 
 
 @pytest.fixture(scope="module")
@@ -140,21 +155,33 @@ def printed(output: str, what: str, unit: str = "bytes") -> int:
 
 
 def sharded_over(setup: Setup, ranks: int) -> int:
-    """Over how many ranks each parameter is split: all of them under FSDP2 (every dimension this model shards
-    on divides evenly), none under DDP."""
-    return ranks if setup.fsdp2 else 1
+    """Over how many ranks each parameter is split: all of them under FSDP2 and ZeRO-3 (every dimension FSDP2
+    shards on, and every parameter ZeRO-3 splits flat, divides evenly here), none under DDP."""
+    return ranks if setup.fsdp2 or setup.zero3 else 1
+
+
+def held_params(setup: Setup, log: str, rank: int) -> int:
+    """Bytes of the parameters a rank holds after training, the 4-bit weights as stored: under ZeRO-3 what the
+    rank says DeepSpeed left it (its part of every parameter, and the persistent ones whole too), else its share
+    of the script's parameters."""
+    if setup.zero3:
+        return printed(log, f"rank {rank} zero3")
+    return printed(log, "params") // sharded_over(setup, setup.processes)
 
 
 def test_the_report_reads_the_4bit_weights_as_the_script_holds_them(probed: ShardtopRun, setup: Setup) -> None:
     """Each rank's parameters are the bytes the script's parameters hold, the 4-bit weights as stored (under
-    FSDP2, the rank's share of them)."""
+    FSDP2 and ZeRO-3, the rank's share of them, and under ZeRO-3 the small parameters whole); its gradients, the
+    adapters' (their share)."""
     report, log = probed.report, probed.command_log()
     assert report, probed.describe()
     assert len(report["ranks"]) == setup.processes, probed.describe()
     share = sharded_over(setup, setup.processes)
     for rank in report["ranks"]:
-        assert rank["param_bytes"] == printed(log, "params") // share, probed.describe()
+        assert rank["param_bytes"] == held_params(setup, log, rank["rank"]), probed.describe()
         assert rank["grad_bytes"] == printed(log, "trainable") // share, probed.describe()
+        if setup.zero3:  # AdamW's state and DeepSpeed's fp32 master copy, of the rank's part of the adapters
+            assert rank["optim_bytes"] == (ADAMW_STATES + 1) * rank["grad_bytes"], probed.describe()
     quantised = sum(module["bytes"] for module in report["modules"] if module["type"] == "Linear4bit")
     assert quantised == printed(log, "4bit"), probed.describe()
 
@@ -175,21 +202,39 @@ def root_unit_bytes(report: dict[str, Any]) -> int:
     return sum(module["bytes"] for module in report["modules"] if ".layers." not in module["path"])
 
 
+def input_embedding_bytes(report: dict[str, Any]) -> int:
+    """The input embedding's weight whole, as the report's tree counts it.  Under ZeRO-3 it stays gathered from
+    its forward until the optimizer's step releases every parameter: frozen, and fed token ids, it gets no
+    gradient, so the release ZeRO-3 makes after a module's backward never comes for it."""
+    return sum(module["bytes"] for module in report["modules"] if module["path"].endswith(".embed_tokens"))
+
+
 def test_the_parameters_memory_holds_the_4bit_weights_quant_state(probed: ShardtopRun, setup: Setup) -> None:
     """Each rank's memory of kind params is its parameters' storage and the tensors of every ``quant_state``
     (the blocks' scales and the code each 4-bit weight is dequantized with), whole on every rank under FSDP2
-    too.  Under FSDP2, a split taken between a forward and the end of its backward also holds the root unit
-    whole."""
+    and ZeRO-3 too.  Under FSDP2, a split taken between a forward and the end of its backward also holds the
+    root unit whole; under ZeRO-3, one taken in a forward or a backward at most every partitioned parameter
+    whole (gathered for compute, or prefetched), and one taken in the optimizer's step may still hold the input
+    embedding whole."""
     report, log = probed.report, probed.command_log()
     assert report, probed.describe()
-    expected = printed(log, "params") // sharded_over(setup, setup.processes) + printed(log, "quant_state")
-    allowed = {expected, expected + root_unit_bytes(report)} if setup.fsdp2 else {expected}
     for rank in report["ranks"]:
         split = rank["memory_now"]
         assert split is not None, f"rank {rank['rank']}: no memory split\n{probed.describe()}"
-        assert split["by_kind"]["params"] in allowed, (
-            f"rank {rank['rank']} in its {split['phase']} phase of step {split['step']}: {split['by_kind']}, "
-            f"expected one of {sorted(allowed)}")
+        expected = held_params(setup, log, rank["rank"]) + printed(log, "quant_state")
+        held = split["by_kind"]["params"]
+        said = (f"rank {rank['rank']} in its {split['phase']} phase of step {split['step']}: {split['by_kind']}, "
+                f"expected {expected}")
+        if setup.zero3 and split["phase"] in ("forward", "backward"):
+            gathered = printed(log, "params") - printed(log, "persistent")
+            assert expected <= held <= expected + gathered, f"{said}, and at most {gathered} gathered"
+        elif setup.zero3 and split["phase"] == "optimizer":
+            embedding = input_embedding_bytes(report)
+            assert held in {expected, expected + embedding}, f"{said}, or the input embedding whole beside"
+        elif setup.fsdp2:
+            assert held in {expected, expected + root_unit_bytes(report)}, f"{said}, or the root unit whole beside"
+        else:
+            assert held == expected, said
 
 
 def test_shardtop_explained_the_steps_bitsandbytes_ran_in(probed: ShardtopRun) -> None:
@@ -203,7 +248,9 @@ def test_plan_of_eight_ranks_counts_the_model_as_it_is_held(plan: Plan, setup: S
     """``shardtop plan devices=8`` of the command as its user types it, each figure against the model's own:
     the parameters as the model stands for them, their bytes with the 4-bit weights as stored; per rank
     those bytes (a share of them under FSDP2) and every ``quant_state`` whole; gradients and AdamW's state
-    for the adapters alone; the activations torch saves with gradient checkpointing on, and the batch."""
+    for the adapters alone (and under ZeRO-3 its fp32 master copy of their share); the activations torch saves
+    with gradient checkpointing on, and the batch.  Under ZeRO-3 the parameters per rank are a share of every
+    parameter and the persistent ones whole."""
     assert plan.ended.code == 0, plan.describe()
     assert "could not trace" not in plan.stderr, plan.describe()
     assert plan.plan is not None, plan.describe()
@@ -212,10 +259,94 @@ def test_plan_of_eight_ranks_counts_the_model_as_it_is_held(plan: Plan, setup: S
     assert plan.plan["model"]["bytes"] == printed(facts, "params"), plan.describe()
     assert plan.plan["model"]["batch_size"] == BATCH, plan.describe()
     option = plan.as_run()
-    assert option["engine"] == ("fsdp2" if setup.fsdp2 else "ddp" if setup.processes > 1 else "single"), option
+    assert option["engine"] == setup.engine, option
     per_rank, share = option["per_rank"], sharded_over(setup, PLANNED_RANKS)
     said = f"{option['strategy']}: {per_rank}\n{plan.describe()}"
-    assert per_rank["params"] == printed(facts, "params") // share + printed(facts, "quant_state"), said
+    persistent = printed(facts, "persistent") if setup.zero3 else 0
+    assert per_rank["params"] == printed(facts, "params") // share + persistent + printed(facts, "quant_state"), said
     assert per_rank["grads"] == printed(facts, "trainable") // share, said
-    assert per_rank["optimizer"] == ADAMW_STATES * per_rank["grads"], said
+    master = 1 if setup.zero3 else 0
+    assert per_rank["optimizer"] == (ADAMW_STATES + master) * per_rank["grads"], said
     assert per_rank["activations"] == saved.activations + saved.batch, said
+
+
+FP32 = 4
+"""Bytes of an element of the script's model (and of its 4-bit weights' packing under FSDP2 and ZeRO-3)."""
+BF16 = 2
+"""Bytes of an element a mixed-precision row computes in."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    """The script's parameters as it printed them, in bytes as it holds them (fp32; a 4-bit weight packed)."""
+
+    params: int
+    packed: int
+    """The 4-bit weights'."""
+    trainable: int
+    quant_state: int
+    persistent: int
+    """What ZeRO-3 keeps whole under the threshold the plan's ZeRO-3 rows use."""
+    persistent_packed: int
+
+    @classmethod
+    def printed_in(cls, output: str) -> Stored:
+        return cls(printed(output, "params"), printed(output, "4bit"), printed(output, "trainable"),
+                   printed(output, "quant_state"), printed(output, "persistent"), printed(output, "persistent 4bit"))
+
+
+def computed_in(total: int, packed: int, element: int) -> int:
+    """Bytes of fp32 parameters of ``total`` bytes when every element is held at ``element`` bytes but the 4-bit
+    weights' (``packed`` of them), which stay packed as stored."""
+    return (total - packed) // FP32 * element + packed
+
+
+def expected_row(option: dict[str, Any], model: Stored, ranks: int) -> dict[str, int]:
+    """What a row of the plan must say a rank holds, worked out from the model's own bytes.
+
+    A 4-bit weight is never cast, never trained, and split only by an engine that splits every parameter:
+    DDP keeps the model whole; FSDP keeps fp32 shards (mixed precision too) and gathers each unit at the
+    precision it computes in (this model has two decoder layers: the root and two layers whole at once are
+    all of it); DeepSpeed casts the model to the precision it computes in, keeps ZeRO-1/2's parameters whole
+    and ZeRO-3's split flat (every parameter here divides by eight), the small ones whole too.  Every
+    ``quant_state`` whole on every rank; gradients and the optimizer's state for the adapters only (ZeRO: its
+    fp32 master copy too, of the rank's part).
+    """
+    element = BF16 if option["precision"] != "fp32" else FP32
+    quant_state, trainable = model.quant_state, model.trainable
+    engine = option["engine"]
+    if engine in ("single", "ddp"):
+        return {"params": model.params + quant_state, "grads": trainable, "optimizer": ADAMW_STATES * trainable,
+                "gathered": 0}
+    if engine in ("fsdp1", "fsdp2"):
+        return {"params": model.params // ranks + quant_state, "grads": trainable // ranks,
+                "optimizer": ADAMW_STATES * trainable // ranks,
+                "gathered": computed_in(model.params, model.packed, element)}
+    whole = computed_in(model.params, model.packed, element)
+    grads = computed_in(trainable, 0, element)
+    held = {
+        "zero1": {"params": whole + quant_state, "grads": grads},
+        "zero2": {"params": whole + quant_state, "grads": grads // ranks},
+        "zero3": {"params": whole // ranks + computed_in(model.persistent, model.persistent_packed, element)
+                  + quant_state, "grads": grads // ranks},
+    }[engine]
+    return {**held, "optimizer": (ADAMW_STATES + 1) * trainable // ranks}
+
+
+def test_every_row_of_the_plan_holds_the_4bit_weights_as_stored(plan: Plan) -> None:
+    """Each strategy the plan shows beside the one the script runs (other engines, mixed precision), each
+    figure against the model's own: the 4-bit weights at their stored bytes whatever the precision, split only
+    where the engine splits every parameter, with no gradient and no optimizer state.  No ZeRO-3 row has the
+    model built inside ``zero.Init``, which a 4-bit model never is."""
+    assert plan.plan is not None, plan.describe()
+    model = Stored.printed_in(plan.stderr)
+    options = plan.plan["options"]
+    engines = {option["engine"] for option in options}
+    assert {"ddp", "zero1", "zero2", "zero3", "fsdp1", "fsdp2"} <= engines, [o["strategy"] for o in options]
+    assert any(option["precision"] == "bf16-mixed" for option in options), [o["strategy"] for o in options]
+    for option in options:
+        # bitsandbytes quantizes a weight whole, and transformers loads a 4-bit model whole even under ZeRO-3
+        assert option["built_whole"] or option["engine"] != "zero3", f"{option['strategy']}: built in zero.Init"
+        expected = expected_row(option, model, PLANNED_RANKS)
+        said = {kind: option["per_rank"][kind] for kind in expected}
+        assert said == expected, f"{option['strategy']}: the plan says {said}, the model {expected}"
