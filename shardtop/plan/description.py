@@ -128,7 +128,7 @@ class ModelDescription(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     after_checkpointed_other: int = 0
     param_numels: tuple[int, ...] = ()
     """Elements of each parameter, in the order ``named_parameters`` gives them (a shared one once): what
-    ZeRO-3's persistence thresholds are applied to (``persistent_params``); empty in older descriptions."""
+    ZeRO-3's persistence thresholds are applied to (``persistent``); empty in older descriptions."""
     logical_params: int | None = None
     """Elements the parameters stand for, each counted in its own dtype and a bitsandbytes 4-bit weight by its
     ``quant_state.shape``; None in older descriptions, whose ``params`` are that count."""
@@ -183,7 +183,10 @@ class ModelDescription(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
                     for n, packed in zip(self.param_numels, self.param_packed, strict=True)), default=0)
 
     def persistent(self, threshold: int, model_threshold: int) -> Elements:
-        """``persistent_params``, plain and packed."""
+        """Elements of the parameters ZeRO-3 keeps whole on every rank, plain and packed, as DeepSpeed picks them:
+        in order, each of at most ``threshold`` elements while their sum stays within ``model_threshold``
+        (``stage3_param_persistence_threshold``, ``stage3_model_persistence_threshold``).  An older
+        description knows only the parameters under DeepSpeed's default threshold (``small_upto``)."""
         if not self.param_numels:
             return Elements(self.small_upto[-1])
         kept = packed = 0
@@ -193,19 +196,6 @@ class ModelDescription(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
                 kept += numel
                 packed += numel if is_packed else 0
         return Elements(kept - packed, packed)
-
-    def persistent_params(self, threshold: int, model_threshold: int) -> int:
-        """Elements of the parameters ZeRO-3 keeps whole on every rank, as DeepSpeed picks them: in order, each
-        of at most ``threshold`` elements while their sum stays within ``model_threshold``
-        (``stage3_param_persistence_threshold``, ``stage3_model_persistence_threshold``).  An older
-        description knows only the parameters under DeepSpeed's default threshold (``small_upto``)."""
-        if not self.param_numels:
-            return self.small_upto[-1]
-        kept = 0
-        for numel in self.param_numels:
-            if numel <= threshold and kept + numel <= model_threshold:
-                kept += numel
-        return kept
 
     @property
     def rows(self) -> int:

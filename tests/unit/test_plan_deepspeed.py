@@ -65,7 +65,7 @@ def test_zero3_model_states_agree_with_deepspeeds_estimator(
     )
     # small parameters kept whole beside their partitions: not model states to DeepSpeed; at one rank on the
     # GPU a gathered parameter is a view of its partition (``_no_gather_coalesced``), nothing beside it
-    whole = desc.persistent_params(s.zero.param_persistence_threshold, s.zero.model_persistence_threshold) * 2
+    whole = sum(desc.persistent(s.zero.param_persistence_threshold, s.zero.model_persistence_threshold)) * 2
     persistent = whole if devices > 1 or s.offload_params else 0
     held = p.params - persistent + p.grads + p.optimizer
     partition = -(-desc.params // devices)
