@@ -17,6 +17,7 @@ the tensors a 4-bit weight is dequantized with, ``quant_state_bytes``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -52,7 +53,7 @@ def describe_model(
     with collector_paused():
         modules, names, parents, end = walk(model)
         dtype_bytes = _dtype_bytes(modules)
-        numel, small, each, packed = _own_params(modules, dtype_bytes)
+        numel, small, packed, each, each_packed = _own_params(modules, dtype_bytes)
         if forward_loss is None:
             saved = SavedCounts([0] * len(modules), [0] * len(modules), 0)
         else:
@@ -75,7 +76,7 @@ def describe_model(
         largest_param=max(each, default=0),
         param_numels=tuple(each),
         packed_upto=_running(packed) if any(packed) else [],
-        param_packed=tuple(p is not None for p in _packed_states(modules)) if any(packed) else (),
+        param_packed=tuple(each_packed) if any(packed) else (),
         dtype_bytes=dtype_bytes,
         buffer_bytes=buffers,
         logical_params=_logical_params(modules),
@@ -174,34 +175,36 @@ def _quant_state_bytes(modules: Sequence[nn.Module]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def _packed_states(modules: Sequence[nn.Module]) -> Iterator[object]:
-    """Each parameter's ``quant_state`` (None: not a packed 4-bit weight), in ``_parameters``' order (a
-    stand-in on the meta device carries its weight's)."""
-    return (getattr(p, "quant_state", None) for p in _parameters(modules))
+class OwnParams(NamedTuple):
+    """Per module (row): elements of its own parameters, those in small parameters, and those in packed 4-bit
+    weights (a ``quant_state`` on the parameter); per parameter, in the order ``named_parameters`` gives them (a
+    shared one once): its elements, and whether it is a packed 4-bit weight.  Elements of ``dtype_bytes``."""
+
+    numel: list[int]
+    small: list[int]
+    packed: list[int]
+    each: list[int]
+    each_packed: list[bool]
 
 
-def _own_params(
-    modules: Sequence[nn.Module], dtype_bytes: int
-) -> tuple[list[int], list[int], list[int], list[int]]:
-    """Per module: elements of its own parameters, those in small parameters, and those in packed 4-bit weights
-    (a ``quant_state`` on the parameter); each parameter's elements, in the order ``named_parameters`` gives
-    them (a shared one once); each in elements of ``dtype_bytes``."""
+def _own_params(modules: Sequence[nn.Module], dtype_bytes: int) -> OwnParams:
     seen: set[int] = set()
-    numel, small, packed = [0] * len(modules), [0] * len(modules), [0] * len(modules)
-    each: list[int] = []
+    own = OwnParams([0] * len(modules), [0] * len(modules), [0] * len(modules), [], [])
     for row, m in enumerate(modules):
         for p in m._parameters.values():
             if p is None or id(p) in seen:
                 continue
             seen.add(id(p))
             n = _as_dtype(p.numel(), p, dtype_bytes)
-            numel[row] += n
+            is_packed = getattr(p, "quant_state", None) is not None
+            own.numel[row] += n
             if n < ZERO3_PERSISTENCE_THRESHOLD:
-                small[row] += n
-            if getattr(p, "quant_state", None) is not None:
-                packed[row] += n
-            each.append(n)
-    return numel, small, each, packed
+                own.small[row] += n
+            if is_packed:
+                own.packed[row] += n
+            own.each.append(n)
+            own.each_packed.append(is_packed)
+    return own
 
 
 def repeated_blocks(
