@@ -20,6 +20,7 @@ import os
 import socket
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,24 @@ def _started_fresh(argv: list[str], envs: list[dict[str, str]], logs: list[Path]
     return failed
 
 
+PEERS_WAITED = timedelta(seconds=60)
+
+
+def _wait_for_every_rank() -> None:
+    """Leave only once every rank is done: a rank that left at once closed its sockets while a peer could still
+    be connecting to it (gloo pairs up each new group, a device mesh's last), and the peer failed with ``Broken
+    pipe``.  A peer that failed and left ends the wait at once (its sockets closed), one that hangs after
+    ``PEERS_WAITED``; a group that cannot wait so (not gloo's, or none) is left as it is."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        dist.monitored_barrier(timeout=PEERS_WAITED)
+    except Exception:  # noqa: BLE001 - a peer that failed says so in its own output
+        pass
+
+
 def _main() -> None:
     target, out_dir, kwargs = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
     module_name, _, func_name = target.partition(":")
@@ -114,6 +133,7 @@ def _main() -> None:
     try:
         result = func(rank=rank, world_size=world_size, out_dir=out_dir, **kwargs)
         (out_dir / f"rank-{rank}.result.json").write_text(json.dumps(result))
+        _wait_for_every_rank()
     except BaseException:
         import traceback
 
