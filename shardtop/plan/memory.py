@@ -317,7 +317,7 @@ def _fsdp(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> 
     root = outside_units if strategy.root_wrapped else 0
     # gathered whole, a packed 4-bit weight keeps its stored bytes (mixed precision casts only the others)
     root_whole = desc.elements_outside(units).bytes(gathered_bytes, stored) if strategy.root_wrapped else 0
-    largest_whole = max((e.bytes(gathered_bytes, stored) for e in desc.elements_in(units).values()), default=0)
+    units_whole = [e.bytes(gathered_bytes, stored) for e in desc.elements_in(units).values()]
     unmanaged = 0 if strategy.root_wrapped else outside_units
     sharded = sum(unit_numels.values()) + root
     shard_ranks = {"NO_SHARD": 1, "HYBRID_SHARD": min(ranks, strategy.node_size)}.get(strategy.sharding, ranks)
@@ -331,11 +331,10 @@ def _fsdp(desc: ModelDescription, strategy: Strategy, ranks: int, gpu: bool) -> 
     if not copies:
         gathered_forward = gathered_backward = 0
     elif strategy.sharding == "SHARD_GRAD_OP":
-        gathered_forward = gathered_backward = root_whole + sum(
-            e.bytes(gathered_bytes, stored) for e in desc.elements_in(units).values())
+        gathered_forward = gathered_backward = root_whole + sum(units_whole)
     else:
-        gathered_forward = root_whole + largest_whole
-        gathered_backward = root_whole + 2 * largest_whole
+        gathered_forward = root_whole + max(units_whole, default=0)
+        gathered_backward = root_whole + 2 * max(units_whole, default=0)
     # FSDP1 reduce-scatters the unit's whole gradient into a new shard at compute precision, and under
     # mixed precision casts that shard to the parameters' dtype; the whole gradient lives until both
     # are made.  Unsharded, it reduces in place and casts the whole gradient.
